@@ -1,0 +1,30 @@
+# Developer entry points. `make test` is what CI runs (through .ci/run) on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint proto proto-check bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## test: install into .venv, check layering and generated code, run the whole test suite
+test: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q
+
+## lint: ruff and the import-linter contracts
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+## bench: the micro-benchmarks (ratios and medians printed side by side)
+bench: $(STAMP)
+	$(BIN)/python benchmarks/decide_latency.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

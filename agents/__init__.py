@@ -1,0 +1,1 @@
+"""The in-engine side of the control plane (the vLLM agent); imports only controlplane.api from controlplane."""

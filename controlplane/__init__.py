@@ -1,0 +1,1 @@
+"""vllm-controlplane: the controller, its decision core and its command line."""

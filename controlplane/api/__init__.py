@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code of the contract in proto/ (regenerate with `make proto`)."""

@@ -1,0 +1,1 @@
+"""The `controlplane` command line."""

@@ -1,0 +1,1 @@
+"""The pure decision core: estimators, formulas and the policy. No I/O, no clock, no network libraries."""

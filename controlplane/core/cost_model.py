@@ -1,0 +1,211 @@
+"""Online fit of the iteration-time cost model from step samples.
+
+Three linear models, each over a sliding window of recent steps:
+  prefill-only steps: duration = α_p + β_p·prefill tokens
+  decode-only steps:  duration = α_d + β_d·decode requests
+  mixed steps:        duration = α_MB + (c0 + c1·r + c2·r²)·tokens, r = decode tokens / tokens
+
+Outlier resistance: each fit is an ordinary least-squares fit, then the samples whose residual exceeds
+OUTLIER_MAD_MULTIPLIER robust standard deviations (1.4826·MAD of the residuals) are dropped and the fit
+is repeated once on the inliers. One absurd sample therefore lands in the rejected set instead of
+tilting the line. R² is reported on the inliers. Adding samples is O(batch); fitting is O(window).
+
+Invalid samples (non-finite, duration ≤ 0, negative counts, an empty step) are rejected and counted.
+No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.core.types import CostModel
+
+DEFAULT_STEP_WINDOW = 2048
+MIN_FIT_SAMPLES = 8
+OUTLIER_MAD_MULTIPLIER = 5.0
+_MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True, slots=True)
+class LinearFit:
+    """Coefficients (intercept first) of a robust linear fit, with its quality.
+
+    r2: coefficient of determination on the inliers (1.0 when the inliers have no variance).
+    """
+
+    coefficients: tuple[float, ...]
+    r2: float
+    num_samples: int
+    num_outliers: int
+
+
+def robust_linear_fit(features: np.ndarray, target: np.ndarray) -> LinearFit | None:
+    """Least squares of target on [1, features...] with one round of MAD-based outlier rejection.
+
+    Args:
+        features: shape (n, m) regressors; target: shape (n,), e.g. step durations in seconds.
+    Returns:
+        The fit, or None when there are fewer than MIN_FIT_SAMPLES samples or the design is singular.
+    """
+    n = target.size
+    if n < MIN_FIT_SAMPLES:
+        return None
+    design = np.column_stack((np.ones(n), features))
+    if np.linalg.matrix_rank(design) < design.shape[1]:
+        return None
+    coef = np.linalg.lstsq(design, target, rcond=None)[0]
+    residuals = target - design @ coef
+    mad = float(np.median(np.abs(residuals - np.median(residuals))))
+    inliers = np.ones(n, dtype=bool)
+    if mad > 0.0:
+        inliers = np.abs(residuals) <= OUTLIER_MAD_MULTIPLIER * _MAD_TO_SIGMA * mad
+        if np.count_nonzero(inliers) >= max(MIN_FIT_SAMPLES, design.shape[1]) and (
+            np.linalg.matrix_rank(design[inliers]) == design.shape[1]
+        ):
+            coef = np.linalg.lstsq(design[inliers], target[inliers], rcond=None)[0]
+        else:
+            inliers = np.ones(n, dtype=bool)
+    fitted = design[inliers] @ coef
+    observed = target[inliers]
+    total = float(((observed - observed.mean()) ** 2).sum())
+    r2 = 1.0 if total <= 0.0 else 1.0 - float(((observed - fitted) ** 2).sum()) / total
+    return LinearFit(
+        coefficients=tuple(float(c) for c in coef),
+        r2=r2,
+        num_samples=int(np.count_nonzero(inliers)),
+        num_outliers=int(n - np.count_nonzero(inliers)),
+    )
+
+
+class _Columns:
+    """Ring of fixed-width float64 rows; append O(batch)."""
+
+    __slots__ = ("_buf", "_count", "_head")
+
+    def __init__(self, capacity: int, width: int) -> None:
+        self._buf = np.zeros((capacity, width), dtype=np.float64)
+        self._head = 0
+        self._count = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        capacity = self._buf.shape[0]
+        rows = rows[-capacity:]
+        idx = (self._head + np.arange(rows.shape[0])) % capacity
+        self._buf[idx] = rows
+        self._head = (self._head + rows.shape[0]) % capacity
+        self._count = min(capacity, self._count + rows.shape[0])
+
+    def rows(self) -> np.ndarray:
+        return self._buf[: self._count] if self._count < self._buf.shape[0] else self._buf
+
+
+@dataclass(frozen=True, slots=True)
+class CostFit:
+    """The three fits; a phase is None until it has enough samples."""
+
+    prefill: LinearFit | None
+    decode: LinearFit | None
+    mixed: LinearFit | None
+
+    def to_cost_model(self, fallback: CostModel | None = None) -> CostModel | None:
+        """Merge into a CostModel: fitted phases override the fallback's; None if a phase is unknown.
+
+        A fitted α or β that is not positive is not used (the fallback's value is kept, or None).
+        """
+        alpha_p = beta_p = alpha_d = beta_d = alpha_mb = None
+        mb_coeffs = None
+        if fallback is not None:
+            alpha_p, beta_p = fallback.alpha_p_s, fallback.beta_p_s_per_token
+            alpha_d, beta_d = fallback.alpha_d_s, fallback.beta_d_s_per_request
+            alpha_mb, mb_coeffs = fallback.alpha_mb_s, fallback.mb_coeffs_s_per_token
+        if self.prefill is not None and min(self.prefill.coefficients) > 0.0:
+            alpha_p, beta_p = self.prefill.coefficients
+        if self.decode is not None and min(self.decode.coefficients) > 0.0:
+            alpha_d, beta_d = self.decode.coefficients
+        if self.mixed is not None and self.mixed.coefficients[0] > 0.0:
+            alpha_mb = self.mixed.coefficients[0]
+            mb_coeffs = tuple(self.mixed.coefficients[1:])
+        if None in (alpha_p, beta_p, alpha_d, beta_d):
+            return None
+        return CostModel(
+            alpha_p_s=alpha_p,
+            beta_p_s_per_token=beta_p,
+            alpha_d_s=alpha_d,
+            beta_d_s_per_request=beta_d,
+            alpha_mb_s=alpha_mb if alpha_mb is not None else alpha_p,
+            mb_coeffs_s_per_token=mb_coeffs or (0.0, 0.0, 0.0),
+        )
+
+
+class CostModelEstimator:
+    """Sliding-window robust fits of prefill, decode and mixed step costs."""
+
+    def __init__(self, *, window: int = DEFAULT_STEP_WINDOW) -> None:
+        if window < MIN_FIT_SAMPLES:
+            raise ValueError(f"step window must be ≥ {MIN_FIT_SAMPLES}, got {window}")
+        self._prefill = _Columns(window, 2)  # tokens, duration
+        self._decode = _Columns(window, 2)  # requests, duration
+        self._mixed = _Columns(window, 3)  # tokens, decode ratio, duration
+        self.num_rejected = 0
+
+    def add_steps(
+        self,
+        *,
+        prefill_tokens: np.ndarray,
+        decode_tokens: np.ndarray,
+        decode_requests: np.ndarray,
+        duration_s: np.ndarray,
+    ) -> int:
+        """Add a batch of engine steps (columnar); returns how many were rejected. O(batch)."""
+        cols = [np.asarray(c, dtype=np.float64).ravel() for c in (prefill_tokens, decode_tokens,
+                                                                  decode_requests, duration_s)]
+        if len({c.size for c in cols}) != 1:
+            rejected = max(c.size for c in cols)
+            self.num_rejected += rejected
+            return rejected
+        prefill, decode_tok, decode_req, duration = cols
+        valid = np.isfinite(prefill) & np.isfinite(decode_tok) & np.isfinite(decode_req)
+        valid &= np.isfinite(duration) & (duration > 0.0)
+        valid &= (prefill >= 0.0) & (decode_tok >= 0.0) & (decode_req >= 0.0)
+        valid &= (prefill + decode_tok) > 0.0
+        is_prefill = valid & (decode_tok == 0.0)
+        is_decode = valid & (prefill == 0.0)
+        is_mixed = valid & (prefill > 0.0) & (decode_tok > 0.0)
+        if is_prefill.any():
+            self._prefill.append(np.column_stack((prefill[is_prefill], duration[is_prefill])))
+        if is_decode.any():
+            self._decode.append(np.column_stack((decode_req[is_decode], duration[is_decode])))
+        if is_mixed.any():
+            tokens = prefill[is_mixed] + decode_tok[is_mixed]
+            ratio = decode_tok[is_mixed] / tokens
+            self._mixed.append(np.column_stack((tokens, ratio, duration[is_mixed])))
+        rejected = int(duration.size - np.count_nonzero(valid))
+        self.num_rejected += rejected
+        return rejected
+
+    def fit(self) -> CostFit:
+        """Fit all three models on the current windows. O(window)."""
+        prefill = self._prefill.rows()
+        decode = self._decode.rows()
+        mixed = self._mixed.rows()
+        mixed_features = None
+        if mixed.shape[0]:
+            tokens, ratio = mixed[:, 0], mixed[:, 1]
+            mixed_features = np.column_stack((tokens, tokens * ratio, tokens * ratio * ratio))
+        return CostFit(
+            prefill=robust_linear_fit(prefill[:, :1], prefill[:, 1]) if prefill.shape[0] else None,
+            decode=robust_linear_fit(decode[:, :1], decode[:, 1]) if decode.shape[0] else None,
+            mixed=robust_linear_fit(mixed_features, mixed[:, 2]) if mixed_features is not None else None,
+        )
+
+
+def cost_model_is_usable(costs: CostModel) -> bool:
+    """All α and β finite and positive (the MB coefficients only need to be finite)."""
+    positive = (costs.alpha_p_s, costs.beta_p_s_per_token, costs.alpha_d_s, costs.beta_d_s_per_request,
+                costs.alpha_mb_s)
+    return all(math.isfinite(x) and x > 0.0 for x in positive) and all(
+        math.isfinite(c) for c in costs.mb_coeffs_s_per_token
+    )

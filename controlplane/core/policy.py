@@ -1,0 +1,346 @@
+"""The decision policy: composes hazard fit, threshold, batch size, crossover and budget.
+
+`evaluate` computes every term of the papers' formulas for given workload parameters (the what-if
+planner's view). `decide` is the online policy for one engine or a pool: it fits the windows, evaluates,
+applies EB+ hysteresis and cooldown, operator pins and δ, and returns a Decision with a reason code,
+flags for every degenerate input it met, and finite diagnostics. It never raises for any observation.
+
+Pure: no I/O, no clock (now_s is passed in), no mutable module state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from controlplane.core.batch_size import memory_safe_batch_size, threshold_k
+from controlplane.core.budget import SweepPoint, select_budget_policy
+from controlplane.core.cost_model import cost_model_is_usable
+from controlplane.core.crossover import crossover_terms, instantaneous_mode, select_mode
+from controlplane.core.hazard import fit_hazard
+from controlplane.core.threshold import clip_theta, delta_theta_ifr, solve_theta0
+from controlplane.core.types import (
+    DELTA_LIMIT_S_PER_TOKEN,
+    CostModel,
+    Decision,
+    DeltaSource,
+    Diagnostics,
+    EngineLimits,
+    Evaluation,
+    Flag,
+    Mode,
+    Observations,
+    OperatorIntent,
+    PolicyConfig,
+    PolicyState,
+    Reason,
+    WorkloadStats,
+)
+
+
+def _finite(value: float) -> float:
+    return float(value) if math.isfinite(value) else 0.0
+
+
+def resolve_delta(delta_s_per_token: float | None, *, default_s_per_token: float) -> tuple[float, bool]:
+    """δ to use: the given one when finite and within ±DELTA_LIMIT_S_PER_TOKEN, else clipped.
+
+    Returns:
+        (δ, out_of_range). None → the default. NaN → the default, flagged. ±inf or beyond the limit →
+        clipped to the limit, flagged.
+    """
+    if delta_s_per_token is None:
+        return default_s_per_token, False
+    if math.isnan(delta_s_per_token):
+        return default_s_per_token, True
+    if abs(delta_s_per_token) > DELTA_LIMIT_S_PER_TOKEN:
+        return math.copysign(DELTA_LIMIT_S_PER_TOKEN, delta_s_per_token), True
+    return float(delta_s_per_token), False
+
+
+def evaluate(
+    workload: WorkloadStats,
+    costs: CostModel,
+    limits: EngineLimits,
+    *,
+    n_prev: int = 0,
+    n_obs: float = 0.0,
+    delta_s_per_token: float = 0.0,
+    config: PolicyConfig | None = None,
+) -> Evaluation:
+    """Evaluate θ0, Δθ, θ̂*, N̂*, k̂*, LHS, RHS and the instantaneous mode for given inputs.
+
+    Args:
+        workload: p0 (per token), η (per token²), μ_L and μ_O (tokens).
+        costs: the cost model, seconds.
+        limits: the engine's limits (C = kv_capacity_tokens).
+        n_prev: the previous N̂* for ρ = β_d·N/α_d; ≤ 0 means none, and N* evaluated at θ0 is used.
+        n_obs: N_obs for the RHS; < 1 or not finite means unobserved, and N̂* is used (flagged when it
+          was given but invalid).
+        delta_s_per_token: the operator margin δ (clipped to ±DELTA_LIMIT_S_PER_TOKEN, flagged).
+    Returns:
+        An Evaluation with finite fields and the flags of every fallback taken.
+    """
+    config = config or PolicyConfig()
+    flags: list[Flag] = []
+    p0, eta, mu_l, mu_o = workload.p0, workload.eta, workload.mu_l_tokens, workload.mu_o_tokens
+    if not all(math.isfinite(x) for x in (p0, eta, mu_l, mu_o)):
+        flags.append(Flag.NONFINITE_INPUT)
+    mu_o = mu_o if math.isfinite(mu_o) and mu_o > 0.0 else 0.0
+    mu_l = mu_l if math.isfinite(mu_l) and mu_l > 0.0 else 0.0
+    if not (math.isfinite(p0) and p0 > 0.0):
+        flags.append(Flag.HAZARD_INTERCEPT_NONPOSITIVE)
+        p0 = 1.0 / mu_o if mu_o > 0.0 else 0.0
+    p0 = min(p0, 1.0)
+    if not math.isfinite(eta):
+        eta = 0.0
+    elif eta < 0.0:
+        flags.append(Flag.HAZARD_DFR_CLIPPED)
+        eta = 0.0
+    if not cost_model_is_usable(costs):
+        flags.append(Flag.ALPHA_D_NONPOSITIVE if not costs.alpha_d_s > 0.0 else Flag.COST_NONPOSITIVE)
+    alpha_ok = math.isfinite(costs.alpha_d_s) and costs.alpha_d_s > 0.0 and math.isfinite(costs.alpha_p_s)
+    gamma = p0 * costs.alpha_p_s / costs.alpha_d_s if alpha_ok else 0.0
+    theta0 = solve_theta0(gamma)
+
+    def batch(theta: float) -> int:
+        return memory_safe_batch_size(
+            theta=theta, p0=p0, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
+            oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
+        ).n
+
+    theta0_clipped, _ = clip_theta(theta0, theta_min=config.theta_min, theta_max=config.theta_max)
+    n_for_rho = n_prev if n_prev > 0 else batch(theta0_clipped)
+    beta_d = costs.beta_d_s_per_request if math.isfinite(costs.beta_d_s_per_request) else 0.0
+    rho = beta_d * n_for_rho / costs.alpha_d_s if alpha_ok else 0.0
+    delta_theta = delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=max(rho, 0.0))
+    theta_star, side = clip_theta(theta0 + delta_theta, theta_min=config.theta_min, theta_max=config.theta_max)
+    if side < 0:
+        flags.append(Flag.THETA_CLIPPED_LOW)
+    elif side > 0:
+        flags.append(Flag.THETA_CLIPPED_HIGH)
+    sizing = memory_safe_batch_size(
+        theta=theta_star, p0=p0, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
+        oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
+    )
+    if sizing.below_one_request:
+        flags.append(Flag.KV_BELOW_ONE_REQUEST)
+    if sizing.capped:
+        flags.append(Flag.N_CAPPED_BY_MAX_NUM_SEQS)
+    n_star = sizing.n
+    k_star = threshold_k(theta=theta_star, n=n_star)
+
+    if not (math.isfinite(n_obs) and n_obs >= 1.0):
+        if n_obs != 0.0:
+            flags.append(Flag.N_OBS_INVALID)
+        n_obs = float(n_star)
+    delta, out_of_range = resolve_delta(delta_s_per_token, default_s_per_token=config.default_delta_s_per_token)
+    if out_of_range:
+        flags.append(Flag.DELTA_OUT_OF_RANGE)
+    terms = None
+    if cost_model_is_usable(costs) and 0.0 < theta0 < 1.0:
+        terms = crossover_terms(costs=costs, theta0=theta0, mu_l_tokens=mu_l, mu_o_tokens=mu_o, n_obs=n_obs)
+    lhs = terms.lhs_s_per_token if terms else 0.0
+    rhs = terms.rhs_s_per_token if terms else 0.0
+    return Evaluation(
+        theta0=_finite(theta0),
+        delta_theta=_finite(delta_theta),
+        theta_star=_finite(theta_star),
+        n_star=n_star,
+        k_star=k_star,
+        lhs_s_per_token=lhs,
+        rhs_s_per_token=rhs,
+        delta_s_per_token=delta,
+        decode_ratio=terms.decode_ratio if terms else 0.0,
+        beta_eb_w_s_per_token=terms.beta_eb_w_s_per_token if terms else 0.0,
+        beta_mb_e_s_per_token=terms.beta_mb_e_s_per_token if terms else 0.0,
+        n_obs=_finite(n_obs),
+        # Without crossover terms there is no evidence against stock behaviour.
+        mode_instant=instantaneous_mode(lhs_s_per_token=lhs, rhs_s_per_token=rhs, delta_s_per_token=delta)
+        if terms
+        else Mode.MB,
+        flags=tuple(flags),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Pinned:
+    k: int | None
+    n: int | None
+    invalid: bool
+
+
+def _validated_pin(intent: OperatorIntent, limits: EngineLimits) -> _Pinned:
+    """Pinned k and N, each kept only when 1 ≤ N ≤ max_num_seqs and 1 ≤ k (≤ N when both are set)."""
+    k, n, invalid = intent.pin.k, intent.pin.n, False
+    if n is not None and not 1 <= n <= limits.max_num_seqs:
+        n, invalid = None, True
+    if k is not None and (k < 1 or (n is not None and k > n)):
+        k, invalid = None, True
+    return _Pinned(k=k, n=n, invalid=invalid)
+
+
+def decide(
+    observations: Observations,
+    state: PolicyState,
+    now_s: float,
+    *,
+    intent: OperatorIntent | None = None,
+    config: PolicyConfig | None = None,
+    budget_sweep: Sequence[SweepPoint] = (),
+) -> tuple[Decision, PolicyState]:
+    """One decision for one engine or pool, and the policy state to carry to the next.
+
+    Cold start: mode MB (stock behaviour) with reason insufficient_data until the output window holds
+    config.min_samples valid completions; without a usable cost model, MB with reason no_cost_model.
+    Otherwise EB+ chooses by rule (8) with hysteresis and cooldown (reasons crossover_eb, crossover_mb,
+    hysteresis_hold, cooldown_hold). An operator pin overrides the mode (reason operator_pin);
+    PASSTHROUGH pins leave the engine untouched.
+
+    Guarantees, for any observations: 1 ≤ k ≤ N ≤ max_num_seqs, B_cap ≤ B_max ≤ max_num_batched_tokens,
+    finite diagnostics, no exception.
+    """
+    config = config or PolicyConfig()
+    intent = intent or OperatorIntent()
+    limits = observations.limits
+    flags: list[Flag] = []
+    if observations.num_rejected_samples > 0:
+        flags.append(Flag.SAMPLES_REJECTED)
+    budget, clamped = select_budget_policy(
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        sweep=budget_sweep,
+        max_model_len_tokens=limits.max_model_len_tokens,
+    )
+    if clamped:
+        flags.append(Flag.BUDGET_CLAMPED)
+    delta, out_of_range = resolve_delta(
+        intent.delta_s_per_token, default_s_per_token=config.default_delta_s_per_token
+    )
+    delta_source = intent.delta_source if intent.delta_s_per_token is not None else DeltaSource.DEFAULT
+    if out_of_range:
+        flags.append(Flag.DELTA_OUT_OF_RANGE)
+    pinned = _validated_pin(intent, limits)
+    if pinned.invalid:
+        flags.append(Flag.PIN_INVALID)
+
+    fit = fit_hazard(
+        np.asarray(observations.output_lengths_tokens), np.asarray(observations.prompt_lengths_tokens)
+    )
+    costs = observations.costs
+    evaluation: Evaluation | None = None
+    diagnostics = Diagnostics(num_rejected_samples=max(0, observations.num_rejected_samples))
+    online_mode, reason, last_switch_s = state.mode, Reason.INSUFFICIENT_DATA, state.last_switch_s
+    n_prev = state.n_prev
+    if fit is not None:
+        if fit.intercept_fallback:
+            flags.append(Flag.HAZARD_INTERCEPT_NONPOSITIVE)
+        if fit.slope_clipped:
+            flags.append(Flag.HAZARD_DFR_CLIPPED)
+    enough_data = fit is not None and fit.stats.num_samples >= config.min_samples
+    if not enough_data:
+        online_mode = Mode.MB
+    elif costs is None or not cost_model_is_usable(costs):
+        online_mode, reason = Mode.MB, Reason.NO_COST_MODEL
+        if costs is not None:
+            flags.append(Flag.ALPHA_D_NONPOSITIVE if not costs.alpha_d_s > 0.0 else Flag.COST_NONPOSITIVE)
+    else:
+        evaluation = evaluate(
+            fit.stats, costs, limits, n_prev=state.n_prev, n_obs=observations.n_obs,
+            delta_s_per_token=delta, config=config,
+        )
+        flags.extend(f for f in evaluation.flags if f not in flags)
+        choice = select_mode(
+            current=state.mode, last_switch_s=state.last_switch_s, now_s=now_s,
+            lhs_s_per_token=evaluation.lhs_s_per_token, rhs_s_per_token=evaluation.rhs_s_per_token,
+            delta_s_per_token=delta, hysteresis_rel=config.hysteresis_rel,
+            hysteresis_abs_s_per_token=config.hysteresis_abs_s_per_token, cooldown_s=config.cooldown_s,
+        )
+        online_mode, reason = choice.mode, choice.reason
+        if choice.switched:
+            last_switch_s = now_s
+        n_prev = evaluation.n_star
+    if fit is not None:
+        stats = fit.stats
+        diagnostics = Diagnostics(
+            p0=_finite(stats.p0), eta=_finite(stats.eta), mu_l_tokens=_finite(stats.mu_l_tokens),
+            mu_o_tokens=_finite(stats.mu_o_tokens), sigma_o_tokens=_finite(stats.sigma_o_tokens),
+            t95_tokens=_finite(stats.t95_tokens), num_samples=stats.num_samples,
+            num_rejected_samples=diagnostics.num_rejected_samples,
+        )
+    if evaluation is not None:
+        diagnostics = _with_evaluation(diagnostics, evaluation)
+
+    mode = online_mode
+    if intent.pin.mode is not None:
+        mode, reason = intent.pin.mode, Reason.OPERATOR_PIN
+    n_computed = evaluation.n_star if evaluation is not None else limits.max_num_seqs
+    if pinned.n is not None:
+        n = pinned.n
+    elif mode == Mode.EB:
+        n = n_computed
+    else:
+        n = limits.max_num_seqs
+    theta = evaluation.theta_star if evaluation is not None else config.theta_min
+    k = pinned.k if pinned.k is not None else threshold_k(theta=theta, n=n)
+    k = min(max(1, k), n)
+    decision = Decision(
+        mode=mode, k=k, n=n, budget=budget, delta_s_per_token=delta, delta_source=delta_source,
+        reason=reason, flags=tuple(flags), diagnostics=diagnostics, advisory=intent.pin.advisory,
+    )
+    return decision, PolicyState(n_prev=n_prev, mode=online_mode, last_switch_s=last_switch_s)
+
+
+def _with_evaluation(diagnostics: Diagnostics, evaluation: Evaluation) -> Diagnostics:
+    return replace(
+        diagnostics,
+        theta0=evaluation.theta0, delta_theta=evaluation.delta_theta, theta_star=evaluation.theta_star,
+        n_star=evaluation.n_star, k_star=evaluation.k_star, lhs_s_per_token=evaluation.lhs_s_per_token,
+        rhs_s_per_token=evaluation.rhs_s_per_token, n_obs=evaluation.n_obs,
+    )
+
+
+def merge_pool_observations(members: Sequence[Observations]) -> Observations | None:
+    """Observations of a pool of engines of the same model and accelerator.
+
+    Windows are concatenated; limits are the most conservative of the members (smallest max_num_seqs,
+    budget and KV capacity); N_obs is the members' mean; rejected counts add up; the cost model is the
+    first member's that has one. None for an empty pool.
+    """
+    if not members:
+        return None
+    limits = EngineLimits(
+        max_num_seqs=min(m.limits.max_num_seqs for m in members),
+        max_num_batched_tokens=min(m.limits.max_num_batched_tokens for m in members),
+        kv_capacity_tokens=min(m.limits.kv_capacity_tokens for m in members),
+        max_model_len_tokens=min(m.limits.max_model_len_tokens for m in members),
+    )
+    observed = [m.n_obs for m in members if math.isfinite(m.n_obs) and m.n_obs >= 1.0]
+    return Observations(
+        output_lengths_tokens=np.concatenate([np.asarray(m.output_lengths_tokens, dtype=np.float64)
+                                              for m in members]),
+        prompt_lengths_tokens=np.concatenate([np.asarray(m.prompt_lengths_tokens, dtype=np.float64)
+                                              for m in members]),
+        costs=next((m.costs for m in members if m.costs is not None), None),
+        limits=limits,
+        n_obs=sum(observed) / len(observed) if observed else 0.0,
+        num_rejected_samples=sum(max(0, m.num_rejected_samples) for m in members),
+    )
+
+
+def ema_update(previous: float, value: float, *, dt_s: float, time_constant_s: float) -> float:
+    """Exponential moving average with a time constant: weight 1 − e^(−dt/τ) on the new value.
+
+    A non-finite or negative value, or a non-positive dt, leaves the average unchanged; a non-finite
+    previous average is replaced by the value.
+    """
+    if not (math.isfinite(value) and value >= 0.0):
+        return previous
+    if not math.isfinite(previous):
+        return value
+    if not (math.isfinite(dt_s) and dt_s > 0.0) or not time_constant_s > 0.0:
+        return previous
+    weight = -math.expm1(-dt_s / time_constant_s)
+    return previous + weight * (value - previous)
