@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 ## test: install into .venv, check layering and generated code, run the whole test suite
 test: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/python tools/gen_proto.py --check
 	$(BIN)/pytest -q
 
 ## lint: ruff and the import-linter contracts
@@ -28,3 +29,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+## proto: regenerate controlplane/api from proto/ (committed; the test suite checks it is current)
+proto: $(STAMP)
+	$(BIN)/python tools/gen_proto.py

@@ -1,0 +1,109 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    MODE_MB: _ClassVar[Mode]
+    MODE_EB: _ClassVar[Mode]
+    MODE_PASSTHROUGH: _ClassVar[Mode]
+MODE_UNSPECIFIED: Mode
+MODE_MB: Mode
+MODE_EB: Mode
+MODE_PASSTHROUGH: Mode
+
+class Pool(_message.Message):
+    __slots__ = ("model", "accelerator")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    accelerator: str
+    def __init__(self, model: _Optional[str] = ..., accelerator: _Optional[str] = ...) -> None: ...
+
+class BudgetPolicy(_message.Message):
+    __slots__ = ("b_max_tokens", "b_cap_tokens", "n_th", "t_large_tokens", "n_d_large")
+    B_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    B_CAP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    N_TH_FIELD_NUMBER: _ClassVar[int]
+    T_LARGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    N_D_LARGE_FIELD_NUMBER: _ClassVar[int]
+    b_max_tokens: int
+    b_cap_tokens: int
+    n_th: int
+    t_large_tokens: int
+    n_d_large: int
+    def __init__(self, b_max_tokens: _Optional[int] = ..., b_cap_tokens: _Optional[int] = ..., n_th: _Optional[int] = ..., t_large_tokens: _Optional[int] = ..., n_d_large: _Optional[int] = ...) -> None: ...
+
+class Diagnostics(_message.Message):
+    __slots__ = ("p0", "eta", "mu_l_tokens", "mu_o_tokens", "sigma_o_tokens", "t95_tokens", "theta0", "delta_theta", "theta_star", "n_star", "k_star", "lhs_s_per_token", "rhs_s_per_token", "n_obs", "num_samples", "num_rejected_samples")
+    P0_FIELD_NUMBER: _ClassVar[int]
+    ETA_FIELD_NUMBER: _ClassVar[int]
+    MU_L_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MU_O_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SIGMA_O_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    T95_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    THETA0_FIELD_NUMBER: _ClassVar[int]
+    DELTA_THETA_FIELD_NUMBER: _ClassVar[int]
+    THETA_STAR_FIELD_NUMBER: _ClassVar[int]
+    N_STAR_FIELD_NUMBER: _ClassVar[int]
+    K_STAR_FIELD_NUMBER: _ClassVar[int]
+    LHS_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RHS_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    N_OBS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_REJECTED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    p0: float
+    eta: float
+    mu_l_tokens: float
+    mu_o_tokens: float
+    sigma_o_tokens: float
+    t95_tokens: float
+    theta0: float
+    delta_theta: float
+    theta_star: float
+    n_star: int
+    k_star: int
+    lhs_s_per_token: float
+    rhs_s_per_token: float
+    n_obs: float
+    num_samples: int
+    num_rejected_samples: int
+    def __init__(self, p0: _Optional[float] = ..., eta: _Optional[float] = ..., mu_l_tokens: _Optional[float] = ..., mu_o_tokens: _Optional[float] = ..., sigma_o_tokens: _Optional[float] = ..., t95_tokens: _Optional[float] = ..., theta0: _Optional[float] = ..., delta_theta: _Optional[float] = ..., theta_star: _Optional[float] = ..., n_star: _Optional[int] = ..., k_star: _Optional[int] = ..., lhs_s_per_token: _Optional[float] = ..., rhs_s_per_token: _Optional[float] = ..., n_obs: _Optional[float] = ..., num_samples: _Optional[int] = ..., num_rejected_samples: _Optional[int] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("version", "mode", "k", "n", "budget", "delta_s_per_token", "delta_source", "ttl_s", "advisory", "reason", "flags", "decided_at_s", "trace_id", "diagnostics")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    DELTA_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DELTA_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    ADVISORY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    mode: Mode
+    k: int
+    n: int
+    budget: BudgetPolicy
+    delta_s_per_token: float
+    delta_source: str
+    ttl_s: float
+    advisory: bool
+    reason: str
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    decided_at_s: float
+    trace_id: str
+    diagnostics: Diagnostics
+    def __init__(self, version: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., budget: _Optional[_Union[BudgetPolicy, _Mapping]] = ..., delta_s_per_token: _Optional[float] = ..., delta_source: _Optional[str] = ..., ttl_s: _Optional[float] = ..., advisory: _Optional[bool] = ..., reason: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., decided_at_s: _Optional[float] = ..., trace_id: _Optional[str] = ..., diagnostics: _Optional[_Union[Diagnostics, _Mapping]] = ...) -> None: ...

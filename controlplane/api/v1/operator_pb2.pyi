@@ -1,0 +1,217 @@
+from controlplane.api.v1 import agent_pb2 as _agent_pb2
+from controlplane.api.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ScopeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCOPE_KIND_UNSPECIFIED: _ClassVar[ScopeKind]
+    SCOPE_KIND_FLEET: _ClassVar[ScopeKind]
+    SCOPE_KIND_POOL: _ClassVar[ScopeKind]
+    SCOPE_KIND_ENGINE: _ClassVar[ScopeKind]
+
+class PinnedMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PINNED_MODE_UNSPECIFIED: _ClassVar[PinnedMode]
+    PINNED_MODE_MB: _ClassVar[PinnedMode]
+    PINNED_MODE_EB: _ClassVar[PinnedMode]
+    PINNED_MODE_PASSTHROUGH: _ClassVar[PinnedMode]
+    PINNED_MODE_ADVISORY: _ClassVar[PinnedMode]
+
+class OverrideKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OVERRIDE_KIND_UNSPECIFIED: _ClassVar[OverrideKind]
+    OVERRIDE_KIND_DELTA: _ClassVar[OverrideKind]
+    OVERRIDE_KIND_PIN: _ClassVar[OverrideKind]
+SCOPE_KIND_UNSPECIFIED: ScopeKind
+SCOPE_KIND_FLEET: ScopeKind
+SCOPE_KIND_POOL: ScopeKind
+SCOPE_KIND_ENGINE: ScopeKind
+PINNED_MODE_UNSPECIFIED: PinnedMode
+PINNED_MODE_MB: PinnedMode
+PINNED_MODE_EB: PinnedMode
+PINNED_MODE_PASSTHROUGH: PinnedMode
+PINNED_MODE_ADVISORY: PinnedMode
+OVERRIDE_KIND_UNSPECIFIED: OverrideKind
+OVERRIDE_KIND_DELTA: OverrideKind
+OVERRIDE_KIND_PIN: OverrideKind
+
+class Scope(_message.Message):
+    __slots__ = ("kind", "pool", "engine_id")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    kind: ScopeKind
+    pool: _common_pb2.Pool
+    engine_id: str
+    def __init__(self, kind: _Optional[_Union[ScopeKind, str]] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., engine_id: _Optional[str] = ...) -> None: ...
+
+class SetDeltaRequest(_message.Message):
+    __slots__ = ("scope", "delta_s_per_token", "expires_in_s", "reason")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    DELTA_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    delta_s_per_token: float
+    expires_in_s: float
+    reason: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., delta_s_per_token: _Optional[float] = ..., expires_in_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PinModeRequest(_message.Message):
+    __slots__ = ("scope", "mode", "k", "n", "expires_in_s", "reason")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    mode: PinnedMode
+    k: int
+    n: int
+    expires_in_s: float
+    reason: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., mode: _Optional[_Union[PinnedMode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., expires_in_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ClearOverrideRequest(_message.Message):
+    __slots__ = ("scope", "kind", "reason")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    kind: OverrideKind
+    reason: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., kind: _Optional[_Union[OverrideKind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class OverrideRecord(_message.Message):
+    __slots__ = ("scope", "kind", "delta_s_per_token", "mode", "k", "n", "expires_at_s", "set_by", "set_at_s", "reason", "cleared")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DELTA_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_S_FIELD_NUMBER: _ClassVar[int]
+    SET_BY_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    kind: OverrideKind
+    delta_s_per_token: float
+    mode: PinnedMode
+    k: int
+    n: int
+    expires_at_s: float
+    set_by: str
+    set_at_s: float
+    reason: str
+    cleared: bool
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., kind: _Optional[_Union[OverrideKind, str]] = ..., delta_s_per_token: _Optional[float] = ..., mode: _Optional[_Union[PinnedMode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., expires_at_s: _Optional[float] = ..., set_by: _Optional[str] = ..., set_at_s: _Optional[float] = ..., reason: _Optional[str] = ..., cleared: _Optional[bool] = ...) -> None: ...
+
+class GetDecisionRequest(_message.Message):
+    __slots__ = ("engine_id",)
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    def __init__(self, engine_id: _Optional[str] = ...) -> None: ...
+
+class DecisionView(_message.Message):
+    __slots__ = ("engine_id", "pool", "decision", "acked_version")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    ACKED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    pool: _common_pb2.Pool
+    decision: _common_pb2.Decision
+    acked_version: int
+    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., decision: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ..., acked_version: _Optional[int] = ...) -> None: ...
+
+class ListEnginesRequest(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: _common_pb2.Pool
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ...) -> None: ...
+
+class EngineInfo(_message.Message):
+    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits", "connected", "telemetry_age_s", "decision_version", "acked_version", "num_completions", "num_rejected_events", "num_sequence_gaps", "controller_id")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DECISION_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACKED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REJECTED_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQUENCE_GAPS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    pool: _common_pb2.Pool
+    vllm_version: str
+    agent_version: str
+    limits: _agent_pb2.EngineLimits
+    connected: bool
+    telemetry_age_s: float
+    decision_version: int
+    acked_version: int
+    num_completions: int
+    num_rejected_events: int
+    num_sequence_gaps: int
+    controller_id: str
+    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[_agent_pb2.EngineLimits, _Mapping]] = ..., connected: _Optional[bool] = ..., telemetry_age_s: _Optional[float] = ..., decision_version: _Optional[int] = ..., acked_version: _Optional[int] = ..., num_completions: _Optional[int] = ..., num_rejected_events: _Optional[int] = ..., num_sequence_gaps: _Optional[int] = ..., controller_id: _Optional[str] = ...) -> None: ...
+
+class ListEnginesResponse(_message.Message):
+    __slots__ = ("engines",)
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    engines: _containers.RepeatedCompositeFieldContainer[EngineInfo]
+    def __init__(self, engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ...) -> None: ...
+
+class WatchDecisionsRequest(_message.Message):
+    __slots__ = ("pool", "engine_id")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    pool: _common_pb2.Pool
+    engine_id: str
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., engine_id: _Optional[str] = ...) -> None: ...
+
+class Calibration(_message.Message):
+    __slots__ = ("pool", "alpha_p_s", "beta_p_s_per_token", "alpha_d_s", "beta_d_s_per_request", "alpha_mb_s", "mb_coeffs_s_per_token", "source")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_P_S_FIELD_NUMBER: _ClassVar[int]
+    BETA_P_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_D_S_FIELD_NUMBER: _ClassVar[int]
+    BETA_D_S_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_MB_S_FIELD_NUMBER: _ClassVar[int]
+    MB_COEFFS_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    pool: _common_pb2.Pool
+    alpha_p_s: float
+    beta_p_s_per_token: float
+    alpha_d_s: float
+    beta_d_s_per_request: float
+    alpha_mb_s: float
+    mb_coeffs_s_per_token: _containers.RepeatedScalarFieldContainer[float]
+    source: str
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., alpha_p_s: _Optional[float] = ..., beta_p_s_per_token: _Optional[float] = ..., alpha_d_s: _Optional[float] = ..., beta_d_s_per_request: _Optional[float] = ..., alpha_mb_s: _Optional[float] = ..., mb_coeffs_s_per_token: _Optional[_Iterable[float]] = ..., source: _Optional[str] = ...) -> None: ...
+
+class PutCalibrationRequest(_message.Message):
+    __slots__ = ("calibration",)
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    calibration: Calibration
+    def __init__(self, calibration: _Optional[_Union[Calibration, _Mapping]] = ...) -> None: ...
+
+class GetCalibrationRequest(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: _common_pb2.Pool
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ...) -> None: ...
