@@ -52,7 +52,7 @@ def main() -> int:
         generate(fresh)
         names = sorted(p.name for p in fresh.iterdir())
         committed = sorted(p.name for p in TARGET.iterdir() if p.suffix in (".py", ".pyi")) if TARGET.exists() else []
-        match, mismatch, errors = filecmp.cmpfiles(fresh, TARGET, names, shallow=False)
+        _match, mismatch, errors = filecmp.cmpfiles(fresh, TARGET, names, shallow=False)
         if mismatch or errors or names != committed:
             print(f"controlplane/api/v1 is stale against proto/ (differs: {mismatch + errors}); run `make proto`",
                   file=sys.stderr)

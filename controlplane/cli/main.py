@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controlplane.cli import plan
+from controlplane.cli import ctl, plan, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Control plane for vLLM fleets: batching mode, threshold, batch size and token budget.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve.register(commands)
+    ctl.register(commands)
     plan.register(commands)
     return parser
 

@@ -27,7 +27,7 @@ class BatchSize:
 def tokens_per_slot(*, theta: float, p0: float, mu_l_tokens: float) -> float:
     """Denominator of Prop. 3.3: mean KV tokens one slot holds, μ_L + (1−θ)/(θ·p0)·ln(1/(1−θ))."""
     zeta = -math.log1p(-theta)
-    return mu_l_tokens + (1.0 - theta) / (theta * p0) * zeta
+    return mu_l_tokens + (1.0 - theta) * zeta / theta / p0
 
 
 def memory_safe_batch_size(
@@ -57,13 +57,15 @@ def memory_safe_batch_size(
         0.0 < theta < 1.0 and p0 > 0.0 and mu_l_tokens > 0.0 and 0.0 < oom_tolerance < 1.0
     ):
         return BatchSize(n=cap, n_unclipped=0.0, below_one_request=False, capped=False)
-    reserve_tokens = math.log(1.0 / oom_tolerance) / (p0 * p0 * mu_l_tokens)
+    # Divide step by step: p0²·μ_L and θ·p0 can underflow to 0 for tiny finite inputs (the result overflows
+    # to inf instead of raising).
+    reserve_tokens = math.log(1.0 / oom_tolerance) / p0 / p0 / mu_l_tokens
     per_slot_tokens = tokens_per_slot(theta=theta, p0=p0, mu_l_tokens=mu_l_tokens)
     value = (kv_capacity_tokens - reserve_tokens) / per_slot_tokens
+    if value < 1.0:  # includes −inf: the OOM reserve alone exceeds any capacity
+        return BatchSize(n=1, n_unclipped=value, below_one_request=True, capped=False)
     if not math.isfinite(value):
         return BatchSize(n=cap, n_unclipped=0.0, below_one_request=False, capped=False)
-    if value < 1.0:
-        return BatchSize(n=1, n_unclipped=value, below_one_request=True, capped=False)
     n = math.floor(value)
     return BatchSize(n=min(n, cap), n_unclipped=value, below_one_request=False, capped=n > cap)
 

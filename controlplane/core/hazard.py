@@ -35,6 +35,9 @@ DEFAULT_PROMPT_WINDOW = 4096
 MIN_FIT_POINTS = 2
 # A slope within this many standard errors of 0 is not kept (see fit_hazard).
 SLOPE_SIGNIFICANCE_Z = 2.0
+# The fit allocates O(t95) memory; beyond this span (far longer than any real output) it is not attempted
+# and the geometric MLE fallback is used instead.
+MAX_FIT_SPAN_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +154,8 @@ def fit_hazard(output_lengths: np.ndarray, prompt_lengths: np.ndarray) -> Hazard
     Returns:
         The fit, or None when either window has no valid sample. Fallbacks (flagged on the result):
         an intercept ≤ 0 → p0 = 1/μ_O, η = 0; a negative slope → η = 0. Fewer than MIN_FIT_POINTS
-        at-risk t values → the geometric MLE p0 = 1/μ_O, η = 0 (intercept_fallback set).
+        at-risk t values, or t95 > MAX_FIT_SPAN_TOKENS → the geometric MLE p0 = 1/μ_O, η = 0
+        (intercept_fallback set).
     """
     outputs = np.asarray(output_lengths, dtype=np.float64)
     prompts = np.asarray(prompt_lengths, dtype=np.float64)
@@ -163,7 +167,7 @@ def fit_hazard(output_lengths: np.ndarray, prompt_lengths: np.ndarray) -> Hazard
     sigma_o = float(outputs.std())
     mu_l = float(prompts.mean())
     t95 = float(np.percentile(outputs, 95.0, method="inverted_cdf"))
-    fit = _wls_line(outputs, t_max=int(t95))
+    fit = _wls_line(outputs, t_max=int(t95)) if t95 <= MAX_FIT_SPAN_TOKENS else None
     intercept_fallback = False
     slope_clipped = False
     if fit is None:
@@ -190,7 +194,8 @@ def _wls_line(outputs: np.ndarray, *, t_max: int) -> tuple[float, float] | None:
     """Fit ĥ(t) = p0 + η·t over t ∈ [1, t_max] with weights n(t); None when under-determined."""
     if t_max < 1:
         return None
-    lengths = outputs.astype(np.int64)
+    # Clip before the cast: lengths beyond int64 would wrap to negative values.
+    lengths = np.minimum(outputs, t_max + 1).astype(np.int64)
     # Completions at t for t = 1..t_max (longer ones only count as at risk).
     completions = np.bincount(np.minimum(lengths, t_max + 1), minlength=t_max + 2)[1 : t_max + 1]
     at_risk = lengths.size - np.concatenate(([0], np.cumsum(completions)[:-1]))

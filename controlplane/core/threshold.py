@@ -86,7 +86,8 @@ def delta_theta_ifr(*, theta0: float, p0: float, eta: float, rho: float) -> floa
         return 0.0
     zeta = -math.log1p(-theta0)
     bracket = zeta * (theta0 / (1.0 - theta0) - zeta / 2.0) + rho * (zeta - theta0)
-    value = eta * (1.0 - theta0) ** 2 / (p0 * p0 * theta0) * bracket
+    # Divide step by step: the product p0²·θ0 can underflow to 0 for tiny finite inputs.
+    value = (eta / p0 / p0) * (1.0 - theta0) ** 2 * (bracket / theta0)
     if math.isnan(value):
         return 0.0
     if math.isinf(value):

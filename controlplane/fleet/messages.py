@@ -1,0 +1,115 @@
+"""Conversion of fake-engine state into AgentService messages (Hello, TelemetryBatch, DecisionAck).
+
+Pure functions: no I/O, no clock reads (times are passed in). Engine times are simulated seconds; the
+contract's `finish_time_s` is engine wall clock since the Unix epoch, so the caller supplies a linear map
+from simulated to wall time (see `SimToWall`). Step durations stay in simulated seconds: they are what
+the controller fits the cost model to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from controlplane.api.v1 import agent_pb2, common_pb2
+from controlplane.fleet.profiles import EngineShape
+from controlplane.fleet.telemetry import EngineTelemetry
+
+VLLM_VERSION = "sim"
+AGENT_VERSION = "controlplane-fleet/0.1.0"
+_ENGINE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def check_engine_id(engine_id: str) -> str:
+    """Return `engine_id` when it matches the contract's [A-Za-z0-9._:-]{1,128}; else raise ValueError."""
+    if not _ENGINE_ID.fullmatch(engine_id):
+        raise ValueError(f"engine_id {engine_id!r} must match [A-Za-z0-9._:-]{{1,128}}")
+    return engine_id
+
+
+@dataclass(frozen=True, slots=True)
+class SimToWall:
+    """Linear map from the engine clock [sim_start_s, sim_end_s] onto wall time [wall_start_s, wall_end_s].
+
+    A degenerate simulated span maps everything to wall_end_s. Results never exceed wall_end_s.
+    """
+
+    sim_start_s: float
+    sim_end_s: float
+    wall_start_s: float
+    wall_end_s: float
+
+    def __call__(self, sim_s: float) -> float:
+        span = self.sim_end_s - self.sim_start_s
+        if span <= 0.0:
+            return self.wall_end_s
+        fraction = (sim_s - self.sim_start_s) / span
+        return min(self.wall_end_s, self.wall_start_s + fraction * (self.wall_end_s - self.wall_start_s))
+
+
+def hello_message(
+    *, engine_id: str, model: str, accelerator: str, shape: EngineShape, agent_version: str = AGENT_VERSION
+) -> agent_pb2.AgentMessage:
+    """The opening message of a stream: identity, pool and start-up limits."""
+    hello = agent_pb2.Hello(
+        engine_id=check_engine_id(engine_id),
+        pool=common_pb2.Pool(model=model, accelerator=accelerator),
+        vllm_version=VLLM_VERSION,
+        agent_version=agent_version,
+        limits=agent_pb2.EngineLimits(
+            max_num_seqs=shape.max_num_seqs,
+            max_num_batched_tokens=shape.max_num_batched_tokens,
+            kv_capacity_tokens=(shape.kv_capacity_tokens // shape.block_size_tokens) * shape.block_size_tokens,
+            block_size_tokens=shape.block_size_tokens,
+            max_model_len_tokens=shape.max_model_len_tokens,
+        ),
+    )
+    return agent_pb2.AgentMessage(hello=hello)
+
+
+def telemetry_message(
+    telemetry: EngineTelemetry, *, seq: int, to_wall_s: SimToWall, sent_at_s: float
+) -> agent_pb2.AgentMessage:
+    """A TelemetryBatch with sequence number `seq` (≥ 1) from one `FakeEngine.drain()`.
+
+    Completion finish times go through `to_wall_s`; every completion has aborted = False.
+    """
+    if seq < 1:
+        raise ValueError(f"seq starts at 1, got {seq}")
+    num_completions = len(telemetry.completion_finish_s)
+    batch = agent_pb2.TelemetryBatch(
+        seq=seq,
+        completions=agent_pb2.Completions(
+            prompt_tokens=telemetry.completion_prompt_tokens,
+            output_tokens=telemetry.completion_output_tokens,
+            finish_time_s=[to_wall_s(t) for t in telemetry.completion_finish_s],
+            aborted=[False] * num_completions,
+        ),
+        steps=agent_pb2.Steps(
+            prefill_tokens=telemetry.step_prefill_tokens,
+            decode_tokens=telemetry.step_decode_tokens,
+            decode_requests=telemetry.step_decode_requests,
+            duration_s=telemetry.step_duration_s,
+        ),
+        kv_used_tokens=telemetry.kv_used_tokens,
+        kv_total_tokens=telemetry.kv_total_tokens,
+        scheduler=agent_pb2.SchedulerState(
+            num_running_prefills=telemetry.scheduler.num_running_prefills,
+            num_running_decodes=telemetry.scheduler.num_running_decodes,
+            num_waiting=telemetry.scheduler.num_waiting,
+            largest_remaining_prefill_tokens=telemetry.scheduler.largest_remaining_prefill_tokens,
+        ),
+        counters=agent_pb2.Counters(
+            num_preemptions=telemetry.num_preemptions,
+            num_events_dropped=telemetry.num_events_dropped,
+        ),
+        sent_at_s=sent_at_s,
+    )
+    return agent_pb2.AgentMessage(telemetry=batch)
+
+
+def ack_message(*, version: int, applied: bool, reject_reason: str = "") -> agent_pb2.AgentMessage:
+    """A DecisionAck for `version`."""
+    return agent_pb2.AgentMessage(
+        ack=agent_pb2.DecisionAck(version=version, applied=applied, reject_reason=reject_reason)
+    )

@@ -1,0 +1,129 @@
+"""OpenTelemetry tracing of decisions and overrides.
+
+One span `controlplane.decide` per decision, with an attribute for every input and term; one span
+`controlplane.override` per override change. The agent's W3C trace context (traceparent) becomes the
+parent when present. The tracer provider is built from explicit settings (the entry point reads the
+standard OTEL_* variables); with no exporter configured nothing is exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from controlplane.core.types import Decision
+
+DECIDE_SPAN = "controlplane.decide"
+OVERRIDE_SPAN = "controlplane.override"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """otlp_endpoint: where to export spans (OTLP/gRPC); empty means no export."""
+
+    service_name: str = "vllm-controlplane"
+    otlp_endpoint: str = ""
+    otlp_insecure: bool = True
+
+
+def tracing_settings_from_env(env: Mapping[str, str]) -> TracingSettings:
+    """Read the standard variables: OTEL_TRACES_EXPORTER (otlp|none), OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT,
+    OTEL_SERVICE_NAME. Export happens only when an endpoint is set and the exporter is not "none"."""
+    exporter = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    if exporter == "none":
+        endpoint = ""
+    return TracingSettings(
+        service_name=env.get("OTEL_SERVICE_NAME", "vllm-controlplane"),
+        otlp_endpoint=endpoint,
+        otlp_insecure=env.get("OTEL_EXPORTER_OTLP_INSECURE", "true").lower() != "false",
+    )
+
+
+def create_tracer_provider(settings: TracingSettings, *, exporter: SpanExporter | None = None) -> TracerProvider:
+    """A provider for the controller. `exporter` (e.g. the SDK's in-memory exporter in tests) wins over OTLP."""
+    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
+    if exporter is not None:
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elif settings.otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint, insecure=settings.otlp_insecure))
+        )
+    return provider
+
+
+def decision_attributes(decision: Decision, *, engine_id: str, pool: str, version: int) -> dict[str, object]:
+    """Every input and term of a decision as span attributes (names under `cp.`)."""
+    d = decision.diagnostics
+    return {
+        "cp.engine_id": engine_id,
+        "cp.pool": pool,
+        "cp.version": version,
+        "cp.mode": decision.mode.value,
+        "cp.k": decision.k,
+        "cp.n": decision.n,
+        "cp.budget.b_max_tokens": decision.budget.b_max_tokens,
+        "cp.budget.b_cap_tokens": decision.budget.b_cap_tokens,
+        "cp.budget.n_th": decision.budget.n_th,
+        "cp.budget.t_large_tokens": decision.budget.t_large_tokens,
+        "cp.budget.n_d_large": decision.budget.n_d_large,
+        "cp.delta_s_per_token": decision.delta_s_per_token,
+        "cp.delta_source": decision.delta_source.value,
+        "cp.reason": decision.reason.value,
+        "cp.flags": [f.value for f in decision.flags],
+        "cp.advisory": decision.advisory,
+        "cp.p0": d.p0,
+        "cp.eta": d.eta,
+        "cp.mu_l_tokens": d.mu_l_tokens,
+        "cp.mu_o_tokens": d.mu_o_tokens,
+        "cp.sigma_o_tokens": d.sigma_o_tokens,
+        "cp.t95_tokens": d.t95_tokens,
+        "cp.theta0": d.theta0,
+        "cp.delta_theta": d.delta_theta,
+        "cp.theta_star": d.theta_star,
+        "cp.n_star": d.n_star,
+        "cp.k_star": d.k_star,
+        "cp.n_obs": d.n_obs,
+        "cp.lhs_s_per_token": d.lhs_s_per_token,
+        "cp.rhs_s_per_token": d.rhs_s_per_token,
+        "cp.samples": d.num_samples,
+        "cp.rejected_samples": d.num_rejected_samples,
+    }
+
+
+class DecisionTracer:
+    """Emits the decision and override spans on a given tracer provider."""
+
+    def __init__(self, provider: trace.TracerProvider) -> None:
+        self._tracer = provider.get_tracer("controlplane")
+
+    def trace_decision(
+        self, decision: Decision, *, engine_id: str, pool: str, version: int, traceparent: str = ""
+    ) -> str:
+        """Record one `controlplane.decide` span; returns its trace id (32 hex digits, "" if not sampled)."""
+        parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
+        with self._tracer.start_as_current_span(DECIDE_SPAN, context=parent) as span:
+            span.set_attributes(decision_attributes(decision, engine_id=engine_id, pool=pool, version=version))
+            context = span.get_span_context()
+        return format(context.trace_id, "032x") if context.is_valid else ""
+
+    def trace_override(self, *, action: str, kind: str, scope: str, actor: str, reason: str,
+                       old: str, new: str) -> None:
+        """Record one `controlplane.override` span (old/new as JSON text, "" when absent)."""
+        with self._tracer.start_as_current_span(OVERRIDE_SPAN) as span:
+            span.set_attributes({
+                "cp.override.action": action, "cp.override.kind": kind, "cp.override.scope": scope,
+                "cp.override.actor": actor, "cp.override.reason": reason,
+                "cp.override.old": old, "cp.override.new": new,
+            })

@@ -1,0 +1,114 @@
+"""Validated, frozen configuration of one controller process (built at the entry point only)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controlplane.core.types import PolicyConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionLoopConfig:
+    """When decisions are recomputed and how long they live.
+
+    recompute_completions: new completions that trigger a recomputation.
+    interval_s: recompute at least this often while an engine is connected.
+    ttl_s: decision lifetime at the agent; the controller refreshes a decision every ttl_s / 3.
+    n_obs_time_constant_s: time constant of the N_obs EMA of running requests.
+    """
+
+    recompute_completions: int = 256
+    interval_s: float = 5.0
+    ttl_s: float = 60.0
+    n_obs_time_constant_s: float = 10.0
+    output_window: int = 4096
+    prompt_window: int = 4096
+    step_window: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.recompute_completions < 1:
+            raise ValueError(f"recompute_completions must be ≥ 1, got {self.recompute_completions}")
+        for name in ("interval_s", "ttl_s", "n_obs_time_constant_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("output_window", "prompt_window", "step_window"):
+            if getattr(self, name) < 8:
+                raise ValueError(f"{name} must be ≥ 8, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """TLS and token authentication. Tokens map a secret to the caller's identity.
+
+    agent_tokens may call AgentService only; operator_tokens OperatorService only. Empty maps: no auth.
+    """
+
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    agent_tokens: dict[str, str] = field(default_factory=dict)
+    operator_tokens: dict[str, str] = field(default_factory=dict)
+    insecure: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("a client CA (mutual TLS) needs a server certificate and key")
+        for path in (self.tls_cert, self.tls_key, self.tls_client_ca):
+            if path is not None and not path.is_file():
+                raise ValueError(f"TLS file not found: {path}")
+        overlap = set(self.agent_tokens) & set(self.operator_tokens)
+        if overlap:
+            raise ValueError("a token cannot be both an agent and an operator token")
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.agent_tokens or self.operator_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Everything one controller process needs; validated on construction."""
+
+    host: str = "127.0.0.1"
+    port: int = 50151
+    controller_id: str = "controller-0"
+    redis_url: str = ""
+    data_dir: Path | None = None
+    metrics_port: int = 0
+    readiness_grace_s: float = 15.0
+    store_retry_s: float = 1.0
+    registry_ttl_s: float = 30.0
+    loop: DecisionLoopConfig = field(default_factory=DecisionLoopConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
+        if not self.readiness_grace_s >= 0 or not self.store_retry_s > 0 or not self.registry_ttl_s > 0:
+            raise ValueError("readiness_grace_s must be ≥ 0, store_retry_s and registry_ttl_s > 0")
+        if not self.redis_url and self.data_dir is None:
+            raise ValueError("give a redis_url or a data_dir for the embedded Redis")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url must start with redis://, rediss:// or unix://, got {self.redis_url!r}")
+        if not self.is_loopback and not (self.security.authenticated and self.security.tls_cert) \
+                and not self.security.insecure:
+            raise ValueError(
+                f"refusing to listen on non-loopback address {self.host!r} without TLS and token "
+                "authentication; pass --insecure to do it anyway"
+            )
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False

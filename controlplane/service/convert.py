@@ -1,0 +1,104 @@
+"""Conversions between protobuf messages and core types, at the edge of the service."""
+
+from __future__ import annotations
+
+import math
+
+from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.core.types import CostModel, Decision, DeltaSource, Mode, ModePin, OperatorIntent
+
+MODE_TO_PROTO = {Mode.MB: common_pb2.MODE_MB, Mode.EB: common_pb2.MODE_EB,
+                 Mode.PASSTHROUGH: common_pb2.MODE_PASSTHROUGH}
+PIN_TO_MODE = {operator_pb2.PINNED_MODE_MB: Mode.MB, operator_pb2.PINNED_MODE_EB: Mode.EB,
+               operator_pb2.PINNED_MODE_PASSTHROUGH: Mode.PASSTHROUGH}
+SCOPE_TO_SOURCE = {operator_pb2.SCOPE_KIND_FLEET: DeltaSource.FLEET, operator_pb2.SCOPE_KIND_POOL: DeltaSource.POOL,
+                   operator_pb2.SCOPE_KIND_ENGINE: DeltaSource.ENGINE}
+
+
+def decision_to_proto(decision: Decision, *, version: int, ttl_s: float, decided_at_s: float,
+                      trace_id: str) -> common_pb2.Decision:
+    d = decision.diagnostics
+    b = decision.budget
+    return common_pb2.Decision(
+        version=version,
+        mode=MODE_TO_PROTO[decision.mode],
+        k=decision.k,
+        n=decision.n,
+        budget=common_pb2.BudgetPolicy(b_max_tokens=b.b_max_tokens, b_cap_tokens=b.b_cap_tokens, n_th=b.n_th,
+                                       t_large_tokens=b.t_large_tokens, n_d_large=b.n_d_large),
+        delta_s_per_token=decision.delta_s_per_token,
+        delta_source=decision.delta_source.value,
+        ttl_s=ttl_s,
+        advisory=decision.advisory,
+        reason=decision.reason.value,
+        flags=[f.value for f in decision.flags],
+        decided_at_s=decided_at_s,
+        trace_id=trace_id,
+        diagnostics=common_pb2.Diagnostics(
+            p0=d.p0, eta=d.eta, mu_l_tokens=d.mu_l_tokens, mu_o_tokens=d.mu_o_tokens,
+            sigma_o_tokens=d.sigma_o_tokens, t95_tokens=d.t95_tokens, theta0=d.theta0,
+            delta_theta=d.delta_theta, theta_star=d.theta_star, n_star=d.n_star, k_star=d.k_star,
+            lhs_s_per_token=d.lhs_s_per_token, rhs_s_per_token=d.rhs_s_per_token, n_obs=d.n_obs,
+            num_samples=d.num_samples, num_rejected_samples=d.num_rejected_samples,
+        ),
+    )
+
+
+def same_instruction(a: common_pb2.Decision, b: common_pb2.Decision) -> bool:
+    """True when two decisions tell the agent the same thing (diagnostics and reason aside)."""
+    return (a.mode, a.k, a.n, a.advisory, a.delta_s_per_token) == (b.mode, b.k, b.n, b.advisory,
+                                                                    b.delta_s_per_token) \
+        and a.budget == b.budget
+
+
+def resolve_intent(records: list[operator_pb2.OverrideRecord], *, engine_id: str, pool_key: str,
+                   now_s: float) -> OperatorIntent:
+    """The overrides in force for one engine: per kind, the most specific live scope wins (engine > pool > fleet)."""
+    rank = {operator_pb2.SCOPE_KIND_ENGINE: 3, operator_pb2.SCOPE_KIND_POOL: 2, operator_pb2.SCOPE_KIND_FLEET: 1}
+    best: dict[int, operator_pb2.OverrideRecord] = {}
+    for record in records:
+        if record.cleared or (record.expires_at_s > 0 and record.expires_at_s <= now_s):
+            continue
+        scope = record.scope
+        if scope.kind == operator_pb2.SCOPE_KIND_ENGINE and scope.engine_id != engine_id:
+            continue
+        if scope.kind == operator_pb2.SCOPE_KIND_POOL and f"{scope.pool.model}|{scope.pool.accelerator}" != pool_key:
+            continue
+        current = best.get(record.kind)
+        if current is None or rank.get(scope.kind, 0) > rank.get(current.scope.kind, 0):
+            best[record.kind] = record
+    delta_record = best.get(operator_pb2.OVERRIDE_KIND_DELTA)
+    pin_record = best.get(operator_pb2.OVERRIDE_KIND_PIN)
+    pin = ModePin()
+    if pin_record is not None:
+        pin = ModePin(
+            mode=PIN_TO_MODE.get(pin_record.mode),
+            k=pin_record.k or None,
+            n=pin_record.n or None,
+            advisory=pin_record.mode == operator_pb2.PINNED_MODE_ADVISORY,
+        )
+    if delta_record is None:
+        return OperatorIntent(pin=pin)
+    return OperatorIntent(delta_s_per_token=delta_record.delta_s_per_token,
+                          delta_source=SCOPE_TO_SOURCE[delta_record.scope.kind], pin=pin)
+
+
+def calibration_to_cost_model(calibration: operator_pb2.Calibration) -> CostModel:
+    """Raises ValueError naming the field when a cost is not a positive finite number."""
+    for name in ("alpha_p_s", "beta_p_s_per_token", "alpha_d_s", "beta_d_s_per_request"):
+        value = getattr(calibration, name)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"calibration.{name} must be a positive finite number, got {value}")
+    if not (math.isfinite(calibration.alpha_mb_s) and calibration.alpha_mb_s >= 0):
+        raise ValueError(f"calibration.alpha_mb_s must be ≥ 0 and finite, got {calibration.alpha_mb_s}")
+    coeffs = tuple(calibration.mb_coeffs_s_per_token)
+    if coeffs and (len(coeffs) != 3 or not all(math.isfinite(c) for c in coeffs)):
+        raise ValueError("calibration.mb_coeffs_s_per_token must be three finite numbers (c0, c1, c2)")
+    return CostModel(
+        alpha_p_s=calibration.alpha_p_s,
+        beta_p_s_per_token=calibration.beta_p_s_per_token,
+        alpha_d_s=calibration.alpha_d_s,
+        beta_d_s_per_request=calibration.beta_d_s_per_request,
+        alpha_mb_s=calibration.alpha_mb_s or calibration.alpha_p_s,
+        mb_coeffs_s_per_token=coeffs or (0.0, 0.0, 0.0),
+    )

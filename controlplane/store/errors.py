@@ -1,0 +1,40 @@
+"""Errors raised by the store adapter.
+
+Callers treat a failed write as a hard failure (an operator override that cannot be made durable must be
+reported as UNAVAILABLE, never silently dropped), so every Redis failure surfaces as `StoreUnavailable`
+naming the store operation that failed. Invalid arguments raise `ValueError` before Redis is contacted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from redis.exceptions import RedisError
+
+
+class StoreUnavailable(Exception):  # noqa: N818 (the name states the condition, as gRPC's UNAVAILABLE)
+    """Redis could not carry out a store operation (connection refused or lost, timeout, error reply).
+
+    Attributes:
+        operation: the store method that failed, e.g. "set_override".
+    """
+
+    def __init__(self, operation: str, cause: BaseException | None = None) -> None:
+        """
+        Args:
+            operation: the store method (or probe) that failed.
+            cause: the Redis or socket error, when there is one (also chained as __cause__).
+        """
+        detail = "" if cause is None else f": {type(cause).__name__}: {cause}"
+        super().__init__(f"store operation {operation!r} failed{detail}")
+        self.operation = operation
+
+
+@contextmanager
+def unavailable_on_error(operation: str) -> Iterator[None]:
+    """Translate Redis and socket errors raised inside the block into `StoreUnavailable(operation)`."""
+    try:
+        yield
+    except (RedisError, OSError) as err:
+        raise StoreUnavailable(operation, err) from err

@@ -1,0 +1,157 @@
+"""Test-side helpers: a controller app on loopback with an in-memory span exporter, and a raw agent
+stream client that sends exactly what a test tells it to."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2, operator_pb2_grpc
+from controlplane.core.types import PolicyConfig
+from controlplane.observability.tracing import TracingSettings, create_tracer_provider
+from controlplane.service.app import ControllerApp
+from controlplane.service.config import ControllerConfig, DecisionLoopConfig, SecurityConfig
+
+RTX_PRO_6000 = operator_pb2.Calibration(
+    alpha_p_s=0.004691170692443847, beta_p_s_per_token=5.007938367705191e-05,
+    alpha_d_s=0.010375998928844651, beta_d_s_per_request=0.00010388105329650523,
+    alpha_mb_s=0.004691170692443847,
+    mb_coeffs_s_per_token=[6.29342675989941e-05, 0.00019689261661008702, 9.8989734316548e-06],
+    source="RTX PRO 6000 / Qwen3-8B (EB paper reference code)",
+)
+LIMITS = agent_pb2.EngineLimits(max_num_seqs=1024, max_num_batched_tokens=16384, kv_capacity_tokens=1_500_000,
+                                block_size_tokens=16, max_model_len_tokens=32768)
+
+
+def make_config(redis_url: str, **overrides: object) -> ControllerConfig:
+    loop = DecisionLoopConfig(recompute_completions=200, interval_s=0.3, ttl_s=30.0)
+    policy = PolicyConfig(min_samples=400, cooldown_s=0.0)
+    values: dict[str, object] = {"port": 0, "redis_url": redis_url, "loop": loop, "policy": policy,
+                                 "store_retry_s": 0.2, "readiness_grace_s": 0.5, "security": SecurityConfig()}
+    values.update(overrides)
+    return ControllerConfig(**values)
+
+
+@dataclass
+class RunningController:
+    app: ControllerApp
+    spans: InMemorySpanExporter
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.app.port}"
+
+
+@contextlib.asynccontextmanager
+async def running_controller(config: ControllerConfig) -> AsyncIterator[RunningController]:
+    spans = InMemorySpanExporter()
+    provider = create_tracer_provider(TracingSettings(), exporter=spans)
+    app = ControllerApp(config, tracer_provider=provider)
+    await app.start()
+    try:
+        yield RunningController(app=app, spans=spans)
+    finally:
+        await app.stop(grace_s=0.5)
+
+
+def operator_stub(channel: grpc.aio.Channel) -> operator_pb2_grpc.OperatorServiceStub:
+    return operator_pb2_grpc.OperatorServiceStub(channel)
+
+
+def geometric_batch(seq: int, rng: np.random.Generator, *, num: int, p0: float = 1 / 256,
+                    num_running: int = 600) -> agent_pb2.TelemetryBatch:
+    """A well-formed batch: `num` geometric(p0) completions with uniform prompts, a few steps."""
+    outputs = rng.geometric(p0, num)
+    prompts = rng.integers(256, 768, num)
+    steps = 8
+    return agent_pb2.TelemetryBatch(
+        seq=seq,
+        completions=agent_pb2.Completions(prompt_tokens=prompts.tolist(), output_tokens=outputs.tolist(),
+                                          finish_time_s=[1.7e9 + i for i in range(num)], aborted=[False] * num),
+        steps=agent_pb2.Steps(prefill_tokens=[2048, 0] * (steps // 2), decode_tokens=[0, 500] * (steps // 2),
+                              decode_requests=[0, 500] * (steps // 2), duration_s=[0.1, 0.06] * (steps // 2)),
+        kv_used_tokens=400_000, kv_total_tokens=LIMITS.kv_capacity_tokens,
+        scheduler=agent_pb2.SchedulerState(num_running_prefills=0, num_running_decodes=num_running,
+                                           num_waiting=100),
+        sent_at_s=1.7e9,
+    )
+
+
+@dataclass
+class AgentStream:
+    """One engine's Connect stream driven by the test."""
+
+    channel: grpc.aio.Channel
+    engine_id: str
+    pool: common_pb2.Pool
+    metadata: Sequence[tuple[str, str]] = ()
+    decisions: asyncio.Queue[common_pb2.Decision] = field(default_factory=asyncio.Queue)
+    _outgoing: asyncio.Queue[agent_pb2.AgentMessage | None] = field(default_factory=asyncio.Queue)
+    _call: grpc.aio.StreamStreamCall | None = None
+    _reader: asyncio.Task[None] | None = None
+    error: grpc.aio.AioRpcError | None = None
+
+    async def _requests(self) -> AsyncIterator[agent_pb2.AgentMessage]:
+        while True:
+            message = await self._outgoing.get()
+            if message is None:
+                return
+            yield message
+
+    async def open(self, *, limits: agent_pb2.EngineLimits = LIMITS) -> AgentStream:
+        stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        self._call = stub.Connect(self._requests(), metadata=tuple(self.metadata))
+        await self.send(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
+            engine_id=self.engine_id, pool=self.pool, vllm_version="0.32.0", agent_version="test",
+            limits=limits)))
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        assert self._call is not None
+        try:
+            async for message in self._call:
+                await self.decisions.put(message.decision)
+        except grpc.aio.AioRpcError as exc:
+            self.error = exc
+
+    async def send(self, message: agent_pb2.AgentMessage) -> None:
+        await self._outgoing.put(message)
+
+    async def send_batch(self, batch: agent_pb2.TelemetryBatch) -> None:
+        await self.send(agent_pb2.AgentMessage(telemetry=batch))
+
+    async def ack(self, decision: common_pb2.Decision, *, applied: bool = True, reason: str = "") -> None:
+        await self.send(agent_pb2.AgentMessage(ack=agent_pb2.DecisionAck(version=decision.version, applied=applied,
+                                                                         reject_reason=reason)))
+
+    async def next_decision(self, *, timeout_s: float = 10.0, where=None) -> common_pb2.Decision:
+        """The next pushed decision satisfying `where` (every decision is ACKed as it arrives)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError(f"{self.engine_id}: no matching decision within {timeout_s} s")
+            decision = await asyncio.wait_for(self.decisions.get(), remaining)
+            await self.ack(decision)
+            if where is None or where(decision):
+                return decision
+
+    async def close(self) -> None:
+        await self._outgoing.put(None)
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._reader, 5.0)
+        if self._call is not None:
+            self._call.cancel()
+
+    async def finished(self, *, timeout_s: float = 10.0) -> None:
+        """Wait until the server ended the stream (error recorded in `error`)."""
+        assert self._reader is not None
+        await asyncio.wait_for(self._reader, timeout_s)

@@ -1,0 +1,56 @@
+"""Fake-engine state to AgentService messages: Hello limits, columnar telemetry, the sim→wall time map."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.fleet.engine import FakeEngine
+from controlplane.fleet.messages import SimToWall, ack_message, check_engine_id, hello_message, telemetry_message
+from controlplane.fleet.profiles import EngineShape
+from controlplane.fleet.workload import WorkloadSpec
+
+SHAPE = EngineShape(max_num_seqs=8, max_num_batched_tokens=512, kv_capacity_tokens=10_010, block_size_tokens=16,
+                    max_model_len_tokens=2048)
+
+
+def test_hello_carries_identity_pool_and_whole_block_kv_capacity() -> None:
+    message = hello_message(engine_id="sim-0-0001", model="m", accelerator="a", shape=SHAPE)
+    hello = message.hello
+    assert (hello.engine_id, hello.pool.model, hello.pool.accelerator, hello.vllm_version) == (
+        "sim-0-0001", "m", "a", "sim")
+    assert hello.limits.kv_capacity_tokens == 10_000  # 625 whole blocks of 16
+    assert (hello.limits.max_num_seqs, hello.limits.max_num_batched_tokens) == (8, 512)
+
+
+@pytest.mark.parametrize("engine_id", ["", "has space", "x" * 129, "slash/no"])
+def test_engine_ids_outside_the_contract_are_refused(engine_id: str) -> None:
+    with pytest.raises(ValueError, match="engine_id"):
+        check_engine_id(engine_id)
+
+
+def test_telemetry_columns_line_up_and_finish_times_map_to_wall_time() -> None:
+    engine = FakeEngine(workload=WorkloadSpec.parse("geometric:8/uniform:64/closed:6"), shape=SHAPE, seed=1)
+    engine.run_until(2.0)
+    telemetry = engine.drain()
+    to_wall = SimToWall(0.0, telemetry.now_s, 1_000.0, 1_010.0)
+    batch = telemetry_message(telemetry, seq=1, to_wall_s=to_wall, sent_at_s=1_010.0).telemetry
+    c, s = batch.completions, batch.steps
+    assert len(c.prompt_tokens) == len(c.output_tokens) == len(c.finish_time_s) == len(c.aborted) > 0
+    assert len(s.prefill_tokens) == len(s.decode_tokens) == len(s.decode_requests) == len(s.duration_s) > 0
+    assert all(1_000.0 <= f <= 1_010.0 for f in c.finish_time_s)
+    assert list(s.duration_s) == telemetry.step_duration_s
+    assert batch.kv_total_tokens == engine.kv_total_tokens
+    with pytest.raises(ValueError, match="seq"):
+        telemetry_message(telemetry, seq=0, to_wall_s=to_wall, sent_at_s=0.0)
+
+
+def test_sim_to_wall_is_linear_and_never_in_the_future() -> None:
+    to_wall = SimToWall(10.0, 20.0, 100.0, 101.0)
+    assert to_wall(15.0) == pytest.approx(100.5)
+    assert to_wall(25.0) == 101.0
+    assert SimToWall(5.0, 5.0, 0.0, 3.0)(5.0) == 3.0
+
+
+def test_ack_message() -> None:
+    ack = ack_message(version=9, applied=False, reject_reason="k_greater_than_n").ack
+    assert (ack.version, ack.applied, ack.reject_reason) == (9, False, "k_greater_than_n")

@@ -1,0 +1,496 @@
+"""The decision policy: evaluate() against the hand-written pipeline, decide() reasons, pins, δ, budget,
+pool merging and the EMA."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from controlplane.core.budget import SweepPoint
+from controlplane.core.policy import decide, ema_update, evaluate, merge_pool_observations, resolve_delta
+from controlplane.core.threshold import delta_theta_ifr, solve_theta0
+from controlplane.core.types import (
+    CostModel,
+    DeltaSource,
+    EngineLimits,
+    Flag,
+    Mode,
+    ModePin,
+    Observations,
+    OperatorIntent,
+    PolicyConfig,
+    PolicyState,
+    Reason,
+    WorkloadStats,
+)
+
+RTX_PRO_6000 = CostModel(
+    alpha_p_s=0.004691170692443847,
+    beta_p_s_per_token=5.007938367705191e-05,
+    alpha_d_s=0.010375998928844651,
+    beta_d_s_per_request=0.00010388105329650523,
+    alpha_mb_s=0.004691170692443847,
+    mb_coeffs_s_per_token=(6.29342675989941e-05, 0.00019689261661008702, 9.8989734316548e-06),
+)
+H200 = CostModel(
+    alpha_p_s=0.0012785933415095027,
+    beta_p_s_per_token=2.4852551825304505e-05,
+    alpha_d_s=0.008921181622454422,
+    beta_d_s_per_request=4.586467522217373e-05,
+    alpha_mb_s=0.0012785933415095027,
+    mb_coeffs_s_per_token=(2.494e-05, 5.193e-05, 1.478e-05),
+)
+LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=2_000_000,
+                      max_model_len_tokens=32768)
+NO_COOLDOWN = PolicyConfig(cooldown_s=0.0)
+
+
+def linear_hazard_outputs(seed: int, n: int, *, p0: float = 1.0 / 256.0, eta: float = 0.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if eta == 0.0:
+        return rng.geometric(p0, size=n).astype(np.float64)
+    t = np.arange(1, 8001)
+    hazard = np.minimum(p0 + eta * t, 1.0)
+    pmf = hazard * np.concatenate(([1.0], np.cumprod(1.0 - hazard)[:-1]))
+    return rng.choice(t, size=n, p=pmf / pmf.sum()).astype(np.float64)
+
+
+def observations(*, n: int = 2000, n_obs: float = 512.0, costs: CostModel | None = RTX_PRO_6000,
+                 limits: EngineLimits = LIMITS, seed: int = 0, eta: float = 0.0, rejected: int = 0) -> Observations:
+    return Observations(
+        output_lengths_tokens=linear_hazard_outputs(seed, n, eta=eta),
+        prompt_lengths_tokens=np.full(n, 512.0),
+        costs=costs,
+        limits=limits,
+        n_obs=n_obs,
+        num_rejected_samples=rejected,
+    )
+
+
+# ------------------------------------------------------------------------------------------- evaluate
+
+
+@pytest.mark.parametrize("costs", [RTX_PRO_6000, H200], ids=["RTX_PRO_6000", "H200"])
+def test_evaluate_matches_the_hand_written_pipeline(costs: CostModel) -> None:
+    p0, eta, mu_l, mu_o = 1.0 / 256.0, 3e-6, 512.0, 256.0
+    n_prev, n_obs, delta = 900, 300.0, 1e-6
+    limits = EngineLimits(max_num_seqs=4096, max_num_batched_tokens=8192, kv_capacity_tokens=2_000_000)
+    result = evaluate(WorkloadStats(p0=p0, eta=eta, mu_l_tokens=mu_l, mu_o_tokens=mu_o), costs, limits,
+                      n_prev=n_prev, n_obs=n_obs, delta_s_per_token=delta)
+
+    theta0 = solve_theta0(p0 * costs.alpha_p_s / costs.alpha_d_s)
+    zeta = -math.log1p(-theta0)
+    rho = costs.beta_d_s_per_request * n_prev / costs.alpha_d_s
+    d_theta = eta * (1 - theta0) ** 2 / (p0**2 * theta0) * (zeta * (theta0 / (1 - theta0) - zeta / 2)
+                                                            + rho * (zeta - theta0))
+    theta_star = min(max(theta0 + d_theta, 0.01), 0.8)
+    n_star = math.floor((2_000_000 - math.log(1 / 0.01) / (p0**2 * mu_l))
+                        / (mu_l + (1 - theta_star) / (theta_star * p0) * math.log(1 / (1 - theta_star))))
+    k_star = max(1, math.floor(theta_star * n_star))
+    r = mu_o / (mu_l + mu_o)
+    a, b, c = costs.mb_coeffs_s_per_token
+    lhs = a + b * r + c * r * r - (costs.beta_p_s_per_token * mu_l + costs.beta_d_s_per_request * mu_o) / (mu_l + mu_o)
+    rhs = ((costs.alpha_p_s + costs.alpha_d_s * zeta * mu_o) / (theta0 * n_obs)
+           - costs.alpha_mb_s * (1 + mu_o) / n_obs) / (mu_l + mu_o)
+
+    assert 0.0 < d_theta < 0.5
+    assert 1 <= n_star < 4096
+    assert result.theta0 == theta0
+    assert result.delta_theta == pytest.approx(d_theta, rel=1e-12)
+    assert result.theta_star == pytest.approx(theta_star, rel=1e-12)
+    assert result.n_star == n_star
+    assert result.k_star == k_star
+    assert result.lhs_s_per_token == pytest.approx(lhs, rel=1e-12)
+    assert result.rhs_s_per_token == pytest.approx(rhs, rel=1e-12)
+    assert result.decode_ratio == pytest.approx(r, rel=1e-15)
+    assert result.n_obs == n_obs
+    assert result.delta_s_per_token == delta
+    assert result.mode_instant == (Mode.MB if lhs < rhs + delta else Mode.EB)
+    assert result.flags == ()
+
+
+def test_evaluate_without_n_prev_uses_n_star_at_theta0_for_rho() -> None:
+    p0, eta = 1.0 / 256.0, 3e-6
+    workload = WorkloadStats(p0=p0, eta=eta, mu_l_tokens=512.0, mu_o_tokens=256.0)
+    limits = EngineLimits(max_num_seqs=4096, max_num_batched_tokens=8192, kv_capacity_tokens=2_000_000)
+    result = evaluate(workload, RTX_PRO_6000, limits)
+    theta0 = solve_theta0(p0 * RTX_PRO_6000.alpha_p_s / RTX_PRO_6000.alpha_d_s)
+    n_at_theta0 = evaluate(WorkloadStats(p0=p0, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=256.0),
+                           RTX_PRO_6000, limits).n_star  # η = 0: θ* = θ0, so this is N*(θ0)
+    rho = RTX_PRO_6000.beta_d_s_per_request * n_at_theta0 / RTX_PRO_6000.alpha_d_s
+    assert result.delta_theta == pytest.approx(delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=rho), rel=1e-14)
+    # ... and with η = 0 there is no correction at all.
+    assert evaluate(WorkloadStats(p0=p0, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=256.0), RTX_PRO_6000,
+                    limits).delta_theta == 0.0
+
+
+@pytest.mark.parametrize(("n_obs", "flagged"), [(0.0, False), (0.5, True), (-3.0, True), (math.nan, True),
+                                                (math.inf, True)])
+def test_evaluate_unobserved_n_obs_uses_n_star(n_obs: float, flagged: bool) -> None:
+    result = evaluate(WorkloadStats(p0=1 / 256, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=256.0), H200, LIMITS,
+                      n_obs=n_obs)
+    assert result.n_obs == float(result.n_star)
+    assert (Flag.N_OBS_INVALID in result.flags) is flagged
+
+
+@pytest.mark.parametrize(("delta", "expected", "flagged"), [
+    (5e-6, 5e-6, False), (-1e-2, -1e-2, False), (0.5, 1e-2, True), (-math.inf, -1e-2, True), (math.nan, 0.0, True),
+])
+def test_evaluate_clips_delta(delta: float, expected: float, flagged: bool) -> None:
+    result = evaluate(WorkloadStats(p0=1 / 256, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=256.0), H200, LIMITS,
+                      delta_s_per_token=delta)
+    assert result.delta_s_per_token == expected
+    assert (Flag.DELTA_OUT_OF_RANGE in result.flags) is flagged
+
+
+def test_evaluate_flags_theta_clipping() -> None:
+    workload = WorkloadStats(p0=1 / 256, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=256.0)
+    slow_prefill = CostModel(alpha_p_s=50.0, beta_p_s_per_token=1e-5, alpha_d_s=0.01, beta_d_s_per_request=1e-5,
+                             alpha_mb_s=0.01)
+    high = evaluate(workload, slow_prefill, LIMITS)
+    assert high.theta0 > 0.8
+    assert high.theta_star == 0.8
+    assert Flag.THETA_CLIPPED_HIGH in high.flags
+    cheap_prefill = CostModel(alpha_p_s=1e-9, beta_p_s_per_token=1e-5, alpha_d_s=0.01, beta_d_s_per_request=1e-5,
+                              alpha_mb_s=0.01)
+    low = evaluate(workload, cheap_prefill, LIMITS)
+    assert low.theta0 < 0.01
+    assert low.theta_star == 0.01
+    assert Flag.THETA_CLIPPED_LOW in low.flags
+
+
+def test_evaluate_with_unusable_costs_keeps_stock_behaviour() -> None:
+    broken = CostModel(alpha_p_s=1e-3, beta_p_s_per_token=1e-5, alpha_d_s=0.0, beta_d_s_per_request=1e-5,
+                       alpha_mb_s=1e-3)
+    result = evaluate(WorkloadStats(p0=1 / 256, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=256.0), broken, LIMITS)
+    assert Flag.ALPHA_D_NONPOSITIVE in result.flags
+    assert (result.lhs_s_per_token, result.rhs_s_per_token) == (0.0, 0.0)
+    assert result.mode_instant == Mode.MB
+    assert 1 <= result.k_star <= result.n_star <= LIMITS.max_num_seqs
+
+
+def test_evaluate_flags_kv_and_max_num_seqs() -> None:
+    workload = WorkloadStats(p0=1 / 256, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=256.0)
+    tiny = EngineLimits(max_num_seqs=64, max_num_batched_tokens=8192, kv_capacity_tokens=1000)
+    assert Flag.KV_BELOW_ONE_REQUEST in evaluate(workload, H200, tiny).flags
+    assert evaluate(workload, H200, tiny).n_star == 1
+    capped = EngineLimits(max_num_seqs=64, max_num_batched_tokens=8192, kv_capacity_tokens=10**9)
+    assert Flag.N_CAPPED_BY_MAX_NUM_SEQS in evaluate(workload, H200, capped).flags
+    assert evaluate(workload, H200, capped).n_star == 64
+
+
+def test_evaluate_n_star_shrinks_as_epsilon_shrinks() -> None:
+    workload = WorkloadStats(p0=1 / 1024, eta=1e-7, mu_l_tokens=128.0, mu_o_tokens=1024.0)
+    limits = EngineLimits(max_num_seqs=100_000, max_num_batched_tokens=8192, kv_capacity_tokens=400_000)
+    n_stars = [evaluate(workload, H200, limits, n_prev=300, config=PolicyConfig(oom_tolerance=eps)).n_star
+               for eps in (0.5, 0.1, 0.01, 1e-3, 1e-4, 1e-6)]
+    assert all(a > b for a, b in itertools.pairwise(n_stars))
+    # θ0 and Δθ (with n_prev given) do not depend on ε: only the memory reserve changes.
+    thetas = {evaluate(workload, H200, limits, n_prev=300, config=PolicyConfig(oom_tolerance=eps)).theta_star
+              for eps in (0.5, 1e-6)}
+    assert len(thetas) == 1
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    (None, (3e-6, False)), (2e-6, (2e-6, False)), (1e-2, (1e-2, False)), (0.011, (1e-2, True)),
+    (-1.0, (-1e-2, True)), (math.inf, (1e-2, True)), (math.nan, (3e-6, True)),
+])
+def test_resolve_delta(given: float | None, expected: tuple[float, bool]) -> None:
+    assert resolve_delta(given, default_s_per_token=3e-6) == expected
+
+
+# --------------------------------------------------------------------------------------------- decide
+
+
+def test_cold_start_is_mb_with_insufficient_data() -> None:
+    config = PolicyConfig(min_samples=400)
+    decision, state = decide(observations(n=399), PolicyState(), 0.0, config=config)
+    assert decision.mode == Mode.MB
+    assert decision.reason == Reason.INSUFFICIENT_DATA
+    assert decision.n == LIMITS.max_num_seqs
+    assert 1 <= decision.k <= decision.n
+    assert decision.diagnostics.num_samples == 399
+    assert decision.diagnostics.theta0 == 0.0  # not computed
+    assert state.mode == Mode.MB
+    # One more completion leaves the cold start.
+    decision, _ = decide(observations(n=400), PolicyState(), 0.0, config=config)
+    assert decision.reason != Reason.INSUFFICIENT_DATA
+    assert decision.diagnostics.theta0 > 0.0
+
+
+def test_cold_start_counts_only_valid_completions() -> None:
+    obs = observations(n=399)
+    padded = Observations(
+        output_lengths_tokens=np.concatenate((obs.output_lengths_tokens, [math.nan, 0.0, -1.0, 2.5])),
+        prompt_lengths_tokens=obs.prompt_lengths_tokens, costs=obs.costs, limits=obs.limits, n_obs=obs.n_obs,
+    )
+    decision, _ = decide(padded, PolicyState(), 0.0, config=PolicyConfig(min_samples=400))
+    assert decision.reason == Reason.INSUFFICIENT_DATA
+
+
+def test_no_cost_model_is_mb() -> None:
+    decision, state = decide(observations(costs=None), PolicyState(mode=Mode.EB), 0.0)
+    assert (decision.mode, decision.reason) == (Mode.MB, Reason.NO_COST_MODEL)
+    assert decision.n == LIMITS.max_num_seqs
+    assert state.mode == Mode.MB
+    assert decision.diagnostics.p0 > 0.0  # the hazard fit is still reported
+
+
+@pytest.mark.parametrize(("costs", "flag"), [
+    (CostModel(alpha_p_s=1e-3, beta_p_s_per_token=1e-5, alpha_d_s=-1.0, beta_d_s_per_request=1e-5, alpha_mb_s=1e-3),
+     Flag.ALPHA_D_NONPOSITIVE),
+    (CostModel(alpha_p_s=1e-3, beta_p_s_per_token=math.nan, alpha_d_s=0.01, beta_d_s_per_request=1e-5,
+               alpha_mb_s=1e-3), Flag.COST_NONPOSITIVE),
+])
+def test_unusable_cost_model_is_flagged(costs: CostModel, flag: Flag) -> None:
+    decision, _ = decide(observations(costs=costs), PolicyState(), 0.0)
+    assert (decision.mode, decision.reason) == (Mode.MB, Reason.NO_COST_MODEL)
+    assert flag in decision.flags
+
+
+def test_heavy_load_on_rtx_goes_eb_with_computed_k_and_n() -> None:
+    obs = observations(n_obs=512.0)
+    decision, state = decide(obs, PolicyState(), 100.0, config=NO_COOLDOWN)
+    assert (decision.mode, decision.reason) == (Mode.EB, Reason.CROSSOVER_EB)
+    diag = decision.diagnostics
+    assert (decision.n, decision.k) == (diag.n_star, diag.k_star)
+    assert 1 <= decision.k < decision.n <= LIMITS.max_num_seqs
+    assert diag.lhs_s_per_token > diag.rhs_s_per_token
+    # The diagnostics are evaluate() on the fitted workload.
+    mu_o = float(obs.output_lengths_tokens.mean())
+    assert diag.mu_o_tokens == pytest.approx(mu_o, rel=1e-14)
+    assert diag.mu_l_tokens == 512.0
+    reference = evaluate(WorkloadStats(p0=diag.p0, eta=diag.eta, mu_l_tokens=diag.mu_l_tokens,
+                                       mu_o_tokens=diag.mu_o_tokens), RTX_PRO_6000, LIMITS, n_obs=512.0)
+    assert (diag.theta0, diag.theta_star, diag.n_star, diag.k_star) == (
+        reference.theta0, reference.theta_star, reference.n_star, reference.k_star)
+    assert diag.rhs_s_per_token == reference.rhs_s_per_token
+    assert state == PolicyState(n_prev=diag.n_star, mode=Mode.EB, last_switch_s=100.0)
+
+
+def test_light_load_stays_mb_with_all_slots() -> None:
+    decision, state = decide(observations(n_obs=4.0), PolicyState(), 100.0, config=NO_COOLDOWN)
+    assert (decision.mode, decision.reason) == (Mode.MB, Reason.CROSSOVER_MB)
+    assert decision.n == LIMITS.max_num_seqs
+    assert decision.diagnostics.lhs_s_per_token < decision.diagnostics.rhs_s_per_token
+    assert state.mode == Mode.MB
+    assert state.last_switch_s == -math.inf  # nothing switched
+
+
+def test_cooldown_holds_then_switches() -> None:
+    config = PolicyConfig(cooldown_s=30.0)
+    eb_favoured = observations(n_obs=512.0)
+    state = PolicyState(n_prev=0, mode=Mode.MB, last_switch_s=1000.0)
+    held, held_state = decide(eb_favoured, state, 1029.0, config=config)
+    assert (held.mode, held.reason) == (Mode.MB, Reason.COOLDOWN_HOLD)
+    assert held_state.last_switch_s == 1000.0
+    assert held_state.mode == Mode.MB
+    switched, switched_state = decide(eb_favoured, held_state, 1030.0, config=config)
+    assert (switched.mode, switched.reason) == (Mode.EB, Reason.CROSSOVER_EB)
+    assert switched_state.last_switch_s == 1030.0
+    assert switched_state.mode == Mode.EB
+    # Back to light load right away: the cooldown holds EB.
+    back, _ = decide(observations(n_obs=4.0), switched_state, 1031.0, config=config)
+    assert (back.mode, back.reason) == (Mode.EB, Reason.COOLDOWN_HOLD)
+
+
+def test_hysteresis_band_holds_the_current_mode() -> None:
+    wide = PolicyConfig(cooldown_s=0.0, hysteresis_rel=10.0)  # band = 10·(|LHS| + |RHS|)
+    decision, state = decide(observations(n_obs=512.0), PolicyState(mode=Mode.MB), 5.0, config=wide)
+    assert (decision.mode, decision.reason) == (Mode.MB, Reason.HYSTERESIS_HOLD)
+    assert state.mode == Mode.MB
+    narrow = PolicyConfig(cooldown_s=0.0, hysteresis_rel=0.0, hysteresis_abs_s_per_token=0.0)
+    assert decide(observations(n_obs=512.0), PolicyState(mode=Mode.MB), 5.0, config=narrow)[0].mode == Mode.EB
+
+
+def test_policy_state_carries_n_prev_into_the_ifr_correction() -> None:
+    obs = observations(eta=2e-5, n=4096, seed=3)
+    first, state = decide(obs, PolicyState(), 0.0, config=NO_COOLDOWN)
+    diag = first.diagnostics
+    assert diag.eta > 0.0
+    assert state.n_prev == diag.n_star
+    second, _ = decide(obs, PolicyState(n_prev=50, mode=state.mode), 1.0, config=NO_COOLDOWN)
+    rho = RTX_PRO_6000.beta_d_s_per_request * 50 / RTX_PRO_6000.alpha_d_s
+    expected = delta_theta_ifr(theta0=second.diagnostics.theta0, p0=second.diagnostics.p0,
+                               eta=second.diagnostics.eta, rho=rho)
+    assert second.diagnostics.delta_theta == pytest.approx(expected, rel=1e-14)
+    assert second.diagnostics.delta_theta != diag.delta_theta
+
+
+def test_operator_pin_overrides_the_mode() -> None:
+    pin_eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
+    decision, state = decide(observations(n_obs=4.0), PolicyState(), 0.0, intent=pin_eb, config=NO_COOLDOWN)
+    assert (decision.mode, decision.reason) == (Mode.EB, Reason.OPERATOR_PIN)
+    assert decision.n == decision.diagnostics.n_star
+    assert state.mode == Mode.MB  # the online selector's own choice is kept underneath
+    # Pinned while still in cold start.
+    cold, _ = decide(observations(n=10), PolicyState(), 0.0, intent=pin_eb)
+    assert (cold.mode, cold.reason) == (Mode.EB, Reason.OPERATOR_PIN)
+    assert 1 <= cold.k <= cold.n <= LIMITS.max_num_seqs
+
+
+def test_passthrough_pin_leaves_the_engine_stock() -> None:
+    intent = OperatorIntent(pin=ModePin(mode=Mode.PASSTHROUGH, advisory=True))
+    decision, _ = decide(observations(n_obs=512.0), PolicyState(), 0.0, intent=intent, config=NO_COOLDOWN)
+    assert (decision.mode, decision.reason) == (Mode.PASSTHROUGH, Reason.OPERATOR_PIN)
+    assert decision.n == LIMITS.max_num_seqs
+    assert decision.advisory
+
+
+def test_pinned_k_and_n_are_honoured_when_valid() -> None:
+    intent = OperatorIntent(pin=ModePin(mode=Mode.EB, k=3, n=7))
+    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent)
+    assert (decision.k, decision.n) == (3, 7)
+    assert Flag.PIN_INVALID not in decision.flags
+    only_n = decide(observations(), PolicyState(), 0.0, intent=OperatorIntent(pin=ModePin(n=100)))[0]
+    assert only_n.n == 100
+    assert only_n.k == max(1, math.floor(only_n.diagnostics.theta_star * 100))
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, None), (-2, 10), (5, 4), (None, 0), (None, 1025), (3, -1)])
+def test_invalid_pins_are_flagged_and_replaced(k: int | None, n: int | None) -> None:
+    intent = OperatorIntent(pin=ModePin(mode=Mode.EB, k=k, n=n))
+    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent)
+    assert Flag.PIN_INVALID in decision.flags
+    assert 1 <= decision.k <= decision.n <= LIMITS.max_num_seqs
+
+
+def test_pinned_k_above_the_computed_n_is_clamped() -> None:
+    intent = OperatorIntent(pin=ModePin(mode=Mode.EB, k=10**6))
+    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent)
+    assert decision.k == decision.n == decision.diagnostics.n_star
+    assert Flag.PIN_INVALID not in decision.flags
+
+
+def test_operator_delta_is_clipped_flagged_and_sourced() -> None:
+    intent = OperatorIntent(delta_s_per_token=0.5, delta_source=DeltaSource.POOL)
+    decision, _ = decide(observations(n_obs=512.0), PolicyState(), 0.0, intent=intent, config=NO_COOLDOWN)
+    assert decision.delta_s_per_token == 1e-2
+    assert Flag.DELTA_OUT_OF_RANGE in decision.flags
+    assert decision.delta_source == DeltaSource.POOL
+    assert decision.mode == Mode.MB  # a 10 ms/token margin pins MB
+    default, _ = decide(observations(), PolicyState(), 0.0,
+                        intent=OperatorIntent(delta_source=DeltaSource.ENGINE),
+                        config=PolicyConfig(default_delta_s_per_token=2e-6))
+    assert default.delta_s_per_token == 2e-6
+    assert default.delta_source == DeltaSource.DEFAULT
+    assert Flag.DELTA_OUT_OF_RANGE not in default.flags
+
+
+def test_delta_sign_moves_the_decision() -> None:
+    light, heavy = observations(n_obs=4.0), observations(n_obs=512.0)
+    to_eb = OperatorIntent(delta_s_per_token=-1e-3, delta_source=DeltaSource.FLEET)
+    to_mb = OperatorIntent(delta_s_per_token=1e-3, delta_source=DeltaSource.FLEET)
+    assert decide(light, PolicyState(), 0.0, config=NO_COOLDOWN)[0].mode == Mode.MB
+    assert decide(light, PolicyState(), 0.0, intent=to_eb, config=NO_COOLDOWN)[0].mode == Mode.EB
+    assert decide(heavy, PolicyState(), 0.0, config=NO_COOLDOWN)[0].mode == Mode.EB
+    assert decide(heavy, PolicyState(), 0.0, intent=to_mb, config=NO_COOLDOWN)[0].mode == Mode.MB
+
+
+def test_rejected_samples_are_reported() -> None:
+    decision, _ = decide(observations(rejected=7), PolicyState(), 0.0)
+    assert Flag.SAMPLES_REJECTED in decision.flags
+    assert decision.diagnostics.num_rejected_samples == 7
+    clean, _ = decide(observations(rejected=-4), PolicyState(), 0.0)
+    assert Flag.SAMPLES_REJECTED not in clean.flags
+    assert clean.diagnostics.num_rejected_samples == 0
+
+
+def test_decide_budget_from_sweep_and_limits() -> None:
+    sweep = [SweepPoint(1024, 3.1, 9.2), SweepPoint(2048, 2.9, 8.1), SweepPoint(4096, 2.7, 8.6)]
+    decision, _ = decide(observations(), PolicyState(), 0.0, budget_sweep=sweep)
+    assert (decision.budget.b_max_tokens, decision.budget.b_cap_tokens) == (4096, 2048)
+    assert decision.budget.t_large_tokens == 16384  # max_model_len // 2
+    assert Flag.BUDGET_CLAMPED not in decision.flags
+    # Default endpoints 16384/2048 against an engine started with 8192 tokens: clamped, flagged.
+    default, _ = decide(observations(), PolicyState(), 0.0)
+    assert (default.budget.b_max_tokens, default.budget.b_cap_tokens) == (8192, 2048)
+    assert Flag.BUDGET_CLAMPED in default.flags
+    small = EngineLimits(max_num_seqs=8, max_num_batched_tokens=1000, kv_capacity_tokens=10**6)
+    tiny, _ = decide(observations(limits=small), PolicyState(), 0.0)
+    assert (tiny.budget.b_max_tokens, tiny.budget.b_cap_tokens) == (1000, 1000)
+    assert tiny.budget.t_large_tokens == 0  # max_model_len unknown: P-PAS+ off
+
+
+def test_decide_is_pure() -> None:
+    obs = observations(n_obs=512.0)
+    before = obs.output_lengths_tokens.copy()
+    first = decide(obs, PolicyState(), 10.0)
+    second = decide(obs, PolicyState(), 10.0)
+    assert first == second
+    assert np.array_equal(obs.output_lengths_tokens, before)
+
+
+# ---------------------------------------------------------------------------------------- pools, EMA
+
+
+def test_merge_pool_observations() -> None:
+    a = Observations(output_lengths_tokens=np.array([1.0, 2.0]), prompt_lengths_tokens=np.array([10.0]),
+                     costs=None, limits=EngineLimits(256, 8192, 500_000, 32768), n_obs=100.0,
+                     num_rejected_samples=2)
+    b = Observations(output_lengths_tokens=np.array([3.0]), prompt_lengths_tokens=np.array([20.0, 30.0]),
+                     costs=H200, limits=EngineLimits(512, 4096, 700_000, 16384), n_obs=300.0,
+                     num_rejected_samples=-1)
+    c = Observations(output_lengths_tokens=np.array([], dtype=np.float64), prompt_lengths_tokens=np.array([]),
+                     costs=RTX_PRO_6000, limits=EngineLimits(1024, 16384, 400_000, 65536), n_obs=math.nan,
+                     num_rejected_samples=5)
+    merged = merge_pool_observations([a, b, c])
+    assert merged is not None
+    assert merged.output_lengths_tokens.tolist() == [1.0, 2.0, 3.0]
+    assert merged.prompt_lengths_tokens.tolist() == [10.0, 20.0, 30.0]
+    assert merged.limits == EngineLimits(256, 4096, 400_000, 16384)  # the most conservative of each
+    assert merged.n_obs == 200.0  # mean of the valid observations (NaN ignored)
+    assert merged.num_rejected_samples == 7
+    assert merged.costs is H200  # the first member that has one
+    assert merge_pool_observations([]) is None
+    unobserved = merge_pool_observations([c, Observations(np.array([1.0]), np.array([1.0]), None,
+                                                          EngineLimits(1, 1, 0), n_obs=0.5)])
+    assert unobserved is not None and unobserved.n_obs == 0.0
+
+
+def test_pool_decision_respects_the_smallest_member() -> None:
+    big = observations(n_obs=600.0, seed=1)
+    small_limits = EngineLimits(max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=2_000_000,
+                                max_model_len_tokens=32768)
+    small = observations(n_obs=400.0, seed=2, limits=small_limits)
+    merged = merge_pool_observations([big, small])
+    decision, _ = decide(merged, PolicyState(), 0.0, config=NO_COOLDOWN)
+    assert decision.diagnostics.num_samples == 4000
+    assert decision.n <= 64
+    assert decision.budget.b_max_tokens <= 2048
+    assert decision.diagnostics.n_obs == 500.0
+
+
+def test_ema_update_hand_value() -> None:
+    # weight on the new value: 1 − e^(−dt/τ) = 1 − e^(−0.5)
+    assert ema_update(10.0, 20.0, dt_s=1.0, time_constant_s=2.0) == pytest.approx(
+        10.0 + (1.0 - math.exp(-0.5)) * 10.0, rel=1e-15)
+    value = 0.0
+    for _ in range(200):
+        value = ema_update(value, 64.0, dt_s=1.0, time_constant_s=5.0)
+    assert value == pytest.approx(64.0, rel=1e-12)
+    assert ema_update(3.0, 7.0, dt_s=1e9, time_constant_s=1.0) == 7.0
+
+
+@pytest.mark.parametrize(("previous", "value", "dt", "tau", "expected"), [
+    (5.0, math.nan, 1.0, 2.0, 5.0), (5.0, math.inf, 1.0, 2.0, 5.0), (5.0, -1.0, 1.0, 2.0, 5.0),
+    (math.nan, 9.0, 1.0, 2.0, 9.0), (math.inf, 9.0, 1.0, 2.0, 9.0),
+    (5.0, 9.0, 0.0, 2.0, 5.0), (5.0, 9.0, -1.0, 2.0, 5.0), (5.0, 9.0, math.nan, 2.0, 5.0),
+    (5.0, 9.0, 1.0, 0.0, 5.0), (5.0, 9.0, 1.0, math.nan, 5.0),
+])
+def test_ema_update_degenerate_inputs(previous: float, value: float, dt: float, tau: float, expected: float) -> None:
+    assert ema_update(previous, value, dt_s=dt, time_constant_s=tau) == expected
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"min_samples": 0}, {"theta_min": 0.0}, {"theta_min": 0.5, "theta_max": 0.4}, {"theta_max": 1.0},
+    {"oom_tolerance": 0.0}, {"oom_tolerance": 1.0}, {"oom_tolerance": math.nan},
+    {"default_delta_s_per_token": 0.02}, {"default_delta_s_per_token": math.nan},
+    {"hysteresis_rel": -0.1}, {"hysteresis_abs_s_per_token": -1e-9}, {"cooldown_s": -1.0}, {"cooldown_s": math.nan},
+])
+def test_policy_config_rejects_bad_values(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        PolicyConfig(**kwargs)
