@@ -4,13 +4,17 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint proto proto-check bench clean
+.PHONY: run test lint proto bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+## run: the demo: controller on its embedded Redis plus a synthetic fleet, live view (Ctrl-C stops)
+run: $(STAMP)
+	$(BIN)/controlplane demo --data-dir .controlplane-data
 
 ## test: install into .venv, check layering and generated code, run the whole test suite
 test: $(STAMP)

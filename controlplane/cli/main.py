@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controlplane.cli import ctl, plan, serve
+from controlplane.cli import ctl, demo, plan, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve.register(commands)
     ctl.register(commands)
+    demo.register(commands)
     plan.register(commands)
     return parser
 

@@ -1,0 +1,112 @@
+"""`controlplane demo`: the controller on its embedded Redis plus a synthetic fleet, with a live view.
+
+Two pools (Qwen3-8B on H200 and on RTX PRO 6000, the EB paper's published cost profiles) of simulated
+engines stream telemetry over real gRPC; the controller decides from it and the engines apply and ACK
+the decisions. The terminal shows every engine's decision as it changes. Ctrl-C stops everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+
+from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.cli.serve import add_server_arguments, config_from_args
+from controlplane.core.types import CostModel
+from controlplane.fleet import FleetPool, SyntheticFleet
+from controlplane.fleet.profiles import H200_QWEN3_8B, H200_QWEN3_8B_SHAPE, RTX_PRO_6000_QWEN3_8B
+from controlplane.observability.tracing import create_tracer_provider, tracing_settings_from_env
+from controlplane.service.app import ControllerApp
+
+MODEL = "Qwen/Qwen3-8B"
+POOLS = (
+    FleetPool(model=MODEL, accelerator="NVIDIA H200", cost_model=H200_QWEN3_8B, shape=H200_QWEN3_8B_SHAPE),
+    FleetPool(model=MODEL, accelerator="NVIDIA RTX PRO 6000", cost_model=RTX_PRO_6000_QWEN3_8B,
+              shape=H200_QWEN3_8B_SHAPE),
+)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("demo", help="controller + synthetic fleet with a live view", description=__doc__)
+    add_server_arguments(parser)
+    parser.add_argument("--engines", type=int, default=4, help="simulated engines, split over two pools (4)")
+    parser.add_argument("--workload", default="geometric:256/uniform:512/closed:192",
+                        help="output/prompt[/closed:concurrency] (default geometric:256/uniform:512/closed:192)")
+    parser.add_argument("--speed", type=float, default=40.0, help="simulated seconds per wall second (40)")
+    parser.add_argument("--duration-s", type=float, default=0.0, help="stop after this many seconds (0: Ctrl-C)")
+    parser.add_argument("--refresh-s", type=float, default=1.0, help="live view refresh period (1 s)")
+    parser.set_defaults(run=run, port=0, decision_interval_s=2.0, cooldown_s=10.0)
+
+
+def _calibration(pool: FleetPool) -> operator_pb2.Calibration:
+    costs: CostModel = pool.cost_model
+    return operator_pb2.Calibration(
+        pool=common_pb2.Pool(model=pool.model, accelerator=pool.accelerator), alpha_p_s=costs.alpha_p_s,
+        beta_p_s_per_token=costs.beta_p_s_per_token, alpha_d_s=costs.alpha_d_s,
+        beta_d_s_per_request=costs.beta_d_s_per_request, alpha_mb_s=costs.alpha_mb_s,
+        mb_coeffs_s_per_token=list(costs.mb_coeffs_s_per_token), source="EB paper reference profile",
+    )
+
+
+def _view(app: ControllerApp, fleet: SyntheticFleet, started_s: float) -> str:
+    assert app.controller is not None
+    stats = fleet.stats()
+    lines = [f"controller on 127.0.0.1:{app.port}  redis {app.redis_url}  up {time.monotonic() - started_s:5.0f} s  "
+             f"engines {stats.num_connected}/{stats.num_engines}  batches {stats.num_batches_sent}  "
+             f"decisions applied {stats.num_decisions_applied}  completed {stats.num_completed}",
+             f"{'engine':<34} {'mode':<5} {'k':>5} {'N':>5} {'B_max':>6} {'B_cap':>6} {'ver':>4} {'ack':>4} "
+             f"{'p0':>8} {'theta*':>7} {'LHS-RHS':>10}  reason"]
+    for info in app.controller.engine_infos():
+        view = app.controller.decision_view(info.engine_id)
+        if view is None:
+            continue
+        d = view.decision
+        diag = d.diagnostics
+        lines.append(
+            f"{info.engine_id:<34} {common_pb2.Mode.Name(d.mode)[5:]:<5} {d.k:>5} {d.n:>5} "
+            f"{d.budget.b_max_tokens:>6} {d.budget.b_cap_tokens:>6} {d.version:>4} {info.acked_version:>4} "
+            f"{diag.p0:>8.5f} {diag.theta_star:>7.4f} {diag.lhs_s_per_token - diag.rhs_s_per_token:>10.2e}  {d.reason}")
+    return "\n".join(lines)
+
+
+async def _demo(args: argparse.Namespace, app: ControllerApp) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with app:
+        assert app.controller is not None
+        for pool in POOLS:
+            await app.controller.put_calibration(_calibration(pool))
+        fleet = SyntheticFleet(f"127.0.0.1:{app.port}", num_engines=args.engines, workload=args.workload,
+                               pools=POOLS, speed=args.speed, batch_interval_s=args.speed * 0.5)
+        await fleet.start()
+        started_s = time.monotonic()
+        tty = sys.stdout.isatty()
+        try:
+            while not stop.is_set():
+                if args.duration_s and time.monotonic() - started_s >= args.duration_s:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), args.refresh_s)
+                text = _view(app, fleet, started_s)
+                print(("\x1b[H\x1b[2J" if tty else "\n") + text, flush=True)
+        finally:
+            await fleet.stop()
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.engines < 1:
+        parser.error(f"--engines must be ≥ 1, got {args.engines}")
+    try:
+        config = config_from_args(args, os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
+    app = ControllerApp(config, tracer_provider=create_tracer_provider(tracing_settings_from_env(os.environ)))
+    asyncio.run(_demo(args, app))
+    return 0
