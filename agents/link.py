@@ -1,11 +1,11 @@
 """The agent's link to the controller: a background thread holding one AgentService.Connect stream.
 
 It sends Hello, then a TelemetryBatch every batch interval (an empty one is the idle heartbeat: an idle
-engine runs no scheduler code, so the link never depends on engine steps), and the ACKs the scheduler
-thread queues. Decisions received go to a `DecisionInbox` that the scheduler thread reads at its next
-step boundary. A failed stream is retried with exponential backoff and jitter. Nothing here ever
-blocks the scheduler thread: it only touches the inbox (a lock held for a pointer swap) and a
-SimpleQueue.
+engine runs no scheduler code, so the link never depends on engine steps). Each Decision received is
+handed to the `on_decision` callback in this thread (the runtime validates it and holds it for the next
+step boundary under a short lock) and ACKed at once with the callback's verdict, so an idle engine
+still answers. A failed stream is retried with exponential backoff and jitter. Nothing here ever
+blocks the scheduler thread.
 """
 
 from __future__ import annotations
@@ -26,30 +26,6 @@ from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 logger = logging.getLogger(__name__)
 
 
-class DecisionInbox:
-    """Latest decision received, and when the controller was last heard from (monotonic seconds)."""
-
-    __slots__ = ("_lock", "_pending", "last_heard_s")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: common_pb2.Decision | None = None
-        self.last_heard_s = float("-inf")
-
-    def put(self, decision: common_pb2.Decision, *, now_s: float) -> None:
-        with self._lock:
-            self._pending = decision
-            self.last_heard_s = now_s
-
-    def take(self) -> common_pb2.Decision | None:
-        """The decision received since the last take (the latest one only), or None."""
-        if self._pending is None:
-            return None
-        with self._lock:
-            decision, self._pending = self._pending, None
-        return decision
-
-
 class ControllerLink:
     """Background stream to the controller; start() once, stop() at engine shutdown."""
 
@@ -59,7 +35,7 @@ class ControllerLink:
         *,
         hello: agent_pb2.Hello,
         recorder: TelemetryRecorder,
-        inbox: DecisionInbox,
+        on_decision: Callable[[common_pb2.Decision, float], tuple[bool, str]],
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         backoff_initial_s: float = 0.2,
@@ -68,7 +44,8 @@ class ControllerLink:
         self._config = config
         self._hello = hello
         self._recorder = recorder
-        self._inbox = inbox
+        self._on_decision = on_decision
+        self.last_heard_s = float("-inf")
         self._clock = clock
         self._wall_clock = wall_clock
         self._backoff_initial_s = backoff_initial_s
@@ -95,7 +72,7 @@ class ControllerLink:
         self._thread.join(timeout_s)
 
     def send_ack(self, version: int, *, applied: bool, reason: str = "") -> None:
-        """Queue an ACK (called from the scheduler thread; never blocks)."""
+        """Queue an ACK (never blocks)."""
         self._acks.put(agent_pb2.DecisionAck(version=version, applied=applied, reject_reason=reason))
         self._wake.set()
 
@@ -109,7 +86,7 @@ class ControllerLink:
     def _run(self) -> None:
         delay_s = self._backoff_initial_s
         while not self._stop.is_set():
-            heard_before = self._inbox.last_heard_s
+            heard_before = self.last_heard_s
             try:
                 self._stream()
             except grpc.RpcError as exc:
@@ -120,7 +97,7 @@ class ControllerLink:
             except Exception:  # the link must never take the engine down
                 logger.exception("controller link error; retrying")
             self.connected = False
-            if self._inbox.last_heard_s > heard_before:
+            if self.last_heard_s > heard_before:
                 delay_s = self._backoff_initial_s  # the stream had worked: start backoff afresh
             self._stop.wait(delay_s * random.uniform(0.5, 1.5))
             delay_s = min(self._backoff_max_s, delay_s * 2.0)
@@ -137,7 +114,11 @@ class ControllerLink:
                     if message.HasField("decision"):
                         self.connected = True
                         self.num_decisions_received += 1
-                        self._inbox.put(message.decision, now_s=self._clock())
+                        now_s = self._clock()
+                        self.last_heard_s = now_s
+                        decision = message.decision
+                        applied, reason = self._on_decision(decision, now_s)
+                        self.send_ack(decision.version, applied=applied, reason=reason)
             finally:
                 self._call = None
 

@@ -1,0 +1,85 @@
+"""Fixtures of the e2e suite: a tiny random-weight model on disk, and a runner for engine processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.tiny_model import write_tiny_model
+
+ENGINE_SCRIPT = Path(__file__).with_name("engine_workload.py")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@dataclass
+class EngineRun:
+    """A running engine process; `ready` and `go` files synchronise it with the test."""
+
+    process: asyncio.subprocess.Process
+    workdir: Path
+
+    @property
+    def result_path(self) -> Path:
+        return self.workdir / "result.json"
+
+    @property
+    def report_path(self) -> Path:
+        return self.workdir / "agent_report.json"
+
+    async def wait_ready(self, timeout_s: float = 180) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not (self.workdir / "ready").exists():
+            if self.process.returncode is not None:
+                raise RuntimeError(f"engine exited early with {self.process.returncode}: {self.log_tail()}")
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError("engine did not start in time")
+            await asyncio.sleep(0.2)
+
+    def go(self) -> None:
+        (self.workdir / "go").write_text("go")
+
+    async def finish(self, timeout_s: float = 300) -> dict:
+        code = await asyncio.wait_for(self.process.wait(), timeout_s)
+        assert code == 0, self.log_tail()
+        return json.loads(self.result_path.read_text())
+
+    def report(self) -> dict:
+        return json.loads(self.report_path.read_text())
+
+    def log_tail(self) -> str:
+        log = self.workdir / "engine.log"
+        return log.read_text()[-4000:] if log.exists() else ""
+
+
+async def start_engine(model_dir: Path, workdir: Path, *args: str) -> EngineRun:
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = (workdir / "engine.log").open("w")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(ENGINE_SCRIPT), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
+        "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
+        "--go-file", str(workdir / "go"), *args, stdout=log, stderr=log,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
+    )
+    return EngineRun(process=process, workdir=workdir)
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path):
+    """A real redis-server on a free port for one e2e test."""
+    from controlplane.store.embedded import start_redis_on_free_port
+
+    url, server = start_redis_on_free_port(tmp_path / "redis")
+    try:
+        yield url
+    finally:
+        server.stop()

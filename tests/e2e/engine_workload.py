@@ -1,0 +1,114 @@
+"""Run one real vLLM engine (CPU build, tiny random model) through a token-prompt workload.
+
+Used by the e2e tests and the agent benchmark as a separate process (vLLM spawns its EngineCore, so
+this needs its own `__main__`). It writes a JSON result: whether every request produced exactly its
+max_tokens, the elapsed time and token counts. With --address the agent is attached
+(`--scheduler-cls agents.vllm.ControlledScheduler`); without it the engine is stock vLLM.
+With --ready-file/--go-file it signals when the engine is built and waits before generating, so a
+test can set operator overrides first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _force_async_scheduling() -> None:
+    """The CPU platform turns async scheduling off; tests of the async path turn it back on."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        original(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = True
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--address", default="")
+    parser.add_argument("--engine-id", default="e2e-engine")
+    parser.add_argument("--report", type=Path)
+    parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--stock", action="store_true", help="no scheduler class at all (baseline)")
+    parser.add_argument("--num-requests", type=int, default=300)
+    parser.add_argument("--prompt-tokens", default="16,400", help="min,max prompt length")
+    parser.add_argument("--output-tokens", default="8,64", help="min,max output length")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ready-file", type=Path)
+    parser.add_argument("--go-file", type=Path)
+    parser.add_argument("--batch-interval-s", default="0.2")
+    args = parser.parse_args()
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    sys.path.insert(0, str(ROOT))
+    if args.address:
+        os.environ["CP_CONTROLLER_ADDRESS"] = args.address
+        os.environ["CP_ENGINE_ID"] = args.engine_id
+        os.environ["CP_POOL_MODEL"] = "tiny-qwen2"
+        os.environ["CP_BATCH_INTERVAL_S"] = args.batch_interval_s
+        if args.report:
+            os.environ["CP_AGENT_REPORT"] = str(args.report)
+    if args.async_scheduling:
+        _force_async_scheduling()
+
+    import numpy as np
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    extra = {} if args.stock else {"scheduler_cls": "agents.vllm.ControlledScheduler"}
+    llm = LLM(model=str(args.model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.3,
+              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, dtype="bfloat16", seed=args.seed, **extra)
+    rng = np.random.default_rng(args.seed)
+    p_lo, p_hi = (int(x) for x in args.prompt_tokens.split(","))
+    o_lo, o_hi = (int(x) for x in args.output_tokens.split(","))
+    prompt_lengths = rng.integers(p_lo, p_hi + 1, args.num_requests)
+    output_lengths = rng.integers(o_lo, o_hi + 1, args.num_requests)
+    prompts = [TokensPrompt(prompt_token_ids=rng.integers(1, 1000, int(n)).tolist()) for n in prompt_lengths]
+    params = [SamplingParams(max_tokens=int(n), ignore_eos=True, detokenize=False, temperature=0.0)
+              for n in output_lengths]
+    if args.ready_file:
+        args.ready_file.write_text("ready")
+    if args.go_file:
+        deadline = time.monotonic() + 120
+        while not args.go_file.exists():
+            if time.monotonic() > deadline:
+                print("no go file", file=sys.stderr)
+                return 2
+            time.sleep(0.05)
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed_s = time.perf_counter() - started
+    lengths = [len(o.outputs[0].token_ids) for o in outputs]
+    result = {
+        "num_requests": args.num_requests,
+        "all_exact": lengths == [int(n) for n in output_lengths],
+        "num_output_tokens": int(sum(lengths)),
+        "num_prompt_tokens": int(prompt_lengths.sum()),
+        "elapsed_s": elapsed_s,
+        "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+        "first_tokens": [list(o.outputs[0].token_ids[:4]) for o in outputs[:20]],
+    }
+    args.result.write_text(json.dumps(result))
+    del llm
+    time.sleep(0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
