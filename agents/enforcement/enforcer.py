@@ -8,7 +8,7 @@ anything proportional to the batch.
 
 Decisions and time:
 - `apply(decision, now_s)` validates the decision (`policy_from_decision`) and holds it until
-  now_s + ttl_s. Versions below the held one are rejected (`stale_version`). A decision with the held
+  now_s + ttl_s. Versions below the highest one held are rejected (`stale_version`). A decision with the held
   version only extends the TTL (the controller's keep-alive re-send), unless the held decision already
   expired: then the controller is back and the decision is applied again. An expired decision keeps its
   version as the floor, so a late, older decision cannot come back.
@@ -17,11 +17,12 @@ Decisions and time:
 - A held decision takes effect at the next step boundary: `plan_step` installs it before planning, so a
   step is always planned under one policy.
 
-Threads: `apply`, `touch` and `expire` are meant for the link's thread, `plan_step`, `observe_step` and the
-`active_*`/`would_plan` reads for the scheduler's thread. The two sides share one attribute (the held policy),
-replaced whole by the link side and read once per step by the scheduler side; a reference store is atomic in
-CPython, so no lock is needed. Keep each side on one thread: if `expire` raced with `apply` on another thread,
-the newer decision could be replaced by stock until the controller's next keep-alive re-applies it.
+Threads: the simplest use is one thread for everything (the scheduler's). `apply`, `touch` and `expire` may
+instead run on another thread (the link's) than `plan_step`, `observe_step` and the `active_*`/`last_plan`/
+`would_plan` reads: the two sides share one attribute (the held policy), replaced whole by one side and read
+once per step by the other; a reference store is atomic in CPython, so no lock is needed. Keep `apply`,
+`touch` and `expire` on one thread: if `expire` raced with `apply`, the newer decision could be replaced by
+stock until the controller's next keep-alive re-applies it.
 
 Mode switches never strand a request: MB and stock steps continue every running request; entering EB resets
 the phase machine, whose first step continues any partial prefill; an EB → EB change keeps the phase.
@@ -163,8 +164,10 @@ class Enforcer:
     @property
     def phase(self) -> Phase | None:
         """The EB phase (also under an advisory EB decision); None when no EB policy is active."""
-        return self._machine.phase if self._dispatch in (_DISPATCH_EB, _DISPATCH_ADVISORY) and \
-            self._machine is not None else None
+        machine = self._machine
+        if machine is None or self._active.mode is not _EB:
+            return None
+        return machine.phase
 
     @property
     def last_plan(self) -> StepPlan | None:

@@ -19,14 +19,15 @@ State machine (evaluated by `plan_step`, top to bottom; "idle slots" = N − run
                      ∧ (last refill not KV-limited ∨ ≥ min(k, batch after it) slots freed since it)
         otherwise: DECODE_ONLY step (something decodes: guaranteed non-empty).
 
-    PREFILL: admit = min(target − running, idle slots, waiting, requests that fit in free KV)
+    PREFILL: admit = min(target − running, k, idle slots, waiting, requests that fit in free KV)
         target reached, no partial prefill, and a refill is due again (k slots still idle, e.g. while the
             batch ramps up from empty) ──▶ the next refill starts at once (new target), no decode step between
         admit > 0 or a partial prefill running ──▶ PREFILL_ONLY step (partials continue, ≤ admit admitted)
         else (refill done, or blocked by KV) ──▶ DECODE: DECODE_ONLY step (something decodes).
 
-    refill target = running at the start of the refill + min(k, idle slots) (≤ N): the prefill phase loads
-    at most k requests and never lets running exceed N.
+    refill target = running at the start of the refill + min(k, idle slots) (≤ N): a refill loads at most
+    k requests (plus replacements for slots freed while it runs: a 1-token request finishing in its prefill,
+    an abort, a preemption), at most k in any one step, and never lets running exceed N.
 
 Choices and why:
 - The trigger counts idle slots (N − running), the paper's definition. After a refill that filled the batch

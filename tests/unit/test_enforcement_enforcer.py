@@ -201,6 +201,26 @@ def test_switching_mode_mid_flight_never_strands_a_partial_prefill() -> None:
     assert step(e, running=16, waiting=4).kind is StepKind.DECODE_ONLY
 
 
+def test_phase_is_reported_only_under_an_eb_policy() -> None:
+    e = enforcer()
+    e.apply(decision(common_pb2.MODE_EB, version=1, k=4, n=16), now_s=0.0)
+    step(e, running=12, waiting=10)
+    assert e.phase is Phase.PREFILL
+    e.apply(decision(common_pb2.MODE_MB, version=2, advisory=True), now_s=1.0)
+    step(e)
+    assert e.phase is None
+    # Expiry, then EB again: a fresh machine (decode phase, no refill history).
+    e.apply(decision(common_pb2.MODE_EB, version=3, k=4, n=16, ttl_s=1.0), now_s=2.0)
+    step(e, running=12, waiting=10)
+    assert e.phase is Phase.PREFILL
+    assert e.expire(3.0)
+    step(e)
+    assert e.phase is None
+    e.apply(decision(common_pb2.MODE_EB, version=4, k=4, n=16), now_s=4.0)
+    assert step(e, running=14, waiting=10).kind is StepKind.DECODE_ONLY
+    assert e.phase is Phase.DECODE
+
+
 def test_observe_step_reaches_the_phase_machine() -> None:
     e = enforcer()
     e.apply(decision(k=2, n=16), now_s=0.0)
