@@ -76,7 +76,8 @@ class AgentRuntime:
         self.num_applied = 0
         self.num_rejected = 0
         self._report_path = Path(env["CP_AGENT_REPORT"]) if env.get("CP_AGENT_REPORT") else None
-        self._step_trace: list[tuple[Any, ...]] | None = [] if self._report_path is not None else None
+        trace = self._report_path is not None and env.get("CP_STEP_TRACE", "") not in ("", "0")
+        self._step_trace: list[dict[str, Any]] | None = [] if trace else None
         model_config = scheduler.vllm_config.model_config
         hello = agent_pb2.Hello(
             engine_id=config.engine_id,
@@ -184,12 +185,12 @@ class AgentRuntime:
             self.recorder.add_preemptions(len(preempted))
         self.enforcer.observe_step(num_scheduled_tokens=total)
         self.num_scheduled_requests += len(counts)
-        if self._step_trace is not None:
-            self._trace_step(s, output)
         self.hook_time_s += time.perf_counter() - started
+        if self._step_trace is not None:  # audit mode, outside the measured hook time
+            self._trace_step(s, output)
 
     def _trace_step(self, s: Any, output: Any) -> None:
-        """Audit record of one step with an exact prefill/decode split (CP_AGENT_REPORT only: O(batch)).
+        """Audit record of one step with an exact prefill/decode split (CP_STEP_TRACE only: O(batch)).
 
         A scheduled request decodes when it had computed its whole prompt before this step; new and
         resumed requests, and prompt chunks, are prefill work.
@@ -243,7 +244,7 @@ class AgentRuntime:
             self._prompt_tokens_ema += 0.05 * (prompt_tokens - self._prompt_tokens_ema)
 
     def write_report(self) -> None:
-        """Write the agent's counters and step trace (CP_AGENT_REPORT, for audits and benchmarks)."""
+        """Write the agent's counters (and, with CP_STEP_TRACE=1, every step) to CP_AGENT_REPORT."""
         if self._report_path is None:
             return
         report = {

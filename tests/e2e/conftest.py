@@ -67,7 +67,7 @@ async def start_engine(model_dir: Path, workdir: Path, *args: str) -> EngineRun:
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(ENGINE_SCRIPT), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
         "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
-        "--go-file", str(workdir / "go"), *args, stdout=log, stderr=log,
+        "--go-file", str(workdir / "go"), "--step-trace", *args, stdout=log, stderr=log,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
     )
     return EngineRun(process=process, workdir=workdir)

@@ -52,6 +52,8 @@ def main() -> int:
     parser.add_argument("--ready-file", type=Path)
     parser.add_argument("--go-file", type=Path)
     parser.add_argument("--batch-interval-s", default="0.2")
+    parser.add_argument("--step-trace", action="store_true", help="record every step in the agent report")
+    parser.add_argument("--log-stats", action="store_true", help="per-request timings (TTFT, TPOT)")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -63,6 +65,8 @@ def main() -> int:
         os.environ["CP_BATCH_INTERVAL_S"] = args.batch_interval_s
         if args.report:
             os.environ["CP_AGENT_REPORT"] = str(args.report)
+            if args.step_trace:
+                os.environ["CP_STEP_TRACE"] = "1"
     if args.async_scheduling:
         _force_async_scheduling()
 
@@ -73,7 +77,8 @@ def main() -> int:
     extra = {} if args.stock else {"scheduler_cls": "agents.vllm.ControlledScheduler"}
     llm = LLM(model=str(args.model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.3,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, dtype="bfloat16", seed=args.seed, **extra)
+              max_num_batched_tokens=args.max_num_batched_tokens, dtype="bfloat16", seed=args.seed,
+              disable_log_stats=not args.log_stats, **extra)
     rng = np.random.default_rng(args.seed)
     p_lo, p_hi = (int(x) for x in args.prompt_tokens.split(","))
     o_lo, o_hi = (int(x) for x in args.output_tokens.split(","))
@@ -104,6 +109,11 @@ def main() -> int:
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         "first_tokens": [list(o.outputs[0].token_ids[:4]) for o in outputs[:20]],
     }
+    if args.log_stats:
+        stats = [o.metrics for o in outputs if o.metrics is not None]
+        result["ttft_mean_s"] = float(np.mean([m.first_token_latency for m in stats]))
+        tpot = [(m.last_token_ts - m.first_token_ts) / max(1, m.num_generation_tokens - 1) for m in stats]
+        result["tpot_mean_s"] = float(np.mean(tpot))
     args.result.write_text(json.dumps(result))
     del llm
     time.sleep(0.5)
