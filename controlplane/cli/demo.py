@@ -1,7 +1,8 @@
 """`controlplane demo`: the controller on its embedded Redis plus a synthetic fleet, with a live view.
 
-Two pools (Qwen3-8B on H200 and on RTX PRO 6000, the EB paper's published cost profiles) of simulated
-engines stream telemetry over real gRPC; the controller decides from it and the engines apply and ACK
+Two pools (Qwen3-8B on H200 and on RTX PRO 6000, the EB paper's published cost profiles) of twin
+engines (`controlplane.sim.engine`, scheduled by the agent's own enforcement code) stream telemetry over
+real gRPC; the controller decides from it and the engines apply and ACK
 the decisions. The terminal shows every engine's decision as it changes. Ctrl-C stops everything.
 """
 
@@ -19,7 +20,12 @@ from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.cli.serve import add_server_arguments, config_from_args
 from controlplane.core.types import CostModel
 from controlplane.fleet import FleetPool, SyntheticFleet
-from controlplane.fleet.profiles import H200_QWEN3_8B, H200_QWEN3_8B_SHAPE, RTX_PRO_6000_QWEN3_8B
+from controlplane.fleet.profiles import (
+    H200_QWEN3_8B,
+    H200_QWEN3_8B_SHAPE,
+    RTX_PRO_6000_QWEN3_8B,
+    RTX_PRO_6000_QWEN3_8B_SHAPE,
+)
 from controlplane.observability.tracing import create_tracer_provider, tracing_settings_from_env
 from controlplane.service.app import ControllerApp
 
@@ -27,7 +33,7 @@ MODEL = "Qwen/Qwen3-8B"
 POOLS = (
     FleetPool(model=MODEL, accelerator="NVIDIA H200", cost_model=H200_QWEN3_8B, shape=H200_QWEN3_8B_SHAPE),
     FleetPool(model=MODEL, accelerator="NVIDIA RTX PRO 6000", cost_model=RTX_PRO_6000_QWEN3_8B,
-              shape=H200_QWEN3_8B_SHAPE),
+              shape=RTX_PRO_6000_QWEN3_8B_SHAPE),
 )
 
 

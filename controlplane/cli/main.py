@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controlplane.cli import ctl, demo, plan, serve
+from controlplane.cli import ctl, demo, plan, serve, sim
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.register(commands)
     demo.register(commands)
     plan.register(commands)
+    sim.register(commands)
     return parser
 
 

@@ -1,10 +1,12 @@
 """The synthetic fleet: fake vLLM engines that stream telemetry to a controller over real gRPC.
 
-Layers: `workload` (length distributions), `profiles` (cost models, engine shapes), `settings` (Decision →
-engine settings), `telemetry` (records) → `engine` (deterministic step simulator; all of these pure) →
-`messages` (engine state to AgentService messages, pure) → `client` (one engine's grpc.aio stream) →
-`fleet` (N clients as asyncio tasks). Used by the demo and as the controller's load generator; it imports
-only `controlplane.api` and value types and rules of `controlplane.core`.
+Layers: `workload` (closed-loop spec; length distributions re-exported from `controlplane.sim.lengths`),
+`profiles` (re-exported from `controlplane.sim.profiles`), `settings` (Decision → engine settings),
+`telemetry` (records) → `engine` (the twin's engine, `controlplane.sim.engine.SimEngine`, behind the fleet's
+interface; all of these pure) → `messages` (engine state to AgentService messages, pure) → `client` (one
+engine's grpc.aio stream) → `fleet` (N clients as asyncio tasks). Used by the demo and as the controller's
+load generator; it imports `controlplane.api`, value types and rules of `controlplane.core`, and
+`controlplane.sim` (whose engine runs the agent's own enforcement code).
 """
 
 from controlplane.fleet.client import ClientCounters, FleetEngineClient, StreamEndedError

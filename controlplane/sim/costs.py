@@ -1,0 +1,42 @@
+"""Iteration time of one engine step in the twin, from a profile's cost model.
+
+    prefill-only   α_p + β_p · prefill tokens
+    decode-only    α_d + β_d · decoding requests                         + γ · Σ context of the decodes
+    mixed          α_MB + β_MB^e(r) · (prefill tokens + decodes), r = decodes / tokens  + γ · Σ context
+
+γ (`decode_context_s_per_token`) is the optional context-length term (0 in the EB profiles, whose calibrations
+have none). Pure arithmetic; no I/O. Raises nothing: negative inputs are the caller's bug and give what
+the formula gives.
+"""
+
+from __future__ import annotations
+
+from controlplane.sim.profiles import SimProfile
+
+
+class StepCosts:
+    """The cost formulas of one profile, with the constants unpacked for the per-step hot path."""
+
+    __slots__ = ("_a_d", "_a_mb", "_a_p", "_b_d", "_b_p", "_c0", "_c1", "_c2", "context_s_per_token")
+
+    def __init__(self, profile: SimProfile) -> None:
+        c = profile.costs
+        self._a_p, self._b_p = c.alpha_p_s, c.beta_p_s_per_token
+        self._a_d, self._b_d = c.alpha_d_s, c.beta_d_s_per_request
+        self._a_mb = c.alpha_mb_s
+        self._c0, self._c1, self._c2 = c.mb_coeffs_s_per_token
+        self.context_s_per_token = profile.decode_context_s_per_token
+
+    def duration_s(self, prefill_tokens: int, num_decodes: int, decode_context_tokens: int = 0) -> float:
+        """Seconds of one step with `prefill_tokens` prefill tokens and `num_decodes` decodes (one token each)
+        whose KV contexts sum to `decode_context_tokens`. 0.0 for an empty step."""
+        if num_decodes == 0:
+            if prefill_tokens == 0:
+                return 0.0
+            return self._a_p + self._b_p * prefill_tokens
+        context = self.context_s_per_token * decode_context_tokens
+        if prefill_tokens == 0:
+            return self._a_d + self._b_d * num_decodes + context
+        tokens = prefill_tokens + num_decodes
+        r = num_decodes / tokens
+        return self._a_mb + (self._c0 + self._c1 * r + self._c2 * r * r) * tokens + context

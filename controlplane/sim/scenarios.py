@@ -1,0 +1,103 @@
+"""Named scenarios of the twin (the papers' experiments) and a compact spelling for custom ones.
+
+Spellings (`parse_scenario`):
+  closed:<shape>:c=<C>[:n=<N>]         closed loop, concurrency C, N requests (default 4000)
+  poisson:<shape>:rate=<R>:for=<S>     open-loop Poisson, R req/s for S seconds
+  bursty:<shape>:burst=<R>             the P-PAS trace: 10 s phases, steady 0.2 req/s, bursts at R req/s
+  dist-shift                           EB paper Table 3: μ_L 1024→512→128, μ_O 128→512→1024, 2k requests
+                                       per phase, c = 2048
+  conc-shift                           EB paper Table 3: μ_L 512, μ_O 256, c 32→512→1024→256→2048,
+                                       1,500 requests per phase (the paper does not give the phase sizes)
+<shape> is a key of `controlplane.sim.lengths.DATASET_SHAPES` (decode-heavy, balanced, prefill-heavy,
+sharegpt, longbench, numinamath, wildchat, ppas-long-context) or uniform-<μ_L>-<μ_O> (the EB paper's
+synthetic form, lengths uniform on 0.5–1.5× the mean) or a pair of distributions "<prompt>,<output>" in
+the `parse_length_distribution` spelling (e.g. "fixed:25000,fixed:32", "uniform:512,geometric:256").
+Pure; raises ValueError naming the problem.
+"""
+
+from __future__ import annotations
+
+from controlplane.sim.arrivals import Phase, Workload, bursty, closed_loop, poisson
+from controlplane.sim.lengths import DATASET_SHAPES, LengthShape, parse_length_distribution, synthetic_shape
+
+DEFAULT_NUM_REQUESTS = 4000
+CONC_SHIFT_LEVELS = (32, 512, 1024, 256, 2048)
+CONC_SHIFT_REQUESTS_PER_PHASE = 1500
+DIST_SHIFT_REQUESTS_PER_PHASE = 2000
+
+
+def parse_shape(text: str) -> LengthShape:
+    """A named shape, uniform-<μ_L>-<μ_O>, or "<prompt dist>,<output dist>"."""
+    text = text.strip()
+    if text in DATASET_SHAPES:
+        return DATASET_SHAPES[text]
+    if text.startswith("uniform-"):
+        parts = text.split("-")[1:]
+        if len(parts) == 2 and all(p.isdigit() and int(p) >= 1 for p in parts):
+            return synthetic_shape(int(parts[0]), int(parts[1]))
+    if "," in text:
+        prompt, _, output = text.partition(",")
+        return LengthShape(text, parse_length_distribution(prompt), parse_length_distribution(output), "custom")
+    raise ValueError(f"unknown length shape {text!r}; known: {', '.join(DATASET_SHAPES)}, uniform-<L>-<O>, "
+                     "or <prompt>,<output>")
+
+
+def distribution_shift() -> Workload:
+    phases = tuple(Phase(synthetic_shape(mu_l, mu_o), num_requests=DIST_SHIFT_REQUESTS_PER_PHASE, concurrency=2048)
+                   for mu_l, mu_o in ((1024, 128), (512, 512), (128, 1024)))
+    return Workload("dist-shift", phases)
+
+
+def concurrency_shift() -> Workload:
+    shape = synthetic_shape(512, 256)
+    phases = tuple(Phase(shape, num_requests=CONC_SHIFT_REQUESTS_PER_PHASE, concurrency=c) for c in CONC_SHIFT_LEVELS)
+    return Workload("conc-shift", phases)
+
+
+def _params(parts: list[str], allowed: tuple[str, ...], text: str) -> dict[str, float]:
+    params: dict[str, float] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or key not in allowed:
+            raise ValueError(f"scenario {text!r}: expected {', '.join(k + '=…' for k in allowed)}, got {part!r}")
+        try:
+            params[key] = float(value)
+        except ValueError:
+            raise ValueError(f"scenario {text!r}: {key} must be a number") from None
+    return params
+
+
+def parse_scenario(text: str) -> Workload:
+    """Parse a scenario spelling (see the module docstring)."""
+    text = text.strip()
+    if text == "dist-shift":
+        return distribution_shift()
+    if text == "conc-shift":
+        return concurrency_shift()
+    kind, _, rest = text.partition(":")
+    allowed = {"closed": ("c", "n"), "poisson": ("rate", "for"), "bursty": ("burst",)}.get(kind, ())
+    pieces = rest.split(":")
+    split = len(pieces)
+    while split > 1 and pieces[split - 1].partition("=")[0] in allowed:
+        split -= 1
+    # parts[0] is the shape (which may itself contain colons), the rest are key=value parameters.
+    parts = [":".join(pieces[:split]), *pieces[split:]]
+    if kind == "closed" and rest:
+        params = _params(parts[1:], ("c", "n"), text)
+        if "c" not in params:
+            raise ValueError(f"scenario {text!r}: c=<concurrency> is required")
+        concurrency, count = int(params["c"]), int(params.get("n", DEFAULT_NUM_REQUESTS))
+        if concurrency < 1 or count < 1:
+            raise ValueError(f"scenario {text!r}: c and n must be ≥ 1")
+        return closed_loop(parse_shape(parts[0]), concurrency=concurrency, num_requests=count, name=text)
+    if kind == "poisson" and rest:
+        params = _params(parts[1:], ("rate", "for"), text)
+        if set(params) != {"rate", "for"}:
+            raise ValueError(f"scenario {text!r}: rate=<req/s> and for=<seconds> are required")
+        return poisson(parse_shape(parts[0]), rate_per_s=params["rate"], duration_s=params["for"], name=text)
+    if kind == "bursty" and rest:
+        params = _params(parts[1:], ("burst",), text)
+        workload = bursty(parse_shape(parts[0]), burst_rate_per_s=params["burst"])
+        return Workload(text, workload.phases)
+    raise ValueError(f"unknown scenario {text!r}: closed:<shape>:c=<C>[:n=<N>], poisson:<shape>:rate=<R>:for=<S>, "
+                     "bursty:<shape>:burst=<R>, dist-shift, conc-shift")

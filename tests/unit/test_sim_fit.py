@@ -1,0 +1,71 @@
+"""Fitting a profile from step telemetry, profile JSON, and the `controlplane sim` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controlplane.cli.main import main
+from controlplane.sim.arrivals import closed_loop
+from controlplane.sim.fit import fit_profile, parse_steps, steps_to_jsonl
+from controlplane.sim.lengths import synthetic_shape
+from controlplane.sim.profiles import PROFILES, get_profile, load_profile, profile_from_json, profile_to_json
+from controlplane.sim.runner import run_scenario
+from controlplane.sim.schedulers import parse_scheduler
+
+H200 = get_profile("h200-qwen3-8b")
+
+
+def test_fit_recovers_the_profile_from_twin_telemetry() -> None:
+    workload = closed_loop(synthetic_shape(300, 100), concurrency=128, num_requests=800)
+    lines = "".join(steps_to_jsonl(run_scenario(workload, parse_scheduler(s), H200, seed=0).steps)
+                    for s in ("v1", "eb:16"))
+    result = fit_profile(parse_steps(lines), name="refit", shape=H200.shape)
+    assert result.profile is not None
+    fitted, truth = result.profile.costs, H200.costs
+    for name in ("alpha_p_s", "beta_p_s_per_token", "alpha_d_s", "beta_d_s_per_request"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-3)
+    assert fitted.beta_mb_e(0.5) == pytest.approx(truth.beta_mb_e(0.5), rel=1e-2)
+
+
+def test_agent_reports_and_malformed_lines_are_refused_with_a_reason() -> None:
+    with pytest.raises(ValueError, match="no duration_s"):
+        parse_steps(json.dumps({"engine_id": "e", "steps": [{"prefill_tokens": 1}]}))
+    with pytest.raises(ValueError, match=":2: missing duration_s"):
+        parse_steps('{"prefill_tokens": 1, "decode_tokens": 0, "decode_requests": 0, "duration_s": 0.1}\n'
+                    '{"prefill_tokens": 1, "decode_tokens": 0, "decode_requests": 0}')
+    with pytest.raises(ValueError, match="no steps"):
+        parse_steps("\n")
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_profile_json_round_trips(name: str) -> None:
+    profile = PROFILES[name]
+    assert profile_from_json(json.loads(json.dumps(profile_to_json(profile)))) == profile
+
+
+def test_sim_cli_runs_writes_plots_and_fits(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    steps = tmp_path / "steps.jsonl"
+    assert main(["sim", "run", "--scenario", "closed:uniform-200-60:c=64:n=300", "--scheduler", "v1",
+                 "--scheduler", "eb+", "--profile", "h200-qwen3-8b", "--out", str(out),
+                 "--steps-out", str(steps)]) == 0
+    printed = capsys.readouterr().out
+    assert "eb+" in printed and "tok/s" in printed
+    names = sorted(p.name for p in out.iterdir())
+    assert "throughput_latency.png" in names and "table.csv" in names
+    assert sum(n.startswith("timeline_") for n in names) == 2
+    profile_path = tmp_path / "p.json"
+    assert main(["sim", "fit-profile", "--steps", str(steps), "--name", "x", "--out", str(profile_path)]) in (0, 1)
+    assert main(["sim", "sweep", "--scenario", "closed:uniform-100-20:c=16:n=60",
+                 "--scenario", "poisson:uniform-100-20:rate=5:for=5", "--scheduler", "eb:2", "--seeds", "2",
+                 "--no-plots", "--out", str(tmp_path / "sweep")]) == 0
+    assert len((tmp_path / "sweep" / "table.csv").read_text().splitlines()) == 1 + 4
+
+
+def test_loaded_profile_file_is_used(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile_to_json(H200)))
+    assert load_profile(path) == H200
