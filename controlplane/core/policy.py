@@ -106,9 +106,19 @@ def evaluate(
     gamma = p0 * costs.alpha_p_s / costs.alpha_d_s if alpha_ok else 0.0
     theta0 = solve_theta0(gamma)
 
+    # Proposition 3.3 is derived for geometric outputs. A strongly IFR window (or a mixture after a
+    # shift) fits a hazard intercept far below 1/μ_O, and the reserve ln(1/ε)/(p0²μ_L) then exceeds the
+    # whole KV cache: N̂* collapses to 1 and, completions becoming rare, never recovers (measured in the
+    # twin's distribution shift). The geometric law with the observed mean bounds the peak memory of IFR
+    # outputs (the paper's own argument for using (6) under IFR), so the memory formula uses
+    # p_mem = max(p̂0, 1/μ̂_O); θ0 and Δθ keep p̂0.
+    p_mem = max(p0, 1.0 / mu_o) if mu_o > 0.0 else p0
+    if p_mem > p0 * 1.01:
+        flags.append(Flag.MEMORY_RATE_FROM_MEAN)
+
     def batch(theta: float) -> int:
         return memory_safe_batch_size(
-            theta=theta, p0=p0, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
+            theta=theta, p0=p_mem, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
             oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
         ).n
 
@@ -123,7 +133,7 @@ def evaluate(
     elif side > 0:
         flags.append(Flag.THETA_CLIPPED_HIGH)
     sizing = memory_safe_batch_size(
-        theta=theta_star, p0=p0, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
+        theta=theta_star, p0=p_mem, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
         oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
     )
     if sizing.below_one_request:

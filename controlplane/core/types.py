@@ -50,6 +50,7 @@ class Flag(enum.StrEnum):
     THETA_CLIPPED_HIGH = "theta_clipped_high"
     KV_BELOW_ONE_REQUEST = "kv_below_one_request"
     N_CAPPED_BY_MAX_NUM_SEQS = "n_capped_by_max_num_seqs"
+    MEMORY_RATE_FROM_MEAN = "memory_rate_from_mean"
     N_OBS_INVALID = "n_obs_invalid"
     DELTA_OUT_OF_RANGE = "delta_out_of_range"
     SAMPLES_REJECTED = "samples_rejected"

@@ -494,3 +494,21 @@ def test_ema_update_degenerate_inputs(previous: float, value: float, dt: float, 
 def test_policy_config_rejects_bad_values(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         PolicyConfig(**kwargs)
+
+
+def test_batch_size_uses_the_geometric_rate_of_the_mean_when_the_intercept_is_lower() -> None:
+    """A strongly IFR window (uniform 0.5–1.5× the mean) fits p0 ≪ 1/μ_O; N̂* must not collapse."""
+    from controlplane.core.policy import evaluate
+    from controlplane.core.types import CostModel, EngineLimits, Flag, WorkloadStats
+
+    costs = CostModel(alpha_p_s=0.0047, beta_p_s_per_token=5e-5, alpha_d_s=0.0104, beta_d_s_per_request=1e-4,
+                      alpha_mb_s=0.0047, mb_coeffs_s_per_token=(6.3e-5, 2e-4, 1e-5))
+    limits = EngineLimits(max_num_seqs=4096, max_num_batched_tokens=8192, kv_capacity_tokens=700_000)
+    ifr = evaluate(WorkloadStats(p0=1.5e-4, eta=2e-6, mu_l_tokens=512.0, mu_o_tokens=512.0), costs, limits)
+    geometric = evaluate(WorkloadStats(p0=1 / 512, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=512.0), costs, limits)
+    assert Flag.MEMORY_RATE_FROM_MEAN in ifr.flags and Flag.MEMORY_RATE_FROM_MEAN not in geometric.flags
+    # Same mean lengths, so the same memory per slot: N̂* differs only through θ̂*.
+    assert ifr.n_star >= 0.8 * geometric.n_star > 100
+    # With p0 itself in the reserve term, ln(1/ε)/(p0²μ_L) ≈ 400k tokens would leave a fraction of that.
+    reserve_tokens = math.log(100) / (1.5e-4**2 * 512)
+    assert reserve_tokens > 0.5 * limits.kv_capacity_tokens
