@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 _PREFILL_ONLY = StepKind.PREFILL_ONLY
 _DECODE_ONLY = StepKind.DECODE_ONLY
 _REPORT_EVERY_STEPS = 512
+_HOOK_SAMPLES = 4096
 
 
 def _vllm_version() -> str:
@@ -71,6 +72,10 @@ class AgentRuntime:
         self._aborted_status: Any = None
         self.num_steps = 0
         self.hook_time_s = 0.0
+        # Per-step hook time of the last _HOOK_SAMPLES steps (the mean alone is inflated by the rare steps
+        # where another thread held the GIL while a hook ran).
+        self._step_hook_s = 0.0
+        self._hook_samples_s = [0.0] * _HOOK_SAMPLES
         self.num_scheduled_requests = 0
         self.num_expired = 0
         self.num_applied = 0
@@ -170,7 +175,7 @@ class AgentRuntime:
             s.prefill_capacity_bound = False
         self.recorder.set_gauges(self.kv_capacity_tokens - free_kv_tokens, self.kv_capacity_tokens, num_prefills,
                                  num_running - num_prefills, num_waiting, largest_remaining)
-        self.hook_time_s += time.perf_counter() - started
+        self._step_hook_s = time.perf_counter() - started
         return kind is _DECODE_ONLY
 
     def after_schedule(self, s: Any, output: Any) -> None:
@@ -185,7 +190,7 @@ class AgentRuntime:
             self.recorder.add_preemptions(len(preempted))
         self.enforcer.observe_step(num_scheduled_tokens=total)
         self.num_scheduled_requests += len(counts)
-        self.hook_time_s += time.perf_counter() - started
+        self._step_hook_s += time.perf_counter() - started
         if self._step_trace is not None:  # audit mode, outside the measured hook time
             self._trace_step(s, output)
 
@@ -226,10 +231,12 @@ class AgentRuntime:
             if prefill + decode > 0:
                 self.recorder.record_step(prefill, decode, decode, now - max(scheduled_at, self._last_update_s))
         self._last_update_s = now
+        step_hook_s = self._step_hook_s + time.perf_counter() - now
+        self.hook_time_s += step_hook_s
+        self._hook_samples_s[self.num_steps % _HOOK_SAMPLES] = step_hook_s
         self.num_steps += 1
         if self._report_path is not None and self.num_steps % _REPORT_EVERY_STEPS == 0:
             self.write_report()
-        self.hook_time_s += time.perf_counter() - now
 
     def record_finish(self, request: Any) -> None:
         """A request left the engine (finished, stopped, aborted or failed)."""
@@ -247,8 +254,10 @@ class AgentRuntime:
         """Write the agent's counters (and, with CP_STEP_TRACE=1, every step) to CP_AGENT_REPORT."""
         if self._report_path is None:
             return
+        samples = sorted(self._hook_samples_s[: min(self.num_steps, _HOOK_SAMPLES)])
         report = {
             "engine_id": self._config.engine_id, "num_steps": self.num_steps, "hook_time_s": self.hook_time_s,
+            "hook_us_median": 1e6 * _quantile(samples, 0.5), "hook_us_p90": 1e6 * _quantile(samples, 0.9),
             "num_scheduled_requests": self.num_scheduled_requests, "num_applied": self.num_applied,
             "num_rejected": self.num_rejected, "num_expired": self.num_expired,
             "decision_version": self.enforcer.version_floor, "mode": self.enforcer.active_policy.mode.value,
@@ -262,6 +271,10 @@ class AgentRuntime:
     def close(self) -> None:
         self.write_report()
         self.link.stop(timeout_s=2.0)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[int(q * (len(sorted_values) - 1))] if sorted_values else 0.0
 
 
 def _accelerator_name() -> str:

@@ -214,8 +214,10 @@ class Controller:
         window = state.window if own else pool.window
         costs = self._calibrations.get(state.hello.pool_key)
         if costs is None:
-            fit = (state.costs if own else pool.costs).fit()
-            costs = fit.to_cost_model()
+            # The pool's fit fills the phases the engine has not measured (an engine in MB mode rarely
+            # runs a pure prefill step, one pinned to EB never a mixed one).
+            pooled = pool.costs.fit().to_cost_model()
+            costs = state.costs.fit().to_cost_model(fallback=pooled) if own else pooled
         return Observations(
             output_lengths_tokens=window.output_lengths(),
             prompt_lengths_tokens=window.prompt_lengths(),
