@@ -40,7 +40,7 @@ CONFIGS = {  # name -> pin (None: no pin, the controller decides; "stock": no ag
 }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -83,11 +83,16 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     args = parser.parse_args()
+    unknown = set(args.configs.split(",")) - set(CONFIGS)
+    if unknown or "stock" not in args.configs.split(","):
+        parser.error(f"--configs: unknown {sorted(unknown)} (stock is required as the baseline)")
+    selected = {name: CONFIGS[name] for name in args.configs.split(",")}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = write_tiny_model(tmp / "model")
-        port = _free_port()
+        port = free_port()
         with EmbeddedRedis(tmp / "redis") as redis_server:
             controller = subprocess.Popen(
                 [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url", redis_server.url,
@@ -97,12 +102,12 @@ def main() -> None:
                 channel = grpc.insecure_channel(f"127.0.0.1:{port}")
                 grpc.channel_ready_future(channel).result(timeout=60)
                 stub = operator_pb2_grpc.OperatorServiceStub(channel)
-                results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+                results: dict[str, list[dict]] = {name: [] for name in selected}
                 for round_index in range(args.rounds):
-                    names = list(CONFIGS) if round_index % 2 == 0 else list(reversed(CONFIGS))
+                    names = list(selected) if round_index % 2 == 0 else list(reversed(selected))
                     for name in names:
-                        if CONFIGS[name] != "stock":
-                            _set_pin(stub, CONFIGS[name])
+                        if selected[name] != "stock":
+                            _set_pin(stub, selected[name])
                         print(f"round {round_index + 1}: {name} ...", flush=True)
                         results[name].append(_run_engine(args, model, tmp / f"{name}-{round_index}", name,
                                                          f"127.0.0.1:{port}"))
@@ -124,7 +129,7 @@ def _print(args: argparse.Namespace, results: dict[str, list[dict]], views: dict
           f"max_num_seqs {args.max_num_seqs}, budget {args.max_num_batched_tokens}, rounds {args.rounds}")
     print(f"{'config':<12} {'out tok/s':>10} {'vs stock':>9} {'TTFT s':>8} {'TPOT ms':>8} {'hook µs p50':>12} "
           f"{'mean':>7} {'reqs/step':>10} {'goal µs':>8}  decision")
-    for name in CONFIGS:
+    for name in results:
         tok_s = median(name, "tok_s")
         report = results[name][-1]["report"]
         hook = mean = per_step = goal = ""

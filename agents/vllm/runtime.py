@@ -83,6 +83,7 @@ class AgentRuntime:
         self._report_path = Path(env["CP_AGENT_REPORT"]) if env.get("CP_AGENT_REPORT") else None
         trace = self._report_path is not None and env.get("CP_STEP_TRACE", "") not in ("", "0")
         self._step_trace: list[dict[str, Any]] | None = [] if trace else None
+        self._trace_awaiting_duration: collections.deque[dict[str, Any]] = collections.deque()
         model_config = scheduler.vllm_config.model_config
         hello = agent_pb2.Hello(
             engine_id=config.engine_id,
@@ -212,7 +213,7 @@ class AgentRuntime:
             else:
                 prefill_tokens += num_tokens
                 num_prefill_reqs += 1
-        self._step_trace.append({
+        entry = {
             "step": self.num_steps, "plan": plan.kind.value if plan else "stock",
             "mode": self.enforcer.active_policy.mode.value, "budget_tokens": plan.token_budget_tokens if plan else 0,
             "n_cap": plan.num_seqs_cap if plan else 0, "prefill_tokens": prefill_tokens,
@@ -220,7 +221,10 @@ class AgentRuntime:
             "num_running": len(s.running), "num_waiting": len(s.waiting),
             "total_tokens": output.total_num_scheduled_tokens,
             "resumed": len(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()),
-        })
+            "decode_requests": num_decode_reqs, "duration_s": None,
+        }
+        self._step_trace.append(entry)
+        self._trace_awaiting_duration.append(entry)
 
     def after_update(self, output: Any) -> None:
         """Close the step: its duration runs from schedule() returning (or the previous update, when the
@@ -228,8 +232,11 @@ class AgentRuntime:
         now = time.perf_counter()
         if self._pending_steps:
             prefill, decode, scheduled_at = self._pending_steps.popleft()
+            duration_s = now - max(scheduled_at, self._last_update_s)
             if prefill + decode > 0:
-                self.recorder.record_step(prefill, decode, decode, now - max(scheduled_at, self._last_update_s))
+                self.recorder.record_step(prefill, decode, decode, duration_s)
+            if self._trace_awaiting_duration:
+                self._trace_awaiting_duration.popleft()["duration_s"] = duration_s
         self._last_update_s = now
         step_hook_s = self._step_hook_s + time.perf_counter() - now
         self.hook_time_s += step_hook_s

@@ -4,6 +4,8 @@ Three linear models, each over a sliding window of recent steps:
   prefill-only steps: duration = α_p + β_p·prefill tokens
   decode-only steps:  duration = α_d + β_d·decode requests
   mixed steps:        duration = α_MB + (c0 + c1·r + c2·r²)·tokens, r = decode tokens / tokens
+                      (the additive model α_MB + β_p'·prefill + β_d'·decode tokens when the quadratic
+                      fit is degenerate, see _fit_mixed)
 
 Outlier resistance: each fit is an ordinary least-squares fit, then the samples whose residual exceeds
 OUTLIER_MAD_MULTIPLIER robust standard deviations (1.4826·MAD of the residuals) are dropped and the fit
@@ -27,6 +29,8 @@ DEFAULT_STEP_WINDOW = 2048
 MIN_FIT_SAMPLES = 8
 OUTLIER_MAD_MULTIPLIER = 5.0
 _MAD_TO_SIGMA = 1.4826
+# Fixed step cost used when a fit puts it at or below zero (1 µs: below any real launch overhead).
+MIN_ALPHA_S = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +117,8 @@ class CostFit:
     def to_cost_model(self, fallback: CostModel | None = None) -> CostModel | None:
         """Merge into a CostModel: fitted phases override the fallback's; None if a phase is unknown.
 
-        A fitted α or β that is not positive is not used (the fallback's value is kept, or None).
+        A fitted β that is not positive is not used (the fallback's value is kept, or None). A fitted α at
+        or below zero (a fixed cost lost in the noise, common on small models) is taken as MIN_ALPHA_S.
         """
         alpha_p = beta_p = alpha_d = beta_d = alpha_mb = None
         mb_coeffs = None
@@ -121,10 +126,10 @@ class CostFit:
             alpha_p, beta_p = fallback.alpha_p_s, fallback.beta_p_s_per_token
             alpha_d, beta_d = fallback.alpha_d_s, fallback.beta_d_s_per_request
             alpha_mb, mb_coeffs = fallback.alpha_mb_s, fallback.mb_coeffs_s_per_token
-        if self.prefill is not None and min(self.prefill.coefficients) > 0.0:
-            alpha_p, beta_p = self.prefill.coefficients
-        if self.decode is not None and min(self.decode.coefficients) > 0.0:
-            alpha_d, beta_d = self.decode.coefficients
+        if self.prefill is not None and self.prefill.coefficients[1] > 0.0:
+            alpha_p, beta_p = _floor_intercept(self.prefill.coefficients)
+        if self.decode is not None and self.decode.coefficients[1] > 0.0:
+            alpha_d, beta_d = _floor_intercept(self.decode.coefficients)
         if self.mixed is not None and self.mixed.coefficients[0] > 0.0:
             alpha_mb = self.mixed.coefficients[0]
             mb_coeffs = tuple(self.mixed.coefficients[1:])
@@ -138,6 +143,11 @@ class CostFit:
             alpha_mb_s=alpha_mb if alpha_mb is not None else alpha_p,
             mb_coeffs_s_per_token=mb_coeffs or (0.0, 0.0, 0.0),
         )
+
+
+def _floor_intercept(coefficients: tuple[float, ...]) -> tuple[float, float]:
+    alpha, beta = coefficients[0], coefficients[1]
+    return max(alpha, MIN_ALPHA_S), beta
 
 
 class CostModelEstimator:
@@ -191,15 +201,32 @@ class CostModelEstimator:
         prefill = self._prefill.rows()
         decode = self._decode.rows()
         mixed = self._mixed.rows()
-        mixed_features = None
-        if mixed.shape[0]:
-            tokens, ratio = mixed[:, 0], mixed[:, 1]
-            mixed_features = np.column_stack((tokens, tokens * ratio, tokens * ratio * ratio))
         return CostFit(
             prefill=robust_linear_fit(prefill[:, :1], prefill[:, 1]) if prefill.shape[0] else None,
             decode=robust_linear_fit(decode[:, :1], decode[:, 1]) if decode.shape[0] else None,
-            mixed=robust_linear_fit(mixed_features, mixed[:, 2]) if mixed_features is not None else None,
+            mixed=_fit_mixed(mixed) if mixed.shape[0] else None,
         )
+
+
+def _fit_mixed(rows: np.ndarray) -> LinearFit | None:
+    """duration = α_MB + (c0 + c1·r + c2·r²)·T, with a fallback to the additive model.
+
+    The three interference regressors T, T·r, T·r² are strongly collinear when the steps cover a narrow
+    range of r; the quadratic fit can then trade a negative α_MB against inflated coefficients (seen on
+    vLLM's CPU engine). When its α_MB is not positive, the additive model α_MB + β_p'·prefill tokens +
+    β_d'·decode tokens is fitted instead and reported as c0 = β_p', c1 = β_d' − β_p', c2 = 0.
+    """
+    tokens, ratio, duration = rows[:, 0], rows[:, 1], rows[:, 2]
+    quadratic = robust_linear_fit(np.column_stack((tokens, tokens * ratio, tokens * ratio * ratio)), duration)
+    if quadratic is not None and quadratic.coefficients[0] > 0.0:
+        return quadratic
+    decode_tokens = tokens * ratio
+    additive = robust_linear_fit(np.column_stack((tokens - decode_tokens, decode_tokens)), duration)
+    if additive is None:
+        return quadratic
+    alpha, beta_prefill, beta_decode = additive.coefficients
+    return LinearFit(coefficients=(alpha, beta_prefill, beta_decode - beta_prefill, 0.0), r2=additive.r2,
+                     num_samples=additive.num_samples, num_outliers=additive.num_outliers)
 
 
 def cost_model_is_usable(costs: CostModel) -> bool:

@@ -13,7 +13,7 @@ from controlplane.fleet.client import ClientCounters, FleetEngineClient, StreamE
 from controlplane.fleet.engine import FakeEngine
 from controlplane.fleet.fleet import DEFAULT_POOLS, EngineStats, FleetPool, FleetStats, SyntheticFleet
 from controlplane.fleet.profiles import H200_QWEN3_8B, H200_QWEN3_8B_SHAPE, RTX_PRO_6000_QWEN3_8B, EngineShape
-from controlplane.fleet.settings import EngineSettings, reject_reason, settings_from_decision
+from controlplane.fleet.settings import EngineSettings, settings_from_decision
 from controlplane.fleet.telemetry import EngineTelemetry, SchedulerState, StepRecord
 from controlplane.fleet.workload import (
     FixedLengths,
@@ -52,6 +52,5 @@ __all__ = [
     "WorkloadSpec",
     "parse_length_distribution",
     "parse_workload",
-    "reject_reason",
     "settings_from_decision",
 ]

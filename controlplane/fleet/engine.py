@@ -8,10 +8,11 @@ What this adapter adds to the twin's engine (which owns all scheduling: slots, K
 preemption, and the agent's `Enforcer` planning every step):
 - Arrivals: closed loop. `workload.concurrency` requests are in the system (running + waiting); each finish
   brings a new arrival at the finish time (until `num_requests` arrivals, when given).
-- Decisions: validated with the fleet's rules (`controlplane.fleet.settings.reject_reason`: advisory
-  decisions are refused, versions are not checked because a controller whose store was reset may restart
-  them), then handed to the engine's `Enforcer` under an adapter-local version and a TTL the enforcer never
-  reaches: the fleet client owns the TTL and calls `reset_to_stock` when a decision outlives it.
+- Decisions: validated and held by the engine's `Enforcer` (the agent's own rules: `k_greater_than_n`,
+  `n_greater_than_max_num_seqs`, …; an advisory decision is held and the engine runs stock), under an
+  adapter-local version (versions are not checked here because a controller whose store was reset may
+  restart them) and a TTL the enforcer never reaches: the fleet client owns the TTL and calls
+  `reset_to_stock` when a decision outlives it.
 - Telemetry: steps and completions buffered (bounded by `max_buffered_events` per kind; beyond it events are
   dropped and counted) and taken with `drain()`. Times are in simulated seconds from `start_s`.
 """
@@ -25,7 +26,7 @@ import numpy as np
 
 from controlplane.api.v1 import common_pb2
 from controlplane.core.types import CostModel
-from controlplane.fleet.settings import EngineSettings, reject_reason, settings_from_decision
+from controlplane.fleet.settings import EngineSettings, settings_from_decision
 from controlplane.fleet.telemetry import EngineTelemetry, SchedulerState, StepRecord
 from controlplane.fleet.workload import WorkloadSpec
 from controlplane.sim.engine import SimEngine
@@ -163,13 +164,9 @@ class FakeEngine:
         behaviour. Lowering N below the running count stops admission only; nobody is evicted.
 
         Returns:
-            (applied, reject_reason): (True, "") or (False, a code from `reject_reason`). A refused
-            decision leaves the settings in force unchanged.
+            (applied, reject_reason): (True, "") or (False, the Enforcer's code). A refused decision
+            leaves the settings in force unchanged.
         """
-        reason = reject_reason(decision, max_num_seqs=self._shape.max_num_seqs)
-        if reason:
-            return False, reason
-        settings = settings_from_decision(decision, shape=self._shape)
         forwarded = common_pb2.Decision()
         forwarded.CopyFrom(decision)
         forwarded.version = self._enforcer_version + 1
@@ -178,7 +175,10 @@ class FakeEngine:
         if not applied:
             return False, reason
         self._enforcer_version += 1
-        self._settings = settings
+        if decision.advisory:
+            self._settings = replace(EngineSettings.stock(self._shape), version=decision.version)
+        else:
+            self._settings = settings_from_decision(decision, shape=self._shape)
         return True, ""
 
     def reset_to_stock(self) -> None:

@@ -1,7 +1,7 @@
 """The scheduling parameters a fake engine runs under, and how a controller Decision becomes them.
 
 Pure: converts and validates protobuf Decisions at the edge of the fake engine; no I/O, no clock.
-Reject reasons are string codes (they travel in DecisionAck.reject_reason).
+Validation is the agent's own (`agents.enforcement.policy`); this module only describes what is in force.
 """
 
 from __future__ import annotations
@@ -37,43 +37,15 @@ class EngineSettings:
         return cls(mode=Mode.PASSTHROUGH, k=1, n=shape.max_num_seqs, budget=budget, version=0)
 
 
-def reject_reason(decision: common_pb2.Decision, *, max_num_seqs: int) -> str:
-    """Why a decision cannot be applied by an engine with `max_num_seqs` slots; "" when it can.
-
-    Codes: advisory, mode_unspecified, n_zero, n_greater_than_max_num_seqs, k_zero, k_greater_than_n,
-    b_cap_greater_than_b_max. PASSTHROUGH decisions are not checked for k, n or the budget (ignored).
-    Versions are not checked (a controller whose store was reset may restart them).
-    """
-    if decision.advisory:
-        return "advisory"
-    mode = _MODE_FROM_PROTO.get(decision.mode)
-    if mode is None:
-        return "mode_unspecified"
-    if mode is Mode.PASSTHROUGH:
-        return ""
-    if decision.n == 0:
-        return "n_zero"
-    if decision.n > max_num_seqs:
-        return "n_greater_than_max_num_seqs"
-    if decision.k == 0:
-        return "k_zero"
-    if decision.k > decision.n:
-        return "k_greater_than_n"
-    budget = decision.budget
-    if budget.b_max_tokens and budget.b_cap_tokens > budget.b_max_tokens:
-        return "b_cap_greater_than_b_max"
-    return ""
-
-
 def settings_from_decision(decision: common_pb2.Decision, *, shape: EngineShape) -> EngineSettings:
-    """The settings an accepted decision (`reject_reason` == "") puts in force on an engine of `shape`.
+    """The settings an accepted decision (the Enforcer applied it) puts in force on an engine of `shape`.
 
     Budgets are clamped to the start-up budget (vLLM can only lower it); b_max_tokens = 0 means the
     start-up budget and b_cap_tokens = 0 means no cap (= B_max). PASSTHROUGH gives the stock settings
     with the decision's version.
 
     Raises:
-        ValueError: the decision's mode is unspecified (callers check `reject_reason` first).
+        ValueError: the decision's mode is unspecified (the Enforcer refuses such a decision first).
     """
     mode = _MODE_FROM_PROTO.get(decision.mode)
     if mode is None:

@@ -41,8 +41,9 @@ class StepColumns:
 
 
 def parse_steps(text: str, *, source: str = "steps") -> StepColumns:
-    """Parse JSON-lines steps. Raises ValueError naming the line and key that are wrong, and a dedicated
-    message for an agent report (a JSON object with "steps" lacking durations)."""
+    """Parse JSON-lines steps, or the agent's report (CP_AGENT_REPORT with CP_STEP_TRACE=1: a JSON object
+    whose "steps" carry prefill_tokens, decode_tokens, decode_requests and duration_s). Raises ValueError
+    naming the line and key that are wrong, and a dedicated message for a report without durations."""
     stripped = text.strip()
     if stripped.startswith("{") and "\n" not in stripped:
         lines = [stripped]
@@ -54,9 +55,14 @@ def parse_steps(text: str, *, source: str = "steps") -> StepColumns:
         except json.JSONDecodeError:
             whole = None
         if isinstance(whole, dict) and isinstance(whole.get("steps"), list):
-            raise ValueError(f"{source}: this is an agent report (CP_AGENT_REPORT); its steps carry no duration_s, "
-                             "so no cost can be fitted. Record controller-side steps as JSON lines with "
-                             f"{', '.join(STEP_KEYS)}.")
+            timed = [step for step in whole["steps"]
+                     if isinstance(step, dict) and isinstance(step.get("duration_s"), (int, float))
+                     and step.get("total_tokens", 1) > 0]
+            if not timed:
+                raise ValueError(f"{source}: this agent report (CP_AGENT_REPORT) has no step with a duration_s; "
+                                 "record it with CP_STEP_TRACE=1, or give JSON lines with "
+                                 f"{', '.join(STEP_KEYS)}.")
+            lines = [json.dumps({k: step.get(k) for k in STEP_KEYS}) for step in timed]
     rows: list[tuple[float, float, float, float]] = []
     for number, line in enumerate(lines, start=1):
         try:

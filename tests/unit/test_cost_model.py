@@ -227,9 +227,16 @@ def test_to_cost_model_fitted_phases_override_the_fallback() -> None:
                               mb_coeffs_s_per_token=(C0, C1, -C2))
 
 
-def test_to_cost_model_ignores_nonpositive_fitted_coefficients() -> None:
+def test_to_cost_model_ignores_nonpositive_slopes_and_floors_nonpositive_intercepts() -> None:
+    from controlplane.core.cost_model import MIN_ALPHA_S
+
     fit = CostFit(prefill=linear(-1e-3, BETA_P), decode=linear(ALPHA_D, 0.0), mixed=linear(0.0, C0, C1, C2))
-    assert fit.to_cost_model(FALLBACK) == FALLBACK
+    model = fit.to_cost_model(FALLBACK)
+    # A fixed cost fitted below zero is lost in the noise: the slope is kept, α becomes the 1 µs floor.
+    assert (model.alpha_p_s, model.beta_p_s_per_token) == (MIN_ALPHA_S, BETA_P)
+    # A zero slope is no fit at all: the fallback's decode costs stay, as do its mixed-step costs.
+    assert (model.alpha_d_s, model.beta_d_s_per_request) == (FALLBACK.alpha_d_s, FALLBACK.beta_d_s_per_request)
+    assert (model.alpha_mb_s, model.mb_coeffs_s_per_token) == (FALLBACK.alpha_mb_s, FALLBACK.mb_coeffs_s_per_token)
     assert fit.to_cost_model() is None
 
 
@@ -250,3 +257,23 @@ def test_cost_model_is_usable(override: dict, usable: bool) -> None:
     base = {"alpha_p_s": ALPHA_P, "beta_p_s_per_token": BETA_P, "alpha_d_s": ALPHA_D,
             "beta_d_s_per_request": BETA_D, "alpha_mb_s": ALPHA_P}
     assert cost_model_is_usable(CostModel(**(base | override))) is usable
+
+
+def test_mixed_fit_stays_physical_when_the_decode_ratio_range_is_narrow() -> None:
+    """Steps all near r ≈ 0.9 make T, T·r, T·r² nearly collinear; the fit must still give α_MB > 0 and the
+    right cost inside the observed range (the additive fallback when the quadratic one goes negative)."""
+    rng = np.random.default_rng(3)
+    num = 600
+    decode_tokens = rng.integers(60, 120, num).astype(float)
+    prefill_tokens = np.round(decode_tokens * rng.uniform(0.05, 0.15, num))
+    duration = 0.004 + 3e-5 * prefill_tokens + 1e-4 * decode_tokens + rng.normal(0, 4e-4, num)
+    estimator = CostModelEstimator(window=1024)
+    estimator.add_steps(prefill_tokens=prefill_tokens, decode_tokens=decode_tokens,
+                        decode_requests=decode_tokens, duration_s=duration)
+    mixed = estimator.fit().mixed
+    assert mixed is not None and mixed.coefficients[0] > 0.0
+    alpha, c0, c1, c2 = mixed.coefficients
+    for tokens, ratio in ((100.0, 0.9), (80.0, 0.88)):
+        truth = 0.004 + 3e-5 * tokens * (1 - ratio) + 1e-4 * tokens * ratio
+        predicted = alpha + (c0 + c1 * ratio + c2 * ratio * ratio) * tokens
+        assert predicted == pytest.approx(truth, rel=0.05)

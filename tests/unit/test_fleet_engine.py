@@ -12,7 +12,7 @@ from controlplane.api.v1 import common_pb2
 from controlplane.core.types import Mode
 from controlplane.fleet.engine import FakeEngine
 from controlplane.fleet.profiles import H200_QWEN3_8B, EngineShape
-from controlplane.fleet.settings import EngineSettings, reject_reason
+from controlplane.fleet.settings import EngineSettings
 from controlplane.fleet.workload import WorkloadSpec
 
 # Small KV (4096 tokens) against long requests: forces preemptions.
@@ -192,13 +192,14 @@ def test_apply_rejects_invalid_decisions_and_keeps_the_settings() -> None:
         "n_zero": decision(common_pb2.MODE_MB, k=1, n=0),
         "k_zero": decision(common_pb2.MODE_EB, k=0, n=4),
         "mode_unspecified": decision(common_pb2.MODE_UNSPECIFIED),
-        "advisory": decision(common_pb2.MODE_EB, advisory=True),
         "b_cap_greater_than_b_max": decision(common_pb2.MODE_MB, b_max=100, b_cap=200),
     }
     for reason, bad in cases.items():
         assert engine.apply(bad) == (False, reason)
-        assert reject_reason(bad, max_num_seqs=32) == reason
         assert engine.settings == stock
+    # An advisory decision is held (the agent would report what it would do) and the engine runs stock.
+    assert engine.apply(decision(common_pb2.MODE_EB, k=2, n=4, advisory=True, version=3)) == (True, "")
+    assert engine.settings == dataclasses.replace(stock, version=3)
 
 
 def test_apply_clamps_budgets_and_passthrough_restores_stock() -> None:

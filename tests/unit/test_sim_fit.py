@@ -30,8 +30,15 @@ def test_fit_recovers_the_profile_from_twin_telemetry() -> None:
     assert fitted.beta_mb_e(0.5) == pytest.approx(truth.beta_mb_e(0.5), rel=1e-2)
 
 
-def test_agent_reports_and_malformed_lines_are_refused_with_a_reason() -> None:
-    with pytest.raises(ValueError, match="no duration_s"):
+def test_agent_reports_with_durations_are_read_and_others_refused_with_a_reason() -> None:
+    report = {"engine_id": "e", "steps": [
+        {"prefill_tokens": 512, "decode_tokens": 0, "decode_requests": 0, "duration_s": 0.02, "total_tokens": 512},
+        {"prefill_tokens": 0, "decode_tokens": 8, "decode_requests": 8, "duration_s": 0.004, "total_tokens": 8},
+        {"prefill_tokens": 0, "decode_tokens": 0, "decode_requests": 0, "duration_s": 0.001, "total_tokens": 0},
+    ]}
+    steps = parse_steps(json.dumps(report))
+    assert steps.num_steps == 2  # the empty step carries no cost information
+    with pytest.raises(ValueError, match="no step with a duration_s"):
         parse_steps(json.dumps({"engine_id": "e", "steps": [{"prefill_tokens": 1}]}))
     with pytest.raises(ValueError, match=":2: missing duration_s"):
         parse_steps('{"prefill_tokens": 1, "decode_tokens": 0, "decode_requests": 0, "duration_s": 0.1}\n'
