@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.config import AgentConfig  # noqa: E402
-from agents.vllm.runtime import AgentRuntime  # noqa: E402
-from controlplane.api.v1 import common_pb2  # noqa: E402
+from agents.config import AgentConfig
+from agents.vllm.runtime import AgentRuntime
+from controlplane.api.v1 import common_pb2
 
 STEPS = 20_000
 
