@@ -17,6 +17,7 @@ from google.protobuf import json_format
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.core.calibration import CalibrationError, CalibrationProfile, parse_calibration
+from controlplane.service.convert import cost_model_to_calibration
 
 _PINS = {"mb": operator_pb2.PINNED_MODE_MB, "eb": operator_pb2.PINNED_MODE_EB,
          "passthrough": operator_pb2.PINNED_MODE_PASSTHROUGH, "advisory": operator_pb2.PINNED_MODE_ADVISORY}
@@ -140,11 +141,7 @@ async def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             costs = profile.to_cost_model()
             if costs is None:
                 parser.error("calibration put needs --file with alpha_p, beta_p, alpha_d, beta_d")
-            calibration = operator_pb2.Calibration(
-                pool=args.pool, alpha_p_s=costs.alpha_p_s, beta_p_s_per_token=costs.beta_p_s_per_token,
-                alpha_d_s=costs.alpha_d_s, beta_d_s_per_request=costs.beta_d_s_per_request,
-                alpha_mb_s=costs.alpha_mb_s, mb_coeffs_s_per_token=list(costs.mb_coeffs_s_per_token),
-                source=",".join(p.name for p in args.file))
+            calibration = cost_model_to_calibration(costs, args.pool, source=",".join(p.name for p in args.file))
             _print(await stub.PutCalibration(operator_pb2.PutCalibrationRequest(calibration=calibration), **kw))
     return 0
 

@@ -16,9 +16,8 @@ import signal
 import sys
 import time
 
-from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.api.v1 import common_pb2
 from controlplane.cli.serve import add_server_arguments, config_from_args
-from controlplane.core.types import CostModel
 from controlplane.fleet import FleetPool, SyntheticFleet
 from controlplane.fleet.profiles import (
     H200_QWEN3_8B,
@@ -28,6 +27,7 @@ from controlplane.fleet.profiles import (
 )
 from controlplane.observability.tracing import create_tracer_provider, tracing_settings_from_env
 from controlplane.service.app import ControllerApp
+from controlplane.service.convert import cost_model_to_calibration
 
 MODEL = "Qwen/Qwen3-8B"
 POOLS = (
@@ -47,16 +47,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--duration-s", type=float, default=0.0, help="stop after this many seconds (0: Ctrl-C)")
     parser.add_argument("--refresh-s", type=float, default=1.0, help="live view refresh period (1 s)")
     parser.set_defaults(run=run, port=0, decision_interval_s=2.0, cooldown_s=10.0)
-
-
-def _calibration(pool: FleetPool) -> operator_pb2.Calibration:
-    costs: CostModel = pool.cost_model
-    return operator_pb2.Calibration(
-        pool=common_pb2.Pool(model=pool.model, accelerator=pool.accelerator), alpha_p_s=costs.alpha_p_s,
-        beta_p_s_per_token=costs.beta_p_s_per_token, alpha_d_s=costs.alpha_d_s,
-        beta_d_s_per_request=costs.beta_d_s_per_request, alpha_mb_s=costs.alpha_mb_s,
-        mb_coeffs_s_per_token=list(costs.mb_coeffs_s_per_token), source="EB paper reference profile",
-    )
 
 
 def _view(app: ControllerApp, fleet: SyntheticFleet, started_s: float) -> str:
@@ -88,7 +78,9 @@ async def _demo(args: argparse.Namespace, app: ControllerApp) -> None:
     async with app:
         assert app.controller is not None
         for pool in POOLS:
-            await app.controller.put_calibration(_calibration(pool))
+            await app.controller.put_calibration(cost_model_to_calibration(
+                pool.cost_model, common_pb2.Pool(model=pool.model, accelerator=pool.accelerator),
+                source="EB paper reference profile"))
         fleet = SyntheticFleet(f"127.0.0.1:{app.port}", num_engines=args.engines, workload=args.workload,
                                pools=POOLS, speed=args.speed, batch_interval_s=args.speed * 0.5)
         await fleet.start()

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.core.calibration import CalibrationProfile
 from controlplane.core.cost_model import CostModelEstimator
 from controlplane.core.hazard import LengthWindow
 from controlplane.core.policy import decide
@@ -25,6 +24,7 @@ from controlplane.observability.tracing import DecisionTracer
 from controlplane.service.config import ControllerConfig
 from controlplane.service.convert import (
     calibration_to_cost_model,
+    cost_model_to_calibration,
     decision_to_proto,
     resolve_intent,
     same_instruction,
@@ -339,13 +339,7 @@ class Controller:
 
     def calibration(self, pool: common_pb2.Pool) -> operator_pb2.Calibration | None:
         costs = self._calibrations.get(pool_key(pool))
-        if costs is None:
-            return None
-        return operator_pb2.Calibration(
-            pool=pool, alpha_p_s=costs.alpha_p_s, beta_p_s_per_token=costs.beta_p_s_per_token,
-            alpha_d_s=costs.alpha_d_s, beta_d_s_per_request=costs.beta_d_s_per_request,
-            alpha_mb_s=costs.alpha_mb_s, mb_coeffs_s_per_token=list(costs.mb_coeffs_s_per_token),
-        )
+        return cost_model_to_calibration(costs, pool) if costs is not None else None
 
     # ---- views ----
 
@@ -405,18 +399,3 @@ class Controller:
 
     def connected_engine_ids(self) -> list[str]:
         return [eid for eid, s in self._engines.items() if s.connected]
-
-
-def profile_to_calibration(profile: CalibrationProfile, pool: common_pb2.Pool, *,
-                           source: str) -> operator_pb2.Calibration:
-    """An eb-vllm profile as a Calibration message (raises ValueError when it lacks the four costs)."""
-    costs = profile.to_cost_model()
-    if costs is None:
-        raise ValueError("the calibration needs alpha_p, beta_p, alpha_d and beta_d")
-    return operator_pb2.Calibration(
-        pool=pool, alpha_p_s=costs.alpha_p_s, beta_p_s_per_token=costs.beta_p_s_per_token,
-        alpha_d_s=costs.alpha_d_s, beta_d_s_per_request=costs.beta_d_s_per_request, alpha_mb_s=costs.alpha_mb_s,
-        mb_coeffs_s_per_token=list(costs.mb_coeffs_s_per_token), source=source,
-    )
-
-

@@ -102,3 +102,12 @@ def calibration_to_cost_model(calibration: operator_pb2.Calibration) -> CostMode
         alpha_mb_s=calibration.alpha_mb_s or calibration.alpha_p_s,
         mb_coeffs_s_per_token=coeffs or (0.0, 0.0, 0.0),
     )
+
+
+def cost_model_to_calibration(costs: CostModel, pool: common_pb2.Pool, *, source: str = "") -> operator_pb2.Calibration:
+    """A pool's Calibration message carrying `costs` (the inverse of calibration_to_cost_model)."""
+    return operator_pb2.Calibration(
+        pool=pool, alpha_p_s=costs.alpha_p_s, beta_p_s_per_token=costs.beta_p_s_per_token,
+        alpha_d_s=costs.alpha_d_s, beta_d_s_per_request=costs.beta_d_s_per_request, alpha_mb_s=costs.alpha_mb_s,
+        mb_coeffs_s_per_token=list(costs.mb_coeffs_s_per_token), source=source,
+    )

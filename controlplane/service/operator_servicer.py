@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -82,8 +81,6 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                 if view is not None:
                     view.decision.CopyFrom(event.decision)
                     yield view
-        except asyncio.CancelledError:
-            raise
         finally:
             self._controller.unwatch(queue)
 
