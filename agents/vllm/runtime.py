@@ -203,13 +203,14 @@ class AgentRuntime:
         """
         plan = self.enforcer.last_plan
         new_ids = {r.req_id for r in output.scheduled_new_reqs}
-        prefill_tokens = decode_tokens = num_prefill_reqs = num_decode_reqs = 0
+        prefill_tokens = decode_tokens = num_prefill_reqs = num_decode_reqs = decode_context_tokens = 0
         for req_id, num_tokens in output.num_scheduled_tokens.items():
             request = s.requests.get(req_id)
             computed_before = request.num_computed_tokens - num_tokens if request is not None else 0
             if req_id not in new_ids and request is not None and computed_before >= request.num_prompt_tokens:
                 decode_tokens += num_tokens
                 num_decode_reqs += 1
+                decode_context_tokens += computed_before
             else:
                 prefill_tokens += num_tokens
                 num_prefill_reqs += 1
@@ -221,7 +222,7 @@ class AgentRuntime:
             "num_running": len(s.running), "num_waiting": len(s.waiting),
             "total_tokens": output.total_num_scheduled_tokens,
             "resumed": len(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()),
-            "decode_requests": num_decode_reqs, "duration_s": None,
+            "decode_requests": num_decode_reqs, "decode_context_tokens": decode_context_tokens, "duration_s": None,
         }
         self._step_trace.append(entry)
         self._trace_awaiting_duration.append(entry)

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from controlplane.core.cost_model import CostFit, CostModelEstimator
+from controlplane.core.cost_model import CostFit, CostModelEstimator, robust_linear_fit
 from controlplane.sim.profiles import EngineShape, SimProfile
 
 STEP_KEYS = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s")
+# Optional per step: Σ KV context of the decoding requests (tokens); with it the context term γ is fitted.
+CONTEXT_KEY = "decode_context_tokens"
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,6 +36,7 @@ class StepColumns:
     decode_tokens: np.ndarray
     decode_requests: np.ndarray
     duration_s: np.ndarray
+    decode_context_tokens: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -62,8 +65,9 @@ def parse_steps(text: str, *, source: str = "steps") -> StepColumns:
                 raise ValueError(f"{source}: this agent report (CP_AGENT_REPORT) has no step with a duration_s; "
                                  "record it with CP_STEP_TRACE=1, or give JSON lines with "
                                  f"{', '.join(STEP_KEYS)}.")
-            lines = [json.dumps({k: step.get(k) for k in STEP_KEYS}) for step in timed]
-    rows: list[tuple[float, float, float, float]] = []
+            lines = [json.dumps({k: step.get(k) for k in (*STEP_KEYS, CONTEXT_KEY) if k in step}) for step in timed]
+    rows: list[tuple[float, ...]] = []
+    contexts: list[float] = []
     for number, line in enumerate(lines, start=1):
         try:
             item = json.loads(line)
@@ -76,12 +80,15 @@ def parse_steps(text: str, *, source: str = "steps") -> StepColumns:
             raise ValueError(f"{source}:{number}: missing {', '.join(missing)}")
         try:
             rows.append(tuple(float(item[k]) for k in STEP_KEYS))  # type: ignore[arg-type]
+            contexts.append(float(item.get(CONTEXT_KEY, math.nan)))
         except (TypeError, ValueError):
             raise ValueError(f"{source}:{number}: {', '.join(STEP_KEYS)} must be numbers") from None
     if not rows:
         raise ValueError(f"{source}: no steps")
     data = np.asarray(rows, dtype=np.float64)
-    return StepColumns(data[:, 0], data[:, 1], data[:, 2], data[:, 3])
+    context = np.asarray(contexts, dtype=np.float64)
+    return StepColumns(data[:, 0], data[:, 1], data[:, 2], data[:, 3],
+                       None if np.isnan(context).any() else context)
 
 
 def read_steps(path: Path) -> StepColumns:
@@ -113,13 +120,32 @@ def fit_profile(steps: StepColumns, *, name: str, shape: EngineShape, source: st
     """Fit α/β of prefill, decode and mixed steps. The profile is None unless both the prefill-only and the
     decode-only fits succeeded with positive coefficients; without mixed steps α_MB = α_p and the MB
     coefficients are 0 (say so to the user: EB+ then has no interference term)."""
+    context_s_per_token, duration_s = 0.0, steps.duration_s
+    if steps.decode_context_tokens is not None:
+        context_s_per_token = _fit_context_term(steps)
+        duration_s = steps.duration_s - context_s_per_token * steps.decode_context_tokens
     estimator = CostModelEstimator(window=max(8, steps.num_steps))
     rejected = estimator.add_steps(prefill_tokens=steps.prefill_tokens, decode_tokens=steps.decode_tokens,
-                                   decode_requests=steps.decode_requests, duration_s=steps.duration_s)
+                                   decode_requests=steps.decode_requests, duration_s=duration_s)
     fit = estimator.fit()
     costs = fit.to_cost_model()
     profile = None
     if costs is not None and all(math.isfinite(x) for x in (costs.alpha_p_s, costs.alpha_d_s)):
-        profile = SimProfile(name=name, costs=costs, shape=shape,
+        profile = SimProfile(name=name, costs=costs, shape=shape, decode_context_s_per_token=context_s_per_token,
                              source=source or f"fitted from {steps.num_steps} recorded steps")
     return ProfileFit(profile=profile, fit=fit, num_steps=steps.num_steps, num_rejected=rejected)
+
+
+def _fit_context_term(steps: StepColumns) -> float:
+    """γ, seconds per KV context token of the decoding requests, from the decode-only steps:
+    duration = α_d + β_d·requests + γ·Σ context (robust least squares). 0.0 when it cannot be fitted or
+    comes out negative; the step durations the other fits see have γ·Σ context taken out."""
+    context = steps.decode_context_tokens
+    decode_only = (steps.prefill_tokens == 0) & (steps.decode_requests > 0) & (steps.duration_s > 0)
+    if context is None or np.count_nonzero(decode_only) < 8:
+        return 0.0
+    fit = robust_linear_fit(np.column_stack((steps.decode_requests[decode_only], context[decode_only])),
+                            steps.duration_s[decode_only])
+    if fit is None or not math.isfinite(fit.coefficients[2]):
+        return 0.0
+    return max(0.0, fit.coefficients[2])

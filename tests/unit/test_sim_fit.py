@@ -5,13 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from controlplane.cli.main import main
 from controlplane.sim.arrivals import closed_loop
 from controlplane.sim.fit import fit_profile, parse_steps, steps_to_jsonl
 from controlplane.sim.lengths import synthetic_shape
-from controlplane.sim.profiles import PROFILES, get_profile, load_profile, profile_from_json, profile_to_json
+from controlplane.sim.profiles import (
+    PROFILES,
+    EngineShape,
+    get_profile,
+    load_profile,
+    profile_from_json,
+    profile_to_json,
+)
 from controlplane.sim.runner import run_scenario
 from controlplane.sim.schedulers import parse_scheduler
 
@@ -76,3 +84,30 @@ def test_loaded_profile_file_is_used(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text(json.dumps(profile_to_json(H200)))
     assert load_profile(path) == H200
+
+
+def test_context_term_is_fitted_when_steps_carry_decode_context() -> None:
+    rng = np.random.default_rng(5)
+    alpha_p, beta_p, alpha_d, beta_d, gamma = 0.01, 3e-5, 0.004, 1e-4, 2e-7
+    lines = []
+    for _ in range(300):  # prefill-only
+        tokens = int(rng.integers(64, 2048))
+        lines.append({"prefill_tokens": tokens, "decode_tokens": 0, "decode_requests": 0, "decode_context_tokens": 0,
+                      "duration_s": alpha_p + beta_p * tokens + rng.normal(0, 1e-4)})
+    for _ in range(600):  # decode-only, contexts independent of the request count
+        requests = int(rng.integers(8, 128))
+        context = int(requests * rng.integers(100, 900))
+        lines.append({"prefill_tokens": 0, "decode_tokens": requests, "decode_requests": requests,
+                      "decode_context_tokens": context,
+                      "duration_s": alpha_d + beta_d * requests + gamma * context + rng.normal(0, 1e-4)})
+    steps = parse_steps("\n".join(json.dumps(line) for line in lines))
+    result = fit_profile(steps, name="ctx", shape=EngineShape())
+    assert result.profile is not None
+    assert result.profile.decode_context_s_per_token == pytest.approx(gamma, rel=0.05)
+    assert result.profile.costs.alpha_d_s == pytest.approx(alpha_d, rel=0.1)
+    assert result.profile.costs.beta_d_s_per_request == pytest.approx(beta_d, rel=0.05)
+    # Without the context column, no context term is invented.
+    plain = parse_steps("\n".join(json.dumps({k: v for k, v in line.items() if k != "decode_context_tokens"})
+                                  for line in lines))
+    assert plain.decode_context_tokens is None
+    assert fit_profile(plain, name="plain", shape=EngineShape()).profile.decode_context_s_per_token == 0.0
