@@ -15,19 +15,13 @@ import numpy as np
 
 from controlplane.core.hazard import fit_hazard
 from controlplane.core.policy import decide, evaluate
-from controlplane.core.types import CostModel, EngineLimits, Observations, PolicyState
+from controlplane.core.types import EngineLimits, Observations, PolicyState
+from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
 
 WINDOW = 4096
 REPEATS = 400
 
-RTX_PRO_6000 = CostModel(
-    alpha_p_s=0.004691170692443847,
-    beta_p_s_per_token=5.007938367705191e-05,
-    alpha_d_s=0.010375998928844651,
-    beta_d_s_per_request=0.00010388105329650523,
-    alpha_mb_s=0.004691170692443847,
-    mb_coeffs_s_per_token=(6.29342675989941e-05, 0.00019689261661008702, 9.8989734316548e-06),
-)
+RTX_PRO_6000 = RTX_PRO_6000_QWEN3_8B
 
 
 def _times_us(fn: Callable[[], object]) -> list[float]:

@@ -12,19 +12,16 @@ import grpc
 import numpy as np
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2, operator_pb2_grpc
+from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2_grpc
 from controlplane.core.types import PolicyConfig
 from controlplane.observability.tracing import TracingSettings, create_tracer_provider
 from controlplane.service.app import ControllerApp
 from controlplane.service.config import ControllerConfig, DecisionLoopConfig, SecurityConfig
+from controlplane.service.convert import cost_model_to_calibration
+from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
 
-RTX_PRO_6000 = operator_pb2.Calibration(
-    alpha_p_s=0.004691170692443847, beta_p_s_per_token=5.007938367705191e-05,
-    alpha_d_s=0.010375998928844651, beta_d_s_per_request=0.00010388105329650523,
-    alpha_mb_s=0.004691170692443847,
-    mb_coeffs_s_per_token=[6.29342675989941e-05, 0.00019689261661008702, 9.8989734316548e-06],
-    source="RTX PRO 6000 / Qwen3-8B (EB paper reference code)",
-)
+RTX_PRO_6000 = cost_model_to_calibration(RTX_PRO_6000_QWEN3_8B, common_pb2.Pool(),
+                                         source="RTX PRO 6000 / Qwen3-8B (EB paper reference code)")
 LIMITS = agent_pb2.EngineLimits(max_num_seqs=1024, max_num_batched_tokens=16384, kv_capacity_tokens=1_500_000,
                                 block_size_tokens=16, max_model_len_tokens=32768)
 
