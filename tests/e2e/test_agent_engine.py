@@ -147,9 +147,9 @@ async def test_controller_loss_falls_back_and_recovers(tiny_model: Path, tmp_pat
     report = engine.report()
     assert report["num_expired"] >= 1 and report["link_reconnects"] >= 1
     modes = [s["mode"] for s in report["steps"] if s["total_tokens"] > 0]
-    # EB while the controller lived, stock after the TTL, MB once it was back.
-    eb_end = max(i for i, m in enumerate(modes) if m == "eb")
-    stock = [i for i, m in enumerate(modes) if m == "passthrough" and i > eb_end]
-    mb = [i for i, m in enumerate(modes) if m == "mb"]
-    assert stock and mb and min(stock) < min(mb)
+    # EB while the controller lived, stock after the TTL, MB once it was back (the restarted controller may
+    # first re-send the stored EB pin before the new MB pin reaches it).
+    first_eb = modes.index("eb")
+    stock_after = next(i for i in range(first_eb, len(modes)) if modes[i] == "passthrough")
+    assert "mb" in modes[stock_after:]
     assert os.path.exists(tmp_path / "controller.log")
