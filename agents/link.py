@@ -59,6 +59,7 @@ class ControllerLink:
         self.num_reconnects = 0
         self.num_batches_sent = 0
         self.num_decisions_received = 0
+        self.cpu_time_s = 0.0  # CPU time of the request-generating thread (batches, ACKs), refreshed per batch
 
     def start(self) -> None:
         self._thread.start()
@@ -139,7 +140,10 @@ class ControllerLink:
                 return
             if self._clock() >= next_batch_s:
                 seq += 1
-                yield agent_pb2.AgentMessage(telemetry=self._batch(seq))
+                started_cpu_s = time.thread_time()
+                batch = self._batch(seq)
+                self.cpu_time_s += time.thread_time() - started_cpu_s
+                yield agent_pb2.AgentMessage(telemetry=batch)
                 self.num_batches_sent += 1
                 next_batch_s = self._clock() + self._config.batch_interval_s
 

@@ -71,7 +71,7 @@ def _run_engine(args: argparse.Namespace, model: Path, work: Path, name: str, ad
         raise SystemExit(f"{name}: some request did not produce exactly max_tokens")
     report = json.loads((work / "report.json").read_text()) if name != "stock" else {}
     return {"tok_s": result["num_output_tokens"] / result["elapsed_s"], "ttft_s": result["ttft_mean_s"],
-            "tpot_s": result["tpot_mean_s"], "report": report}
+            "tpot_s": result["tpot_mean_s"], "elapsed_s": result["elapsed_s"], "report": report}
 
 
 def main() -> None:
@@ -128,11 +128,11 @@ def _print(args: argparse.Namespace, results: dict[str, list[dict]], views: dict
     print(f"\n{args.num_requests} requests, prompts {args.prompt_tokens}, outputs {args.output_tokens}, "
           f"max_num_seqs {args.max_num_seqs}, budget {args.max_num_batched_tokens}, rounds {args.rounds}")
     print(f"{'config':<12} {'out tok/s':>10} {'vs stock':>9} {'TTFT s':>8} {'TPOT ms':>8} {'hook µs p50':>12} "
-          f"{'mean':>7} {'reqs/step':>10} {'goal µs':>8}  decision")
+          f"{'mean':>7} {'reqs/step':>10} {'goal µs':>8} {'link CPU':>9}  decision")
     for name in results:
         tok_s = median(name, "tok_s")
         report = results[name][-1]["report"]
-        hook = mean = per_step = goal = ""
+        hook = mean = per_step = goal = link = ""
         if report:
             steps = max(1, report["num_steps"])
             mean_us = statistics.median(r["report"]["hook_time_s"] / max(1, r["report"]["num_steps"]) * 1e6
@@ -140,9 +140,13 @@ def _print(args: argparse.Namespace, results: dict[str, list[dict]], views: dict
             median_us = statistics.median(r["report"]["hook_us_median"] for r in results[name])
             reqs = report["num_scheduled_requests"] / steps
             hook, mean, per_step, goal = f"{median_us:.2f}", f"{mean_us:.1f}", f"{reqs:.1f}", f"{5 + 0.1 * reqs:.2f}"
+            link_share = statistics.median(r["report"].get("link_batch_cpu_s", 0.0) / r["elapsed_s"]
+                                           for r in results[name])
+            link = f"{100 * link_share:.2f}%"
         decision = _describe(name, views)
         print(f"{name:<12} {tok_s:>10.0f} {tok_s / stock:>9.3f} {median(name, 'ttft_s'):>8.3f} "
-              f"{median(name, 'tpot_s') * 1e3:>8.2f} {hook:>12} {mean:>7} {per_step:>10} {goal:>8}  {decision}")
+              f"{median(name, 'tpot_s') * 1e3:>8.2f} {hook:>12} {mean:>7} {per_step:>10} {goal:>8} {link:>9}  "
+              f"{decision}")
 
 
 def _describe(name: str, views: dict[str, common_pb2.Decision]) -> str:

@@ -270,6 +270,7 @@ class AgentRuntime:
             "num_rejected": self.num_rejected, "num_expired": self.num_expired,
             "decision_version": self.enforcer.version_floor, "mode": self.enforcer.active_policy.mode.value,
             "num_events_dropped": self.recorder.num_dropped, "link_reconnects": self.link.num_reconnects,
+            "link_batch_cpu_s": self.link.cpu_time_s,
             "steps": self._step_trace,
         }
         tmp = self._report_path.with_suffix(".tmp")
