@@ -71,15 +71,3 @@ async def start_engine(model_dir: Path, workdir: Path, *args: str) -> EngineRun:
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
     )
     return EngineRun(process=process, workdir=workdir)
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path):
-    """A real redis-server on a free port for one e2e test."""
-    from controlplane.store.embedded import start_redis_on_free_port
-
-    url, server = start_redis_on_free_port(tmp_path / "redis")
-    try:
-        yield url
-    finally:
-        server.stop()

