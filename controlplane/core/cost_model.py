@@ -114,6 +114,12 @@ class CostFit:
     decode: LinearFit | None
     mixed: LinearFit | None
 
+    def is_complete(self) -> bool:
+        """Every phase fitted with usable coefficients: `to_cost_model` would not consult a fallback."""
+        return (self.prefill is not None and self.prefill.coefficients[1] > 0.0
+                and self.decode is not None and self.decode.coefficients[1] > 0.0
+                and self.mixed is not None and self.mixed.coefficients[0] > 0.0)
+
     def to_cost_model(self, fallback: CostModel | None = None) -> CostModel | None:
         """Merge into a CostModel: fitted phases override the fallback's; None if a phase is unknown.
 

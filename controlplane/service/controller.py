@@ -215,9 +215,13 @@ class Controller:
         costs = self._calibrations.get(state.hello.pool_key)
         if costs is None:
             # The pool's fit fills the phases the engine has not measured (an engine in MB mode rarely
-            # runs a pure prefill step, one pinned to EB never a mixed one).
-            pooled = pool.costs.fit().to_cost_model()
-            costs = state.costs.fit().to_cost_model(fallback=pooled) if own else pooled
+            # runs a pure prefill step, one pinned to EB never a mixed one); it is only computed then.
+            own_fit = state.costs.fit() if own else None
+            if own_fit is not None and own_fit.is_complete():
+                costs = own_fit.to_cost_model()
+            else:
+                pooled = pool.costs.fit().to_cost_model()
+                costs = own_fit.to_cost_model(fallback=pooled) if own_fit is not None else pooled
         return Observations(
             output_lengths_tokens=window.output_lengths(),
             prompt_lengths_tokens=window.prompt_lengths(),

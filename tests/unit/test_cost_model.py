@@ -277,3 +277,13 @@ def test_mixed_fit_stays_physical_when_the_decode_ratio_range_is_narrow() -> Non
         truth = 0.004 + 3e-5 * tokens * (1 - ratio) + 1e-4 * tokens * ratio
         predicted = alpha + (c0 + c1 * ratio + c2 * ratio * ratio) * tokens
         assert predicted == pytest.approx(truth, rel=0.05)
+
+
+def test_is_complete_means_no_fallback_is_consulted() -> None:
+    complete = CostFit(prefill=linear(ALPHA_P, BETA_P), decode=linear(ALPHA_D, BETA_D),
+                       mixed=linear(ALPHA_P, C0, C1, C2))
+    assert complete.is_complete() and complete.to_cost_model(FALLBACK) == complete.to_cost_model()
+    for partial in (CostFit(prefill=None, decode=linear(ALPHA_D, BETA_D), mixed=linear(ALPHA_P, C0, C1, C2)),
+                    CostFit(prefill=linear(ALPHA_P, BETA_P), decode=linear(ALPHA_D, 0.0), mixed=linear(ALPHA_P, C0)),
+                    CostFit(prefill=linear(ALPHA_P, BETA_P), decode=linear(ALPHA_D, BETA_D), mixed=linear(0.0, C0))):
+        assert not partial.is_complete()
