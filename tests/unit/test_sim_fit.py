@@ -10,11 +10,14 @@ import pytest
 
 from controlplane.cli.main import main
 from controlplane.sim.arrivals import closed_loop
+from controlplane.sim.costs import StepCosts, attention_pairs
 from controlplane.sim.fit import fit_profile, parse_steps, steps_to_jsonl
-from controlplane.sim.lengths import synthetic_shape
+from controlplane.sim.fit_check import check_profile_fit
+from controlplane.sim.lengths import FixedLengths, LengthShape, synthetic_shape
 from controlplane.sim.profiles import (
     PROFILES,
     EngineShape,
+    SimProfile,
     get_profile,
     load_profile,
     profile_from_json,
@@ -111,3 +114,99 @@ def test_context_term_is_fitted_when_steps_carry_decode_context() -> None:
                                   for line in lines))
     assert plain.decode_context_tokens is None
     assert fit_profile(plain, name="plain", shape=EngineShape()).profile.decode_context_s_per_token == 0.0
+
+
+def _synthetic_cpu_steps(rng: np.random.Generator, *, decode_counts: tuple[int, int]) -> list[dict]:
+    """Steps of a known cost model with a prefix-attention term λ: prefill-only, decode-only and mixed."""
+    def prefill_pairs(chunks: list[tuple[int, int]]) -> int:
+        return sum(attention_pairs(c, p) for c, p in chunks)
+
+    lines = []
+    for _ in range(300):
+        chunks = [(int(rng.integers(32, 1024)), int(rng.integers(0, 2048))) for _ in range(int(rng.integers(1, 4)))]
+        tokens, pairs = sum(c for c, _ in chunks), prefill_pairs(chunks)
+        lines.append({"prefill_tokens": tokens, "decode_tokens": 0, "decode_requests": 0, "decode_context_tokens": 0,
+                      "prefill_attention_pairs": pairs,
+                      "duration_s": CPU.alpha_p_s + CPU.beta_p_s_per_token * tokens + LAMBDA * pairs
+                      + rng.normal(0, 2e-4)})
+    for _ in range(600):
+        requests = int(rng.integers(4, 128))
+        lines.append({"prefill_tokens": 0, "decode_tokens": requests, "decode_requests": requests,
+                      "decode_context_tokens": int(requests * rng.integers(50, 900)), "prefill_attention_pairs": 0,
+                      "duration_s": CPU.alpha_d_s + CPU.beta_d_s_per_request * requests + rng.normal(0, 2e-4)})
+    for _ in range(600):
+        decodes = int(rng.integers(*decode_counts))
+        chunk, prefix = int(rng.integers(16, 2048)), int(rng.integers(0, 1024))
+        tokens = chunk + decodes
+        r = decodes / tokens
+        c0, c1, c2 = CPU.mb_coeffs_s_per_token
+        lines.append({"prefill_tokens": chunk, "decode_tokens": decodes, "decode_requests": decodes,
+                      "decode_context_tokens": int(decodes * rng.integers(50, 900)),
+                      "prefill_attention_pairs": attention_pairs(chunk, prefix),
+                      "duration_s": CPU.alpha_mb_s + (c0 + c1 * r + c2 * r * r) * tokens
+                      + LAMBDA * attention_pairs(chunk, prefix) + rng.normal(0, 2e-4)})
+    return lines
+
+
+CPU = get_profile("cpu-tiny-qwen2").costs
+LAMBDA = 4e-8
+
+
+def test_prefix_attention_term_is_fitted_jointly_and_the_replay_checks_it() -> None:
+    lines = _synthetic_cpu_steps(np.random.default_rng(11), decode_counts=(4, 128))
+    steps = parse_steps("\n".join(json.dumps(line) for line in lines))
+    assert steps.prefill_attention_pairs is not None
+    result = fit_profile(steps, name="cpu", shape=EngineShape())
+    profile = result.profile
+    assert profile is not None
+    assert profile.prefill_attention_s_per_pair == pytest.approx(LAMBDA, rel=0.05)
+    assert profile.decode_context_s_per_token == pytest.approx(0.0, abs=2e-9)  # no context cost in the data
+    assert profile.costs.alpha_p_s == pytest.approx(CPU.alpha_p_s, rel=0.1)
+    assert profile.costs.beta_p_s_per_token == pytest.approx(CPU.beta_p_s_per_token, rel=0.05)
+    assert profile.costs.alpha_mb_s == pytest.approx(CPU.alpha_mb_s, rel=0.15)
+    check = check_profile_fit(result, steps)
+    assert check.problems == ()
+    assert {a.phase for a in check.accuracy} == {"prefill", "decode", "mixed"}
+    assert all(a.r2 > 0.95 and a.median_abs_rel_error < 0.05 for a in check.accuracy)
+    # Without the attention term the same steps are explained worse: the term is what the data needs.
+    plain = fit_profile(parse_steps("\n".join(json.dumps({k: v for k, v in line.items()
+                                                          if k != "prefill_attention_pairs"}) for line in lines)),
+                        name="plain", shape=EngineShape())
+    assert plain.profile.prefill_attention_s_per_pair == 0.0
+    plain_prefill = next(a for a in check_profile_fit(plain, steps).accuracy if a.phase == "prefill")
+    prefill = next(a for a in check.accuracy if a.phase == "prefill")
+    assert plain_prefill.median_abs_rel_error > 2 * prefill.median_abs_rel_error
+
+
+def test_mixed_steps_at_one_decode_count_are_reported_as_unusable() -> None:
+    """All mixed steps at ≈ N decodes: α_MB and the decode slope trade off. The check must not pass it on."""
+    lines = _synthetic_cpu_steps(np.random.default_rng(3), decode_counts=(126, 128))
+    for line in lines:  # the real engine's mixed steps also got slower with more running requests
+        if line["prefill_tokens"] and line["decode_tokens"]:
+            line["duration_s"] += 3e-4 * (line["decode_tokens"] - 127) + float(np.random.default_rng(
+                line["prefill_tokens"]).normal(0, 3e-3))
+    steps = parse_steps("\n".join(json.dumps(line) for line in lines))
+    result = fit_profile(steps, name="cpu", shape=EngineShape())
+    check = check_profile_fit(result, steps)
+    assert result.fit.mixed.coefficients[0] < 0.0  # what the single-N recording of the CPU engine gave
+    assert any("no positive fixed cost" in p for p in check.problems)
+
+
+def test_twin_charges_the_prefix_attention_of_each_chunk() -> None:
+    """A prompt longer than the budget is prefilled in chunks; each later chunk attends over a longer prefix
+    and costs λ·pairs more, exactly per the formula."""
+    base = get_profile("cpu-tiny-qwen2")
+    profile = SimProfile(name="attn", costs=base.costs, shape=base.shape, prefill_attention_s_per_pair=LAMBDA)
+    shape = LengthShape("one-long", FixedLengths(900), FixedLengths(2), "test")
+    workload = closed_loop(shape, concurrency=1, num_requests=1)
+    result = run_scenario(workload, parse_scheduler("mbt:256"), profile, seed=0)
+    steps = result.steps
+    prefill = [int(p) for p in steps["prefill_tokens"].tolist() if p]
+    assert prefill == [256, 256, 256, 132]
+    expected, prefix = [], 0
+    for chunk in prefill:
+        expected.append(StepCosts(profile).duration_s(chunk, 0, 0, attention_pairs(chunk, prefix)))
+        prefix += chunk
+    measured = [d for d, p in zip(steps["duration_s"].tolist(), steps["prefill_tokens"].tolist(), strict=True) if p]
+    assert measured == pytest.approx(expected, rel=1e-12)
+    assert measured[2] > measured[1] > measured[0]
