@@ -21,6 +21,7 @@ from controlplane.core.budget import SweepPoint, select_budget_policy
 from controlplane.core.cost_model import cost_model_is_usable
 from controlplane.core.crossover import crossover_terms, instantaneous_mode, select_mode
 from controlplane.core.hazard import fit_hazard
+from controlplane.core.memory_guard import update_memory_guard
 from controlplane.core.threshold import clip_theta, delta_theta_ifr, solve_theta0
 from controlplane.core.types import (
     DELTA_LIMIT_S_PER_TOKEN,
@@ -287,10 +288,22 @@ def decide(
     if intent.pin.mode is not None:
         mode, reason = intent.pin.mode, Reason.OPERATOR_PIN
     n_computed = evaluation.n_star if evaluation is not None else limits.max_num_seqs
+    n_guard = state.n_guard
+    if config.memory_guard and state.n_eb_in_force > 0:
+        n_guard = update_memory_guard(
+            cap=n_guard, num_preemptions=observations.num_preemptions, n_in_force=state.n_eb_in_force,
+            n_star=n_computed, decrease_factor=config.guard_decrease_factor,
+            increase_fraction=config.guard_increase_fraction,
+        )
+    n_eb_in_force = 0
     if pinned.n is not None:
         n = pinned.n
     elif mode == Mode.EB:
         n = n_computed
+        if 0 < n_guard < n:
+            n = n_guard
+            flags.append(Flag.MEMORY_GUARD)
+        n_eb_in_force = n
     else:
         n = limits.max_num_seqs
     theta = evaluation.theta_star if evaluation is not None else config.theta_min
@@ -300,7 +313,8 @@ def decide(
         mode=mode, k=k, n=n, budget=budget, delta_s_per_token=delta, delta_source=delta_source,
         reason=reason, flags=tuple(flags), diagnostics=diagnostics, advisory=intent.pin.advisory,
     )
-    return decision, PolicyState(n_prev=n_prev, mode=online_mode, last_switch_s=last_switch_s)
+    return decision, PolicyState(n_prev=n_prev, mode=online_mode, last_switch_s=last_switch_s, n_guard=n_guard,
+                                 n_eb_in_force=n_eb_in_force)
 
 
 def _with_evaluation(diagnostics: Diagnostics, evaluation: Evaluation) -> Diagnostics:
@@ -337,6 +351,7 @@ def merge_pool_observations(members: Sequence[Observations]) -> Observations | N
         limits=limits,
         n_obs=sum(observed) / len(observed) if observed else 0.0,
         num_rejected_samples=sum(max(0, m.num_rejected_samples) for m in members),
+        num_preemptions=sum(max(0, m.num_preemptions) for m in members),
     )
 
 

@@ -56,6 +56,7 @@ class Flag(enum.StrEnum):
     SAMPLES_REJECTED = "samples_rejected"
     PIN_INVALID = "pin_invalid"
     BUDGET_CLAMPED = "budget_clamped"
+    MEMORY_GUARD = "memory_guard"
 
 
 class DeltaSource(enum.StrEnum):
@@ -180,6 +181,8 @@ class Observations:
     costs: the calibrated or fitted cost model; None when none is known yet.
     n_obs: EMA of observed running requests (N_obs); 0 when not observed.
     num_rejected_samples: samples the estimators rejected since the last decision (counted, not used).
+    num_preemptions: requests the engine preempted since the last decision (KV cache exhausted); feeds the
+      memory guard (`controlplane.core.memory_guard`).
     """
 
     output_lengths_tokens: np.ndarray
@@ -188,6 +191,7 @@ class Observations:
     limits: EngineLimits
     n_obs: float = 0.0
     num_rejected_samples: int = 0
+    num_preemptions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,11 +266,15 @@ class PolicyState:
 
     n_prev: the previous N̂* (0 before the first), used for ρ in the IFR correction.
     mode: the online mode EB+ is in; last_switch_s: when it last switched (controller clock, seconds).
+    n_guard: the memory guard's cap on the EB batch size (0: none). n_eb_in_force: N of the last decision
+    when it was an EB decision with a computed N (0 otherwise: preemptions then are not the guard's).
     """
 
     n_prev: int = 0
     mode: Mode = Mode.MB
     last_switch_s: float = float("-inf")
+    n_guard: int = 0
+    n_eb_in_force: int = 0
 
 
 # Bounds of the operator margin δ, seconds per token. Published |LHS − RHS| values are ~1e-6..1e-4 s/token;
@@ -284,6 +292,8 @@ class PolicyConfig:
     oom_tolerance: ε of Proposition 3.3, the tolerated probability of exceeding the KV capacity.
     default_delta_s_per_token: δ when no operator override applies.
     hysteresis_rel / hysteresis_abs_s_per_token / cooldown_s: EB+ anti-flap band and minimum dwell time.
+    memory_guard: cap the computed EB batch size when the engine preempts (`controlplane.core.memory_guard`);
+      guard_decrease_factor in (0, 1) and guard_increase_fraction in (0, 1] are its AIMD steps.
     """
 
     min_samples: int = 400
@@ -294,6 +304,9 @@ class PolicyConfig:
     hysteresis_rel: float = 0.05
     hysteresis_abs_s_per_token: float = 1e-7
     cooldown_s: float = 30.0
+    memory_guard: bool = True
+    guard_decrease_factor: float = 0.85
+    guard_increase_fraction: float = 0.02
 
     def __post_init__(self) -> None:
         if self.min_samples < 1:
@@ -311,3 +324,6 @@ class PolicyConfig:
             )
         if not (self.hysteresis_rel >= 0.0 and self.hysteresis_abs_s_per_token >= 0.0 and self.cooldown_s >= 0.0):
             raise ValueError("hysteresis_rel, hysteresis_abs_s_per_token and cooldown_s must be ≥ 0")
+        if not (0.0 < self.guard_decrease_factor < 1.0 and 0.0 < self.guard_increase_fraction <= 1.0):
+            raise ValueError(f"need 0 < guard_decrease_factor < 1 and 0 < guard_increase_fraction ≤ 1, got "
+                             f"{self.guard_decrease_factor} and {self.guard_increase_fraction}")

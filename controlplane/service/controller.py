@@ -229,6 +229,7 @@ class Controller:
             limits=state.hello.limits,
             n_obs=state.n_obs,
             num_rejected_samples=state.num_rejected_events,
+            num_preemptions=state.preemptions_since_decision,
         )
 
     async def decide_engine(self, engine_id: str, *, force_push: bool = False) -> common_pb2.Decision | None:
@@ -246,6 +247,7 @@ class Controller:
         self._metrics.decision_latency.observe(time.perf_counter() - started)
         state.last_decided_s = now_s
         state.completions_since_decision = 0
+        state.preemptions_since_decision = 0
         candidate = decision_to_proto(decision, version=state.version + 1, ttl_s=self._config.loop.ttl_s,
                                       decided_at_s=now_s, trace_id="")
         if state.current is not None and same_instruction(state.current, candidate):

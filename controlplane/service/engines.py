@@ -43,6 +43,8 @@ class EngineState:
     num_completions: int = 0
     num_rejected_events: int = 0
     num_sequence_gaps: int = 0
+    num_preemptions: int = 0  # the engine's cumulative counter, as last reported
+    preemptions_since_decision: int = 0
     traceparent: str = ""
 
     @classmethod
@@ -67,6 +69,10 @@ class EngineState:
         self.num_completions += accepted
         self.completions_since_decision += accepted
         self.num_rejected_events += batch.num_dropped + rejected
+        # A counter below the last one means the engine restarted: all of it is new.
+        new_preemptions = batch.num_preemptions - self.num_preemptions
+        self.preemptions_since_decision += new_preemptions if new_preemptions >= 0 else batch.num_preemptions
+        self.num_preemptions = batch.num_preemptions
         if self.last_telemetry_s < 0:
             self.n_obs, self.n_obs_at_s = float(batch.num_running), now_s
         else:

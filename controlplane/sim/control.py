@@ -101,6 +101,7 @@ class OnlineControl:
         self._next_telemetry_s = 0.0
         self._last_decided_s = float("-inf")
         self._completions_since = 0
+        self._preemptions_at_decision = 0
         self._version = 0
         self._current: common_pb2.Decision | None = None
         self.num_decisions = 0
@@ -145,7 +146,9 @@ class OnlineControl:
         assert self._limits is not None
         observations = Observations(
             output_lengths_tokens=self._window.output_lengths(), prompt_lengths_tokens=self._window.prompt_lengths(),
-            costs=self._costs, limits=self._limits, n_obs=self._n_obs)
+            costs=self._costs, limits=self._limits, n_obs=self._n_obs,
+            num_preemptions=engine.num_preemptions - self._preemptions_at_decision)
+        self._preemptions_at_decision = engine.num_preemptions
         decision, self._state = decide(observations, self._state, now_s, intent=settings.intent,
                                        config=settings.policy, budget_sweep=settings.budget_sweep)
         self._last_decided_s = now_s

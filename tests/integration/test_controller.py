@@ -327,3 +327,27 @@ async def test_dead_redis_keeps_deciding_refuses_overrides_and_writes_through(re
         assert int(stored[b"version"]) >= shifted.version
         await client.aclose()
         await agent.close()
+
+
+async def test_engine_preemptions_cut_the_eb_batch_size(redis_url: str) -> None:
+    """The agent's cumulative preemption counter reaches the policy as preemptions since the last decision:
+    under a computed EB decision they cut N (flag memory_guard); a counter that goes back (engine restart)
+    counts in full."""
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        await operator_stub(channel).PutCalibration(
+            operator_pb2.PutCalibrationRequest(calibration=_calibration(POOL_A)))
+        agent, decision = await _warm_engine(channel, "engine-a", POOL_A, seed=4)
+        assert decision.mode == common_pb2.MODE_EB and decision.n == decision.diagnostics.n_star
+        assert "memory_guard" not in decision.flags
+        rng = np.random.default_rng(5)
+        batch = geometric_batch(100, rng, num=250)
+        batch.counters.num_preemptions = 40
+        await agent.send_batch(batch)
+        cut = await agent.next_decision(where=lambda d: "memory_guard" in d.flags)
+        assert cut.n == int(0.85 * decision.n) and cut.k <= cut.n and cut.version > decision.version
+        restarted = geometric_batch(101, rng, num=250)
+        restarted.counters.num_preemptions = 3  # below 40: a restarted engine, 3 new preemptions
+        await agent.send_batch(restarted)
+        again = await agent.next_decision(where=lambda d: d.n < cut.n)
+        assert again.n == int(0.85 * cut.n) and "memory_guard" in again.flags
+        await agent.close()

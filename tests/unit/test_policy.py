@@ -268,7 +268,7 @@ def test_heavy_load_on_rtx_goes_eb_with_computed_k_and_n() -> None:
     assert (diag.theta0, diag.theta_star, diag.n_star, diag.k_star) == (
         reference.theta0, reference.theta_star, reference.n_star, reference.k_star)
     assert diag.rhs_s_per_token == reference.rhs_s_per_token
-    assert state == PolicyState(n_prev=diag.n_star, mode=Mode.EB, last_switch_s=100.0)
+    assert state == PolicyState(n_prev=diag.n_star, mode=Mode.EB, last_switch_s=100.0, n_eb_in_force=diag.n_star)
 
 
 def test_light_load_stays_mb_with_all_slots() -> None:
@@ -512,3 +512,51 @@ def test_batch_size_uses_the_geometric_rate_of_the_mean_when_the_intercept_is_lo
     # With p0 itself in the reserve term, ln(1/ε)/(p0²μ_L) ≈ 400k tokens would leave a fraction of that.
     reserve_tokens = math.log(100) / (1.5e-4**2 * 512)
     assert reserve_tokens > 0.5 * limits.kv_capacity_tokens
+
+
+def _guard_observations(preemptions: int) -> Observations:
+    return Observations(output_lengths_tokens=linear_hazard_outputs(3, 2000),
+                        prompt_lengths_tokens=np.full(2000, 512.0), costs=H200, limits=LIMITS,
+                        num_preemptions=preemptions)
+
+
+def test_memory_guard_cuts_n_on_preemption_and_releases_it_gradually() -> None:
+    """Preemptions under an EB decision cut N to 0.85·N in force; clean intervals grow the cap by 2% until N̂*."""
+    eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
+    first, state = decide(_guard_observations(0), PolicyState(), 0.0, intent=eb, config=NO_COOLDOWN)
+    n_star = first.diagnostics.n_star
+    assert first.n == n_star and state.n_eb_in_force == n_star and Flag.MEMORY_GUARD not in first.flags
+    cut, state = decide(_guard_observations(7), state, 1.0, intent=eb, config=NO_COOLDOWN)
+    assert cut.n == math.floor(0.85 * n_star) and Flag.MEMORY_GUARD in cut.flags
+    assert cut.k == max(1, math.floor(cut.diagnostics.theta_star * cut.n))
+    again, state = decide(_guard_observations(1), state, 2.0, intent=eb, config=NO_COOLDOWN)
+    assert again.n == math.floor(0.85 * cut.n)  # the base is the N in force, not N̂*
+    sizes = [again.n]
+    for step in range(200):
+        decision, state = decide(_guard_observations(0), state, 3.0 + step, intent=eb, config=NO_COOLDOWN)
+        sizes.append(decision.n)
+        if state.n_guard == 0:
+            break
+    assert sizes == sorted(sizes) and sizes[-1] == n_star and state.n_guard == 0
+    growth = list(itertools.pairwise(sizes))[:-1]  # the last step is the release to N̂*
+    assert all(b - a == max(1, math.ceil(0.02 * a)) for a, b in growth)
+
+
+def test_memory_guard_ignores_preemptions_outside_computed_eb_and_can_be_turned_off() -> None:
+    mb, _ = decide(_guard_observations(50), PolicyState(n_eb_in_force=0), 0.0, config=NO_COOLDOWN,
+                   intent=OperatorIntent(pin=ModePin(mode=Mode.MB)))
+    assert mb.n == LIMITS.max_num_seqs and Flag.MEMORY_GUARD not in mb.flags  # MB preempts as stock vLLM does
+    pinned, state = decide(_guard_observations(50), PolicyState(n_eb_in_force=600), 0.0, config=NO_COOLDOWN,
+                           intent=OperatorIntent(pin=ModePin(mode=Mode.EB, n=700)))
+    assert pinned.n == 700 and state.n_eb_in_force == 0  # an operator's N is not second-guessed
+    off = PolicyConfig(cooldown_s=0.0, memory_guard=False)
+    eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
+    free, _ = decide(_guard_observations(50), PolicyState(n_eb_in_force=600), 0.0, intent=eb, config=off)
+    assert free.n == free.diagnostics.n_star and Flag.MEMORY_GUARD not in free.flags
+    with pytest.raises(ValueError, match="guard_decrease_factor"):
+        PolicyConfig(guard_decrease_factor=1.0)
+
+
+def test_pool_observations_add_up_preemptions() -> None:
+    merged = merge_pool_observations([_guard_observations(3), _guard_observations(-1), _guard_observations(4)])
+    assert merged.num_preemptions == 7

@@ -19,6 +19,7 @@ from controlplane.core.types import (
     DeltaSource,
     EngineLimits,
     Evaluation,
+    Flag,
     Mode,
     ModePin,
     Observations,
@@ -88,6 +89,9 @@ states = st.builds(
     n_prev=st.one_of(st.integers(min_value=-(2**63), max_value=2**63), st.integers(min_value=0, max_value=5000)),
     mode=st.sampled_from(Mode),
     last_switch_s=any_float,
+    n_guard=st.one_of(st.integers(min_value=-(2**63), max_value=2**63), st.integers(min_value=0, max_value=5000)),
+    n_eb_in_force=st.one_of(st.integers(min_value=-(2**63), max_value=2**63),
+                            st.integers(min_value=0, max_value=5000)),
 )
 configs = st.one_of(
     st.just(PolicyConfig()),
@@ -136,6 +140,7 @@ def assert_decision_contract(decision: Decision, limits: EngineLimits, intent: O
     limits=engine_limits,
     n_obs=st.one_of(any_float, st.floats(min_value=0.0, max_value=5000.0)),
     rejected=st.integers(min_value=-10, max_value=10**9),
+    preemptions=st.integers(min_value=-10, max_value=10**9),
     state=states,
     now_s=any_float,
     intent=st.one_of(st.none(), intents),
@@ -143,15 +148,21 @@ def assert_decision_contract(decision: Decision, limits: EngineLimits, intent: O
     sweep=sweeps,
 )
 def test_decide_never_raises_and_keeps_its_guarantees(
-    outputs, prompts, costs, limits, n_obs, rejected, state, now_s, intent, config, sweep
+    outputs, prompts, costs, limits, n_obs, rejected, preemptions, state, now_s, intent, config, sweep
 ) -> None:
     observations = Observations(output_lengths_tokens=outputs, prompt_lengths_tokens=prompts, costs=costs,
-                                limits=limits, n_obs=n_obs, num_rejected_samples=rejected)
+                                limits=limits, n_obs=n_obs, num_rejected_samples=rejected,
+                                num_preemptions=preemptions)
     decision, new_state = decide(observations, state, now_s, intent=intent, config=config, budget_sweep=sweep)
     assert_decision_contract(decision, limits, intent or OperatorIntent())
     assert isinstance(new_state, PolicyState)
     assert new_state.mode in (Mode.MB, Mode.EB)
     assert decision.diagnostics.num_rejected_samples == max(0, rejected)
+    # The memory guard only ever lowers the computed N (never below 1, never above N̂*).
+    if Flag.MEMORY_GUARD in decision.flags:
+        assert decision.mode == Mode.EB
+        computed = decision.diagnostics.n_star or limits.max_num_seqs  # no evaluation: N = max_num_seqs
+        assert 1 <= decision.n < computed
 
 
 @settings(max_examples=300, deadline=None)
@@ -184,7 +195,10 @@ def test_decide_on_real_windows_follows_the_evaluation(seed, p0, n, costs, limit
     assert 1 <= diag.k_star <= diag.n_star <= limits.max_num_seqs
     assert new_state.n_prev == diag.n_star
     assert new_state.mode == decision.mode
-    if decision.mode == Mode.EB:
+    if decision.mode == Mode.EB and Flag.MEMORY_GUARD in decision.flags:  # a cap carried in the state
+        assert 0 < new_state.n_guard < diag.n_star
+        assert decision.n == new_state.n_eb_in_force == new_state.n_guard
+    elif decision.mode == Mode.EB:
         assert (decision.k, decision.n) == (diag.k_star, diag.n_star)
     else:
         assert decision.n == limits.max_num_seqs
