@@ -11,7 +11,8 @@ Spellings (`parse_scheduler`):
   ppas:BMAX:BCAP[:NTH]   P-PAS: MB with B_max/B_cap and N_th (default 2), start-up budget B_max.
   ppas+:BMAX:BCAP[:NTH]  P-PAS+: also the large-residual-prefill condition, T_large = max_model_len / 2.
 Every option may be followed by "@n=<max_num_seqs>" and/or "@b=<start-up budget>", e.g. "v1@n=512"; the
-online ones also by "@tmin=<θ_min>" (the policy's θ clip floor, default PolicyConfig's 0.01).
+online ones also by "@tmin=<θ_min>" (the policy's θ clip floor, default PolicyConfig's 0.01) and
+"@guard=off" (no memory guard: N̂* in force even while the engine preempts).
 
 Every decision goes through `Enforcer.apply`, exactly as the agent receives it. Pure; no I/O.
 """
@@ -92,17 +93,28 @@ def parse_scheduler(text: str) -> SchedulerSpec:
     """Parse a scheduler spelling (see the module docstring). Raises ValueError naming the problem."""
     base, *options = text.strip().split("@")
     overrides: dict[str, object] = {}
+    policy: dict[str, object] = {}
     for option in options:
         key, sep, value = option.partition("=")
-        if key not in ("n", "b", "tmin") or not sep:
-            raise ValueError(f"scheduler {text!r}: options are @n=<max_num_seqs>, @b=<budget tokens>, @tmin=<θ_min>")
+        if key not in ("n", "b", "tmin", "guard") or not sep:
+            raise ValueError(f"scheduler {text!r}: options are @n=<max_num_seqs>, @b=<budget tokens>, @tmin=<θ_min>, "
+                             "@guard=on|off")
         if key == "tmin":
             try:
-                overrides["policy"] = PolicyConfig(theta_min=float(value))
-            except ValueError as exc:
-                raise ValueError(f"scheduler {text!r}: {exc}") from None
-            continue
-        overrides["max_num_seqs" if key == "n" else "budget_tokens"] = _ints([value], f"scheduler {text!r}")[0]
+                policy["theta_min"] = float(value)
+            except ValueError:
+                raise ValueError(f"scheduler {text!r}: θ_min must be a number") from None
+        elif key == "guard":
+            if value not in ("on", "off"):
+                raise ValueError(f"scheduler {text!r}: @guard takes on or off")
+            policy["memory_guard"] = value == "on"
+        else:
+            overrides["max_num_seqs" if key == "n" else "budget_tokens"] = _ints([value], f"scheduler {text!r}")[0]
+    if policy:
+        try:
+            overrides["policy"] = PolicyConfig(**policy)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ValueError(f"scheduler {text!r}: {exc}") from None
     head, *args = base.split(":")
     head = head.lower()
     name = text.strip()
@@ -137,5 +149,5 @@ def parse_scheduler(text: str) -> SchedulerSpec:
         raise ValueError(f"unknown scheduler {text!r}: v1, v0, eb:K[:N], eb-kstar, eb+[:DELTA], mbt:B, "
                          "ppas:BMAX:BCAP[:NTH], ppas+:BMAX:BCAP[:NTH]")
     if "policy" in overrides and not spec.kind.startswith("online"):
-        raise ValueError(f"scheduler {text!r}: @tmin applies to eb-kstar and eb+ only")
+        raise ValueError(f"scheduler {text!r}: @tmin and @guard apply to eb-kstar and eb+ only")
     return replace(spec, **overrides) if overrides else spec  # type: ignore[arg-type]

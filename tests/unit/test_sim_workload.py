@@ -90,7 +90,8 @@ def test_scenario_spellings() -> None:
     ("text", "message"),
     [("eb:0", "≥ 1"), ("ppas:100:200", "B_cap must be ≤ B_max"), ("v2", "unknown scheduler"),
      ("v1@x=3", "options are"), ("v1@tmin=0.2", "eb-kstar and eb\\+ only"), ("eb+:nan", "finite"),
-     ("eb-kstar@tmin=0.9", "theta_min")],
+     ("eb-kstar@tmin=0.9", "theta_min"), ("eb-kstar@guard=maybe", "on or off"), ("eb:4@guard=off", "only"),
+     ("eb+@tmin=x", "must be a number")],
 )
 def test_scheduler_errors_name_the_problem(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -103,6 +104,9 @@ def test_scheduler_overrides_change_the_engine_shape() -> None:
     assert (spec.shape_for(profile).max_num_seqs, spec.shape_for(profile).max_num_batched_tokens) == (128, 2048)
     assert parse_scheduler("ppas:4096:512").shape_for(profile).max_num_batched_tokens == 4096
     assert parse_scheduler("eb-kstar@tmin=0.25").policy.theta_min == 0.25
+    both = parse_scheduler("eb+@tmin=0.05@guard=off").policy
+    assert (both.theta_min, both.memory_guard) == (0.05, False)
+    assert parse_scheduler("eb-kstar").policy is None  # PolicyConfig(), whose memory guard is on
     with pytest.raises(ValueError, match="k ≤ N"):
         parse_scheduler("eb:64:32").create_control(profile, profile.shape)
 
