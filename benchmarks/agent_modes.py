@@ -11,6 +11,7 @@ model is a tiny random-weight Qwen2, so absolute figures say little; the ratios 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import statistics
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -44,6 +46,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_controller(tmp: Path, *serve_args: str) -> Iterator[tuple[operator_pb2_grpc.OperatorServiceStub, str]]:
+    """A `controlplane serve` process on an embedded redis-server under `tmp`; yields an operator stub and
+    the agent address. Stops both on exit."""
+    port = free_port()
+    with EmbeddedRedis(tmp / "redis") as redis_server:
+        controller = subprocess.Popen(
+            [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url", redis_server.url,
+             *serve_args],
+            stdout=(tmp / "controller.log").open("w"), stderr=subprocess.STDOUT)
+        try:
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+            grpc.channel_ready_future(channel).result(timeout=60)
+            yield operator_pb2_grpc.OperatorServiceStub(channel), f"127.0.0.1:{port}"
+        finally:
+            controller.terminate()
+            controller.wait(timeout=30)
 
 
 def _set_pin(stub: operator_pb2_grpc.OperatorServiceStub, pin: int | None) -> None:
@@ -92,31 +113,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = write_tiny_model(tmp / "model")
-        port = free_port()
-        with EmbeddedRedis(tmp / "redis") as redis_server:
-            controller = subprocess.Popen(
-                [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url", redis_server.url,
-                 "--min-samples", "200", "--decision-interval-s", "1", "--cooldown-s", "5"],
-                stdout=(tmp / "controller.log").open("w"), stderr=subprocess.STDOUT)
-            try:
-                channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-                grpc.channel_ready_future(channel).result(timeout=60)
-                stub = operator_pb2_grpc.OperatorServiceStub(channel)
-                results: dict[str, list[dict]] = {name: [] for name in selected}
-                for round_index in range(args.rounds):
-                    names = list(selected) if round_index % 2 == 0 else list(reversed(selected))
-                    for name in names:
-                        if selected[name] != "stock":
-                            _set_pin(stub, selected[name])
-                        print(f"round {round_index + 1}: {name} ...", flush=True)
-                        results[name].append(_run_engine(args, model, tmp / f"{name}-{round_index}", name,
-                                                         f"127.0.0.1:{port}"))
-                decisions = {e.engine_id: e for e in stub.ListEngines(operator_pb2.ListEnginesRequest()).engines}
-                views = {eid: stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=eid)).decision
-                         for eid in decisions}
-            finally:
-                controller.terminate()
-                controller.wait(timeout=30)
+        with running_controller(tmp, "--min-samples", "200", "--decision-interval-s", "1", "--cooldown-s",
+                                "5") as (stub, address):
+            results: dict[str, list[dict]] = {name: [] for name in selected}
+            for round_index in range(args.rounds):
+                names = list(selected) if round_index % 2 == 0 else list(reversed(selected))
+                for name in names:
+                    if selected[name] != "stock":
+                        _set_pin(stub, selected[name])
+                    print(f"round {round_index + 1}: {name} ...", flush=True)
+                    results[name].append(_run_engine(args, model, tmp / f"{name}-{round_index}", name, address))
+            decisions = {e.engine_id: e for e in stub.ListEngines(operator_pb2.ListEnginesRequest()).engines}
+            views = {eid: stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=eid)).decision
+                     for eid in decisions}
     _print(args, results, views)
 
 

@@ -21,19 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_modes import FLEET, free_port  # noqa: E402
+from agent_modes import FLEET, running_controller  # noqa: E402
 
-from controlplane.api.v1 import operator_pb2, operator_pb2_grpc  # noqa: E402
+from controlplane.api.v1 import operator_pb2  # noqa: E402
 from controlplane.sim.fit import fit_profile, parse_steps  # noqa: E402
 from controlplane.sim.fit_check import check_profile_fit, describe_fit  # noqa: E402
 from controlplane.sim.profiles import EngineShape, profile_to_json  # noqa: E402
-from controlplane.store.embedded import EmbeddedRedis  # noqa: E402
 from tests.e2e.tiny_model import write_tiny_model  # noqa: E402
 
 ENGINE = ROOT / "tests" / "e2e" / "engine_workload.py"
@@ -68,41 +65,30 @@ def record(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = write_tiny_model(tmp / "model")
-        port = free_port()
-        with EmbeddedRedis(tmp / "redis") as redis_server:
-            controller = subprocess.Popen(
-                [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url", redis_server.url],
-                stdout=(tmp / "controller.log").open("w"), stderr=subprocess.STDOUT)
-            try:
-                channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-                grpc.channel_ready_future(channel).result(timeout=60)
-                stub = operator_pb2_grpc.OperatorServiceStub(channel)
-                stub.PinMode(PIN_CYCLE[0])
-                engine = subprocess.Popen(
-                    [sys.executable, str(ENGINE), "--model-dir", str(model), "--result", str(tmp / "result.json"),
-                     "--address", f"127.0.0.1:{port}", "--engine-id", "cpu-profile", "--report",
-                     str(tmp / "report.json"), "--step-trace", "--ready-file", str(tmp / "ready"), "--go-file",
-                     str(tmp / "go"), "--num-requests", str(args.num_requests), "--prompt-tokens", "16,900",
-                     "--output-tokens", "16,160", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096"],
-                    stdout=(tmp / "engine.log").open("w"), stderr=subprocess.STDOUT)
-                while not (tmp / "ready").exists():
-                    if engine.poll() is not None:
-                        raise SystemExit(f"engine failed: {(tmp / 'engine.log').read_text()[-2000:]}")
-                    time.sleep(0.2)
-                time.sleep(2.0)  # the pin reaches the agent
-                (tmp / "go").write_text("go")
-                deadline = time.monotonic() + 1800.0
-                while engine.poll() is None and time.monotonic() < deadline:  # cycle until the workload is done
-                    for request in PIN_CYCLE:
-                        stub.PinMode(request)
-                        phase_end = time.monotonic() + args.phase_s
-                        while engine.poll() is None and time.monotonic() < phase_end:
-                            time.sleep(0.1)
-                if engine.wait(timeout=60) != 0:
+        with running_controller(tmp) as (stub, address):
+            stub.PinMode(PIN_CYCLE[0])
+            engine = subprocess.Popen(
+                [sys.executable, str(ENGINE), "--model-dir", str(model), "--result", str(tmp / "result.json"),
+                 "--address", address, "--engine-id", "cpu-profile", "--report", str(tmp / "report.json"),
+                 "--step-trace", "--ready-file", str(tmp / "ready"), "--go-file", str(tmp / "go"), "--num-requests",
+                 str(args.num_requests), "--prompt-tokens", "16,900", "--output-tokens", "16,160", "--max-num-seqs",
+                 "128", "--max-num-batched-tokens", "4096"],
+                stdout=(tmp / "engine.log").open("w"), stderr=subprocess.STDOUT)
+            while not (tmp / "ready").exists():
+                if engine.poll() is not None:
                     raise SystemExit(f"engine failed: {(tmp / 'engine.log').read_text()[-2000:]}")
-            finally:
-                controller.terminate()
-                controller.wait(timeout=30)
+                time.sleep(0.2)
+            time.sleep(2.0)  # the pin reaches the agent
+            (tmp / "go").write_text("go")
+            deadline = time.monotonic() + 1800.0
+            while engine.poll() is None and time.monotonic() < deadline:  # cycle until the workload is done
+                for request in PIN_CYCLE:
+                    stub.PinMode(request)
+                    phase_end = time.monotonic() + args.phase_s
+                    while engine.poll() is None and time.monotonic() < phase_end:
+                        time.sleep(0.1)
+            if engine.wait(timeout=60) != 0:
+                raise SystemExit(f"engine failed: {(tmp / 'engine.log').read_text()[-2000:]}")
         return (tmp / "report.json").read_text()
 
 

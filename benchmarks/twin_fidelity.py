@@ -13,26 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_modes import FLEET, _run_engine, free_port  # noqa: E402
+from agent_modes import FLEET, _run_engine, running_controller  # noqa: E402
 
-from controlplane.api.v1 import operator_pb2, operator_pb2_grpc  # noqa: E402
+from controlplane.api.v1 import operator_pb2  # noqa: E402
 from controlplane.sim.arrivals import closed_loop  # noqa: E402
 from controlplane.sim.lengths import LengthShape, UniformRangeLengths  # noqa: E402
 from controlplane.sim.profiles import get_profile, load_profile  # noqa: E402
 from controlplane.sim.runner import run_scenario  # noqa: E402
 from controlplane.sim.schedulers import parse_scheduler  # noqa: E402
-from controlplane.store.embedded import EmbeddedRedis  # noqa: E402
 from tests.e2e.tiny_model import write_tiny_model  # noqa: E402
 
 
@@ -47,20 +43,10 @@ def run_real(args: argparse.Namespace) -> dict[str, dict]:
         tmp = Path(tmp_dir)
         model = write_tiny_model(tmp / "model")
         results = {"stock": _run_engine(args, model, tmp / "stock", "stock", "")}
-        port = free_port()
-        with EmbeddedRedis(tmp / "redis") as redis_server:
-            controller = subprocess.Popen(
-                [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url", redis_server.url],
-                stdout=(tmp / "controller.log").open("w"), stderr=subprocess.STDOUT)
-            try:
-                channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-                grpc.channel_ready_future(channel).result(timeout=60)
-                operator_pb2_grpc.OperatorServiceStub(channel).PinMode(operator_pb2.PinModeRequest(
-                    scope=FLEET, mode=operator_pb2.PINNED_MODE_EB, k=args.k, n=args.n, reason="twin fidelity"))
-                results["eb"] = _run_engine(args, model, tmp / "eb", "eb", f"127.0.0.1:{port}")
-            finally:
-                controller.terminate()
-                controller.wait(timeout=30)
+        with running_controller(tmp) as (stub, address):
+            stub.PinMode(operator_pb2.PinModeRequest(scope=FLEET, mode=operator_pb2.PINNED_MODE_EB, k=args.k, n=args.n,
+                                                     reason="twin fidelity"))
+            results["eb"] = _run_engine(args, model, tmp / "eb", "eb", address)
     return results
 
 
