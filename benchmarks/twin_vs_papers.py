@@ -1,6 +1,6 @@
 """The twin against the papers: every comparison printed as ratios, side by side with the published figures.
 
-    .venv/bin/python benchmarks/twin_vs_papers.py [--quick]
+    .venv/bin/python benchmarks/twin_vs_papers.py [--quick] [--oracle-kv 400000,550000,1000000]
 
 Sections (see docs/ARCHITECTURE.md, "The digital twin", for what the twin models and what it does not):
   A. EB(k̂*) vs v1 and v0, RTX PRO 6000 profile, the EB paper's three synthetic workloads (§4.3.1, Fig. 4).
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -173,6 +174,21 @@ ORACLE_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768)
 ORACLE_PAPER = {"decode-heavy": 8.0, "balanced": 3.6, "prefill-heavy": 0.6}
 
 
+def section_d_kv(num_requests: int, capacities: list[int]) -> None:
+    """The geometric oracle rows again at other KV capacities (the H200 profile's 700k is an estimate)."""
+    print("\nD'. Oracle on the geometric workloads at other KV capacities (gap of EB(k̂*) to the best fixed k)")
+    print(f"   {'KV tokens':>10} " + " ".join(f"{name:>24}" for name in ORACLE_PAPER))
+    for capacity in capacities:
+        profile = replace(H200, shape=replace(H200.shape, kv_capacity_tokens=capacity))
+        cells = []
+        for name in ORACLE_PAPER:
+            workload = closed_loop(DATASET_SHAPES[f"geometric-{name}"], concurrency=2048, num_requests=num_requests)
+            best = max(tp(run(workload, f"eb:{k}:1024", profile)) for k in ORACLE_KS)
+            eb = run(workload, "eb-kstar", profile)
+            cells.append(f"{pct(tp(eb) / best)} (N̂* {eb.timeline[-1].n:>4})")
+        print(f"   {capacity:>10} " + " ".join(f"{cell:>24}" for cell in cells))
+
+
 def section_d(num_requests: int) -> None:
     print("\nD. Oracle — H200 profile, c = 2048, fixed k at N = 1024 vs online EB(k̂*) (N = min(N̂*, 1024))"
           " (EB paper §4.2, geometric outputs: EB(k̂*) +8.0% / +3.6% / +0.6% over the best fixed k)")
@@ -216,6 +232,8 @@ def section_e() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests and seeds (smoke test)")
+    parser.add_argument("--oracle-kv", default="", help="also run the geometric oracle at these KV capacities "
+                        "(comma-separated tokens, e.g. 400000,550000,1000000)")
     args = parser.parse_args()
     num_requests = 600 if args.quick else 4000
     started = time.perf_counter()
@@ -224,6 +242,8 @@ def main() -> None:
     section_b(num_requests, args.quick)
     section_c(1 if args.quick else 5)
     section_d(num_requests)
+    if args.oracle_kv:
+        section_d_kv(num_requests, [int(x) for x in args.oracle_kv.split(",")])
     section_e()
     print(f"\ntotal wall time {time.perf_counter() - started:.0f} s")
 
