@@ -226,6 +226,7 @@ class AgentRuntime:
             "num_running": len(s.running), "num_waiting": len(s.waiting),
             "total_tokens": output.total_num_scheduled_tokens,
             "resumed": len(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()),
+            "preempted": len(output.preempted_req_ids or ()),
             "decode_requests": num_decode_reqs, "decode_context_tokens": decode_context_tokens,
             "prefill_attention_pairs": prefill_attention_pairs, "duration_s": None,
         }
@@ -275,7 +276,7 @@ class AgentRuntime:
             "num_rejected": self.num_rejected, "num_expired": self.num_expired,
             "decision_version": self.enforcer.version_floor, "mode": self.enforcer.active_policy.mode.value,
             "num_events_dropped": self.recorder.num_dropped, "link_reconnects": self.link.num_reconnects,
-            "link_batch_cpu_s": self.link.cpu_time_s,
+            "link_batch_cpu_s": self.link.cpu_time_s, "num_preemptions": self.recorder.num_preemptions,
             "steps": self._step_trace,
         }
         tmp = self._report_path.with_suffix(".tmp")

@@ -54,6 +54,8 @@ def main() -> int:
     parser.add_argument("--batch-interval-s", default="0.2")
     parser.add_argument("--step-trace", action="store_true", help="record every step in the agent report")
     parser.add_argument("--log-stats", action="store_true", help="per-request timings (TTFT, TPOT)")
+    parser.add_argument("--num-kv-blocks", type=int, default=0,
+                        help="KV cache size in blocks (vLLM's num_gpu_blocks_override; 0: from the memory budget)")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -74,7 +76,9 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    extra = {} if args.stock else {"scheduler_cls": "agents.vllm.ControlledScheduler"}
+    extra: dict[str, object] = {} if args.stock else {"scheduler_cls": "agents.vllm.ControlledScheduler"}
+    if args.num_kv_blocks:
+        extra["num_gpu_blocks_override"] = args.num_kv_blocks
     llm = LLM(model=str(args.model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.3,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, dtype="bfloat16", seed=args.seed,

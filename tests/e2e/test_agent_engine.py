@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
+from controlplane.service.config import DecisionLoopConfig
 from tests.e2e.conftest import start_engine
 from tests.integration.controller_harness import make_config, running_controller
 
@@ -153,3 +154,31 @@ async def test_controller_loss_falls_back_and_recovers(tiny_model: Path, tmp_pat
     stock_after = next(i for i in range(first_eb, len(modes)) if modes[i] == "passthrough")
     assert "mb" in modes[stock_after:]
     assert os.path.exists(tmp_path / "controller.log")
+
+
+async def test_engine_preemptions_cut_the_eb_batch_size(tiny_model: Path, tmp_path: Path, redis_url: str) -> None:
+    """A KV cache far too small for N = max_num_seqs: vLLM preempts, the agent counts it, the controller's memory
+    guard lowers the computed EB batch size, and the engine runs under the lower cap; every request completes."""
+    config = make_config(redis_url, loop=DecisionLoopConfig(recompute_completions=50, interval_s=0.5, ttl_s=30.0))
+    async with running_controller(config) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        stub = operator_pb2_grpc.OperatorServiceStub(channel)
+        await stub.PinMode(operator_pb2.PinModeRequest(scope=FLEET, mode=operator_pb2.PINNED_MODE_EB, reason="e2e"))
+        engine = await start_engine(tiny_model, tmp_path / "guard", "--address", ctl.address, "--engine-id", "guard",
+                                    "--num-kv-blocks", "48", "--max-num-seqs", "64", "--num-requests", "240",
+                                    "--prompt-tokens", "64,256", "--output-tokens", "64,256")
+        await engine.wait_ready()
+        await _acked(stub, "guard", min_version=1)
+        engine.go()
+        result = await engine.finish()
+        assert result["all_exact"]
+        final = (await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id="guard"))).decision
+    report = engine.report()
+    steps = _eb_steps(report)
+    assert report["num_preemptions"] == sum(s["preempted"] for s in report["steps"]) > 0
+    first_preemption = next(s["step"] for s in steps if s["preempted"])
+    assert all(s["n_cap"] == 64 for s in steps if s["step"] <= first_preemption)  # N = max_num_seqs before
+    caps = [s["n_cap"] for s in steps if s["step"] > first_preemption]
+    lowered = [cap for cap in caps if cap < 64]
+    assert lowered, f"N never lowered (final decision n={final.n}, flags={list(final.flags)})"
+    assert lowered[0] == int(0.85 * 64)  # the first cut: 0.85 × the N in force
+    assert min(lowered) < lowered[0]  # preemptions went on while running was below the cap: cut again
