@@ -69,9 +69,11 @@ class EngineState:
         self.num_completions += accepted
         self.completions_since_decision += accepted
         self.num_rejected_events += batch.num_dropped + rejected
-        # A counter below the last one means the engine restarted: all of it is new.
-        new_preemptions = batch.num_preemptions - self.num_preemptions
-        self.preemptions_since_decision += new_preemptions if new_preemptions >= 0 else batch.num_preemptions
+        # The first batch sets the baseline (a restarted controller must not count an engine's whole past);
+        # a counter below the last one means the engine restarted: all of it is new.
+        if self.last_telemetry_s >= 0:
+            new_preemptions = batch.num_preemptions - self.num_preemptions
+            self.preemptions_since_decision += new_preemptions if new_preemptions >= 0 else batch.num_preemptions
         self.num_preemptions = batch.num_preemptions
         if self.last_telemetry_s < 0:
             self.n_obs, self.n_obs_at_s = float(batch.num_running), now_s
