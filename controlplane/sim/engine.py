@@ -76,8 +76,9 @@ class SimStep:
 class StepLog:
     """Columns of every executed step (appended per step; `arrays()` converts once at the end)."""
 
-    __slots__ = ("budget_tokens", "duration_s", "end_s", "kind", "kv_used_tokens", "num_decodes", "num_running",
-                 "num_seqs_cap", "num_waiting", "prefill_tokens")
+    __slots__ = ("budget_tokens", "decode_context_tokens", "duration_s", "end_s", "kind", "kv_used_tokens",
+                 "num_decodes", "num_running", "num_seqs_cap", "num_waiting", "prefill_attention_pairs",
+                 "prefill_tokens")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -394,9 +395,10 @@ class SimEngine:
                  chunk_tokens: list[int]) -> SimStep:
         num_decodes = decode_ids.size
         prefill_tokens = sum(chunk_tokens)
-        context = int(decode_computed.sum()) if self._use_context and num_decodes else 0
+        log = self.log
+        context = int(decode_computed.sum()) if num_decodes and (self._use_context or log is not None) else 0
         pairs = 0
-        if self._use_attention:
+        if chunk_ids and (self._use_attention or log is not None):
             computed = self._computed
             pairs = sum(attention_pairs(count, int(computed[rid])) for rid, count in zip(chunk_ids, chunk_tokens,
                                                                                         strict=True))
@@ -443,9 +445,10 @@ class SimEngine:
             np.concatenate(finished_parts) if finished_parts else _EMPTY)
         self.now_s = end
         self.num_steps += 1
-        log = self.log
         if log is not None:
             log.end_s.append(end)
+            log.decode_context_tokens.append(context)
+            log.prefill_attention_pairs.append(pairs)
             log.duration_s.append(duration)
             log.prefill_tokens.append(prefill_tokens)
             log.num_decodes.append(num_decodes)

@@ -106,12 +106,14 @@ def read_steps(path: Path) -> StepColumns:
 
 
 def steps_to_jsonl(steps: dict[str, np.ndarray]) -> str:
-    """A twin run's step log (`RunResult.steps`) in the controller-side JSON-lines format."""
+    """A twin run's step log (`RunResult.steps`) in the controller-side JSON-lines format, with the decode
+    context and prefill attention pairs of every step."""
+    columns = [steps[name].tolist() for name in ("prefill_tokens", "num_decodes", "decode_context_tokens",
+                                                  "prefill_attention_pairs", "duration_s")]
     lines = []
-    for prefill, decodes, duration in zip(steps["prefill_tokens"].tolist(), steps["num_decodes"].tolist(),
-                                          steps["duration_s"].tolist(), strict=True):
+    for prefill, decodes, context, pairs, duration in zip(*columns, strict=True):
         lines.append(json.dumps({"prefill_tokens": prefill, "decode_tokens": decodes, "decode_requests": decodes,
-                                 "duration_s": duration}))
+                                 CONTEXT_KEY: context, ATTENTION_KEY: pairs, "duration_s": duration}))
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -151,26 +153,34 @@ def fit_profile(steps: StepColumns, *, name: str, shape: EngineShape, source: st
 def _fit_shared_terms(steps: StepColumns) -> tuple[float, float]:
     """(γ, λ): seconds per KV context token of the decoding requests and per prefill attention pair.
 
-    One robust least-squares fit over every step, with a fixed cost and slope per phase (α_p + β_p·prefill
-    tokens, α_d + β_d·decodes, α_MB + β'_p·prefill tokens + β'_d·decodes) plus γ·Σ decode context and
-    λ·attention pairs shared by the phases. Both terms vary within each phase, so they are told apart from
-    the per-phase slopes by all the steps together; fitted on decode-only steps alone, γ absorbs whatever
-    correlates with the context there (more requests, longer contexts) and then overshoots the mixed steps.
-    A term whose column is absent stays 0.0; a term that comes out negative is dropped and the fit redone.
+    One robust least-squares fit over every step, with the twin's per-phase forms (α_p + β_p·prefill tokens,
+    α_d + β_d·decodes, α_MB + (c0 + c1·r + c2·r²)·tokens) plus γ·Σ decode context and λ·attention pairs
+    shared by the phases. Both terms vary within each phase, so they are told apart from the per-phase slopes
+    by all the steps together; fitted on decode-only steps alone, γ absorbs whatever correlates with the
+    context there (more requests, longer contexts) and then overshoots the mixed steps. When the mixed steps
+    cover too narrow a range of r for the quadratic term (a singular design), the mixed form is additive
+    (α_MB + β'_p·prefill tokens + β'_d·decodes). A term whose column is absent or all zero stays 0.0; a term
+    that comes out negative is dropped and the fit redone.
     """
     valid = (steps.duration_s > 0.0) & ((steps.prefill_tokens + steps.decode_tokens) > 0.0)
-    prefill, decodes = steps.prefill_tokens[valid], steps.decode_requests[valid]
+    prefill, decodes = steps.prefill_tokens[valid], steps.decode_tokens[valid]
     is_prefill = decodes == 0.0
     is_decode = prefill == 0.0
     is_mixed = ~is_prefill & ~is_decode
-    phase_columns = [is_decode, is_mixed, prefill * is_prefill, decodes * is_decode, prefill * is_mixed,
-                     decodes * is_mixed]
+    tokens = np.where(is_mixed, prefill + decodes, 1.0)
+    additive = [is_decode, is_mixed, prefill * is_prefill, steps.decode_requests[valid] * is_decode,
+                prefill * is_mixed, decodes * is_mixed]
+    quadratic = [*additive, decodes * decodes / tokens * is_mixed]
     shared = {name: column[valid] for name, column in (("context", steps.decode_context_tokens),
                                                       ("attention", steps.prefill_attention_pairs))
-              if column is not None}
+              if column is not None and np.any(column[valid])}
     while shared:
-        columns = [c.astype(np.float64) for c in phase_columns if np.any(c)] + list(shared.values())
-        fit = robust_linear_fit(np.column_stack(columns), steps.duration_s[valid])
+        fit = None
+        for phase_columns in (quadratic, additive):
+            columns = [c.astype(np.float64) for c in phase_columns if np.any(c)] + list(shared.values())
+            fit = robust_linear_fit(np.column_stack(columns), steps.duration_s[valid])
+            if fit is not None:
+                break
         if fit is None:
             return 0.0, 0.0
         terms = dict(zip(shared, fit.coefficients[-len(shared):], strict=True))

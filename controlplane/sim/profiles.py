@@ -98,14 +98,14 @@ RTX_5090_QWEN25_3B = CostModel(
 # Qwen2 of the e2e tests on 2 cores (EB and MB under several k and N). The prefix-attention term λ carries the
 # prefill chunks' attention; the decode context term came out negative and was dropped (γ = 0).
 CPU_TINY_QWEN2 = CostModel(
-    alpha_p_s=9.595e-3,
-    beta_p_s_per_token=1.635e-5,
+    alpha_p_s=9.598e-3,
+    beta_p_s_per_token=1.641e-5,
     alpha_d_s=2.742e-3,
     beta_d_s_per_request=1.503e-4,
-    alpha_mb_s=6.808e-3,
-    mb_coeffs_s_per_token=(1.641e-5, 1.074e-4, 6.672e-5),
+    alpha_mb_s=6.803e-3,
+    mb_coeffs_s_per_token=(1.647e-5, 1.073e-4, 6.673e-5),
 )
-CPU_TINY_QWEN2_ATTENTION_S_PER_PAIR = 3.614e-8
+CPU_TINY_QWEN2_ATTENTION_S_PER_PAIR = 3.596e-8
 
 H200_QWEN3_8B_SHAPE = EngineShape()
 

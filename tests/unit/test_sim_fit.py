@@ -41,6 +41,23 @@ def test_fit_recovers_the_profile_from_twin_telemetry() -> None:
     assert fitted.beta_mb_e(0.5) == pytest.approx(truth.beta_mb_e(0.5), rel=1e-2)
 
 
+def test_fit_recovers_the_cpu_profile_with_its_attention_term_from_twin_telemetry() -> None:
+    """The twin's per-step pair count and the fit's λ agree: a twin run on the CPU profile refits to it."""
+    cpu = get_profile("cpu-tiny-qwen2")
+    workload = closed_loop(synthetic_shape(400, 60), concurrency=96, num_requests=400)
+    lines = "".join(steps_to_jsonl(run_scenario(workload, parse_scheduler(s), cpu, seed=0).steps)
+                    for s in ("v1@n=32", "v1", "eb:8:48"))
+    steps = parse_steps(lines)
+    result = fit_profile(steps, name="refit", shape=cpu.shape)
+    assert result.profile is not None
+    assert result.profile.prefill_attention_s_per_pair == pytest.approx(cpu.prefill_attention_s_per_pair, rel=1e-3)
+    assert result.profile.decode_context_s_per_token == pytest.approx(0.0, abs=1e-12)
+    for name in ("alpha_p_s", "beta_p_s_per_token", "alpha_d_s", "beta_d_s_per_request", "alpha_mb_s"):
+        assert getattr(result.profile.costs, name) == pytest.approx(getattr(cpu.costs, name), rel=1e-3)
+    check = check_profile_fit(result, steps)
+    assert check.problems == () and all(a.r2 > 0.9999 for a in check.accuracy)
+
+
 def test_agent_reports_with_durations_are_read_and_others_refused_with_a_reason() -> None:
     report = {"engine_id": "e", "steps": [
         {"prefill_tokens": 512, "decode_tokens": 0, "decode_requests": 0, "duration_s": 0.02, "total_tokens": 512},
