@@ -26,23 +26,11 @@ from controlplane.core.types import (
     Reason,
     WorkloadStats,
 )
+from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
 
-RTX_PRO_6000 = CostModel(
-    alpha_p_s=0.004691170692443847,
-    beta_p_s_per_token=5.007938367705191e-05,
-    alpha_d_s=0.010375998928844651,
-    beta_d_s_per_request=0.00010388105329650523,
-    alpha_mb_s=0.004691170692443847,
-    mb_coeffs_s_per_token=(6.29342675989941e-05, 0.00019689261661008702, 9.8989734316548e-06),
-)
-H200 = CostModel(
-    alpha_p_s=0.0012785933415095027,
-    beta_p_s_per_token=2.4852551825304505e-05,
-    alpha_d_s=0.008921181622454422,
-    beta_d_s_per_request=4.586467522217373e-05,
-    alpha_mb_s=0.0012785933415095027,
-    mb_coeffs_s_per_token=(2.494e-05, 5.193e-05, 1.478e-05),
-)
+# The EB paper's published profiles (DESIGN.md Appendix A), as the twin ships them.
+RTX_PRO_6000 = RTX_PRO_6000_QWEN3_8B
+H200 = H200_QWEN3_8B
 LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=2_000_000,
                       max_model_len_tokens=32768)
 NO_COOLDOWN = PolicyConfig(cooldown_s=0.0)

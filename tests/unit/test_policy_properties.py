@@ -29,15 +29,12 @@ from controlplane.core.types import (
     Reason,
     WorkloadStats,
 )
+from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
 
 # numpy warns (and carries on) when absurd inputs such as 1e308-token outputs overflow a mean.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-H200 = CostModel(0.0012785933415095027, 2.4852551825304505e-05, 0.008921181622454422, 4.586467522217373e-05,
-                 0.0012785933415095027, (2.494e-05, 5.193e-05, 1.478e-05))
-RTX_PRO_6000 = CostModel(0.004691170692443847, 5.007938367705191e-05, 0.010375998928844651,
-                         0.00010388105329650523, 0.004691170692443847,
-                         (6.29342675989941e-05, 0.00019689261661008702, 9.8989734316548e-06))
+H200, RTX_PRO_6000 = H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B  # the published profiles the twin ships
 
 any_float = st.floats(allow_nan=True, allow_infinity=True)
 nasty = st.sampled_from([0.0, -0.0, -1.0, 0.5, 1.0, 1e-300, 5e-324, 1e300, 1.7e308, 2.0**63, math.inf, -math.inf,
