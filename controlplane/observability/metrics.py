@@ -1,8 +1,15 @@
-"""Prometheus metrics of the controller, on a registry the caller owns (no global registry)."""
+"""Prometheus metrics of the controller, on a registry the caller owns (no global registry).
+
+Label sets are bounded: per-engine series carry `engine_id` and `pool` and are removed when the engine
+is evicted (`forget_engine`); per-pool series carry `pool`; causes and results are fixed vocabularies.
+Numeric codes: `cp_engine_mode` is 1 = MB, 2 = EB, 3 = PASSTHROUGH (0: no decision yet).
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+ENGINE_LABELS = ("engine_id", "pool")
 
 
 class ControllerMetrics:
@@ -11,21 +18,90 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # ---- ingest ----
         self.connected_engines = Gauge("cp_connected_engines", "Engines with an open agent stream", registry=r)
         self.batches = Counter("cp_telemetry_batches_total", "Telemetry batches by result", ["result"], registry=r)
         self.events = Counter("cp_telemetry_events_total", "Telemetry events (completions, steps) by result",
                               ["kind", "result"], registry=r)
-        self.sequence_gaps = Counter("cp_telemetry_sequence_gaps_total", "Batches missing by sequence number",
-                                     registry=r)
+        self.sequence_gaps = Counter("cp_telemetry_sequence_gaps_total",
+                                     "Sequence-number gaps seen (one per gap event, whatever its size)", registry=r)
+        self.rejections = Counter("cp_rejections_total", "Agent messages or streams rejected, by cause", ["cause"],
+                                  registry=r)
+        # ---- decisions ----
         self.decisions = Counter("cp_decisions_total", "Decisions pushed, by mode and reason", ["mode", "reason"],
                                  registry=r)
         self.decision_latency = Histogram(
-            "cp_decision_latency_seconds", "Time to compute one decision (fit + policy)",
+            "cp_decision_latency_seconds", "Time to compute one engine's decision from its pool's estimate",
+            buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1), registry=r,
+        )
+        self.pool_fit_latency = Histogram(
+            "cp_pool_fit_latency_seconds", "Time to fit one pool's estimate (hazard and cost fits)",
             buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1), registry=r,
         )
+        self.acks = Counter("cp_decision_acks_total", "Decision acknowledgements by result "
+                            "(applied, rejected, unknown_version)", ["result"], registry=r)
+        # ---- per engine (bounded: removed on eviction) ----
+        self.engine_mode = Gauge("cp_engine_mode", "Mode in force: 1 MB, 2 EB, 3 PASSTHROUGH", ENGINE_LABELS,
+                                 registry=r)
+        self.engine_k = Gauge("cp_engine_k", "EB phase-switch threshold k in force, requests", ENGINE_LABELS,
+                              registry=r)
+        self.engine_n = Gauge("cp_engine_n", "Admission cap N in force, requests", ENGINE_LABELS, registry=r)
+        self.engine_budget_max = Gauge("cp_engine_budget_max_tokens", "P-PAS B_max in force, tokens", ENGINE_LABELS,
+                                       registry=r)
+        self.engine_budget_cap = Gauge("cp_engine_budget_cap_tokens", "P-PAS B_cap in force, tokens", ENGINE_LABELS,
+                                       registry=r)
+        self.engine_delta = Gauge("cp_engine_delta_s_per_token", "Operator margin δ in force, s/token",
+                                  ENGINE_LABELS, registry=r)
+        self.engine_version = Gauge("cp_engine_decision_version", "Version of the decision in force", ENGINE_LABELS,
+                                    registry=r)
+        self.engine_acked_version = Gauge("cp_engine_acked_version", "Latest version the agent applied",
+                                          ENGINE_LABELS, registry=r)
+        self.engine_telemetry_age = Gauge("cp_engine_telemetry_age_seconds",
+                                          "Seconds since the engine's latest telemetry batch", ENGINE_LABELS,
+                                          registry=r)
+        self.stale_engines = Gauge("cp_stale_engines", "Connected engines whose telemetry is older than the "
+                                   "stale threshold", registry=r)
+        # ---- per pool ----
+        self.pool_engines = Gauge("cp_pool_engines", "Connected engines per pool", ["pool"], registry=r)
+        self.pool_theta_star = Gauge("cp_pool_theta_star", "θ̂* of the pool's latest estimate", ["pool"], registry=r)
+        self.pool_theta0 = Gauge("cp_pool_theta0", "θ0 of the pool's latest estimate", ["pool"], registry=r)
+        self.pool_p0 = Gauge("cp_pool_p0", "Hazard intercept p̂0 of the pool, per token", ["pool"], registry=r)
+        self.pool_mu_o = Gauge("cp_pool_mu_o_tokens", "Mean output length of the pool's window, tokens", ["pool"],
+                               registry=r)
+        self.pool_mu_l = Gauge("cp_pool_mu_l_tokens", "Mean prompt length of the pool's window, tokens", ["pool"],
+                               registry=r)
+        self.pool_samples = Gauge("cp_pool_samples", "Completions in the pool's window", ["pool"], registry=r)
+        self.pool_excluded_engines = Gauge("cp_pool_excluded_engines",
+                                           "Engines kept out of the pool statistics as outliers", ["pool"],
+                                           registry=r)
+        self.pool_shifts = Counter("cp_pool_workload_shifts_total", "Workload shifts detected per pool", ["pool"],
+                                   registry=r)
+        # ---- operators ----
+        self.overrides_in_force = Gauge("cp_overrides_in_force", "Overrides in force by kind and scope kind",
+                                        ["kind", "scope_kind"], registry=r)
+        self.override_expiry = Gauge("cp_override_expiry_timestamp_seconds",
+                                     "Expiry of each override in force (Unix seconds; 0: never)", ["kind", "scope"],
+                                     registry=r)
+        # ---- store and health ----
         self.store_errors = Counter("cp_store_errors_total", "Redis store operations that failed", ["operation"],
                                     registry=r)
-        self.acks = Counter("cp_decision_acks_total", "Decision acknowledgements by result", ["result"], registry=r)
+        self.store_up = Gauge("cp_store_up", "1 when the store answered its latest ping", registry=r)
+        self.store_pending_writes = Gauge("cp_store_pending_writes", "Decisions waiting to be written to the store",
+                                          registry=r)
+        self.ready = Gauge("cp_ready", "1 when the controller reports SERVING", registry=r)
+        self.watchers_dropped = Counter("cp_watch_events_dropped_total",
+                                        "Decision events not delivered to a slow WatchDecisions client", registry=r)
+        self.loop_restarts = Counter("cp_background_loop_restarts_total", "Background loops restarted after an "
+                                     "error", ["loop"], registry=r)
+
+    def forget_engine(self, engine_id: str, pool: str) -> None:
+        """Remove an evicted engine's series (keeps the label set bounded)."""
+        for gauge in (self.engine_mode, self.engine_k, self.engine_n, self.engine_budget_max, self.engine_budget_cap,
+                      self.engine_delta, self.engine_version, self.engine_acked_version, self.engine_telemetry_age):
+            try:
+                gauge.remove(engine_id, pool)
+            except KeyError:
+                pass
 
     def serve(self, port: int, *, addr: str = "127.0.0.1") -> None:
         """Expose /metrics on addr:port (a daemon thread)."""

@@ -38,18 +38,22 @@ class EngineLimits(_message.Message):
     def __init__(self, max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., max_model_len_tokens: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits")
+    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits", "instance_id", "instance_started_at_s")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_STARTED_AT_S_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     pool: _common_pb2.Pool
     vllm_version: str
     agent_version: str
     limits: EngineLimits
-    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[EngineLimits, _Mapping]] = ...) -> None: ...
+    instance_id: str
+    instance_started_at_s: float
+    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[EngineLimits, _Mapping]] = ..., instance_id: _Optional[str] = ..., instance_started_at_s: _Optional[float] = ...) -> None: ...
 
 class Completions(_message.Message):
     __slots__ = ("prompt_tokens", "output_tokens", "finish_time_s", "aborted")
@@ -95,8 +99,16 @@ class Counters(_message.Message):
     num_events_dropped: int
     def __init__(self, num_preemptions: _Optional[int] = ..., num_events_dropped: _Optional[int] = ...) -> None: ...
 
+class RunningLengths(_message.Message):
+    __slots__ = ("output_tokens", "num_requests")
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    output_tokens: _containers.RepeatedScalarFieldContainer[int]
+    num_requests: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, output_tokens: _Optional[_Iterable[int]] = ..., num_requests: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class TelemetryBatch(_message.Message):
-    __slots__ = ("seq", "completions", "steps", "kv_used_tokens", "kv_total_tokens", "scheduler", "counters", "sent_at_s", "traceparent")
+    __slots__ = ("seq", "completions", "steps", "kv_used_tokens", "kv_total_tokens", "scheduler", "counters", "sent_at_s", "traceparent", "running")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +118,7 @@ class TelemetryBatch(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_S_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
     seq: int
     completions: Completions
     steps: Steps
@@ -115,7 +128,8 @@ class TelemetryBatch(_message.Message):
     counters: Counters
     sent_at_s: float
     traceparent: str
-    def __init__(self, seq: _Optional[int] = ..., completions: _Optional[_Union[Completions, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., scheduler: _Optional[_Union[SchedulerState, _Mapping]] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., sent_at_s: _Optional[float] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    running: RunningLengths
+    def __init__(self, seq: _Optional[int] = ..., completions: _Optional[_Union[Completions, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., scheduler: _Optional[_Union[SchedulerState, _Mapping]] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., sent_at_s: _Optional[float] = ..., traceparent: _Optional[str] = ..., running: _Optional[_Union[RunningLengths, _Mapping]] = ...) -> None: ...
 
 class DecisionAck(_message.Message):
     __slots__ = ("version", "applied", "reject_reason")

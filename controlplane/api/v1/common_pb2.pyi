@@ -77,7 +77,7 @@ class Diagnostics(_message.Message):
     def __init__(self, p0: _Optional[float] = ..., eta: _Optional[float] = ..., mu_l_tokens: _Optional[float] = ..., mu_o_tokens: _Optional[float] = ..., sigma_o_tokens: _Optional[float] = ..., t95_tokens: _Optional[float] = ..., theta0: _Optional[float] = ..., delta_theta: _Optional[float] = ..., theta_star: _Optional[float] = ..., n_star: _Optional[int] = ..., k_star: _Optional[int] = ..., lhs_s_per_token: _Optional[float] = ..., rhs_s_per_token: _Optional[float] = ..., n_obs: _Optional[float] = ..., num_samples: _Optional[int] = ..., num_rejected_samples: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("version", "mode", "k", "n", "budget", "delta_s_per_token", "delta_source", "ttl_s", "advisory", "reason", "flags", "decided_at_s", "trace_id", "diagnostics")
+    __slots__ = ("version", "mode", "k", "n", "budget", "delta_s_per_token", "delta_source", "ttl_s", "advisory", "reason", "flags", "decided_at_s", "trace_id", "diagnostics", "trigger_traceparent")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class Decision(_message.Message):
     DECIDED_AT_S_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     version: int
     mode: Mode
     k: int
@@ -106,4 +107,5 @@ class Decision(_message.Message):
     decided_at_s: float
     trace_id: str
     diagnostics: Diagnostics
-    def __init__(self, version: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., budget: _Optional[_Union[BudgetPolicy, _Mapping]] = ..., delta_s_per_token: _Optional[float] = ..., delta_source: _Optional[str] = ..., ttl_s: _Optional[float] = ..., advisory: _Optional[bool] = ..., reason: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., decided_at_s: _Optional[float] = ..., trace_id: _Optional[str] = ..., diagnostics: _Optional[_Union[Diagnostics, _Mapping]] = ...) -> None: ...
+    trigger_traceparent: str
+    def __init__(self, version: _Optional[int] = ..., mode: _Optional[_Union[Mode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., budget: _Optional[_Union[BudgetPolicy, _Mapping]] = ..., delta_s_per_token: _Optional[float] = ..., delta_source: _Optional[str] = ..., ttl_s: _Optional[float] = ..., advisory: _Optional[bool] = ..., reason: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., decided_at_s: _Optional[float] = ..., trace_id: _Optional[str] = ..., diagnostics: _Optional[_Union[Diagnostics, _Mapping]] = ..., trigger_traceparent: _Optional[str] = ...) -> None: ...

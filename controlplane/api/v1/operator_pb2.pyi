@@ -123,16 +123,20 @@ class GetDecisionRequest(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ...) -> None: ...
 
 class DecisionView(_message.Message):
-    __slots__ = ("engine_id", "pool", "decision", "acked_version")
+    __slots__ = ("engine_id", "pool", "decision", "acked_version", "latest", "computed_at_s")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ACKED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_S_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     pool: _common_pb2.Pool
     decision: _common_pb2.Decision
     acked_version: int
-    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., decision: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ..., acked_version: _Optional[int] = ...) -> None: ...
+    latest: _common_pb2.Decision
+    computed_at_s: float
+    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., decision: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ..., acked_version: _Optional[int] = ..., latest: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ..., computed_at_s: _Optional[float] = ...) -> None: ...
 
 class ListEnginesRequest(_message.Message):
     __slots__ = ("pool",)
@@ -141,7 +145,7 @@ class ListEnginesRequest(_message.Message):
     def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits", "connected", "telemetry_age_s", "decision_version", "acked_version", "num_completions", "num_rejected_events", "num_sequence_gaps", "controller_id")
+    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits", "connected", "telemetry_age_s", "decision_version", "acked_version", "num_completions", "num_rejected_events", "num_sequence_gaps", "controller_id", "instance_id", "excluded_from_pool")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +159,8 @@ class EngineInfo(_message.Message):
     NUM_REJECTED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     NUM_SEQUENCE_GAPS_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FROM_POOL_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     pool: _common_pb2.Pool
     vllm_version: str
@@ -168,7 +174,9 @@ class EngineInfo(_message.Message):
     num_rejected_events: int
     num_sequence_gaps: int
     controller_id: str
-    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[_agent_pb2.EngineLimits, _Mapping]] = ..., connected: _Optional[bool] = ..., telemetry_age_s: _Optional[float] = ..., decision_version: _Optional[int] = ..., acked_version: _Optional[int] = ..., num_completions: _Optional[int] = ..., num_rejected_events: _Optional[int] = ..., num_sequence_gaps: _Optional[int] = ..., controller_id: _Optional[str] = ...) -> None: ...
+    instance_id: str
+    excluded_from_pool: bool
+    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[_agent_pb2.EngineLimits, _Mapping]] = ..., connected: _Optional[bool] = ..., telemetry_age_s: _Optional[float] = ..., decision_version: _Optional[int] = ..., acked_version: _Optional[int] = ..., num_completions: _Optional[int] = ..., num_rejected_events: _Optional[int] = ..., num_sequence_gaps: _Optional[int] = ..., controller_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., excluded_from_pool: _Optional[bool] = ...) -> None: ...
 
 class ListEnginesResponse(_message.Message):
     __slots__ = ("engines",)
@@ -215,3 +223,47 @@ class GetCalibrationRequest(_message.Message):
     POOL_FIELD_NUMBER: _ClassVar[int]
     pool: _common_pb2.Pool
     def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ...) -> None: ...
+
+class ListOverridesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListOverridesResponse(_message.Message):
+    __slots__ = ("overrides",)
+    OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    overrides: _containers.RepeatedCompositeFieldContainer[OverrideRecord]
+    def __init__(self, overrides: _Optional[_Iterable[_Union[OverrideRecord, _Mapping]]] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class AuditEntry(_message.Message):
+    __slots__ = ("id", "at_s", "actor", "action", "target", "kind", "reason", "old_json", "new_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    AT_S_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OLD_JSON_FIELD_NUMBER: _ClassVar[int]
+    NEW_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    at_s: float
+    actor: str
+    action: str
+    target: str
+    kind: str
+    reason: str
+    old_json: str
+    new_json: str
+    def __init__(self, id: _Optional[str] = ..., at_s: _Optional[float] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[str] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ..., old_json: _Optional[str] = ..., new_json: _Optional[str] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...

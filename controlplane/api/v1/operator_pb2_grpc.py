@@ -74,6 +74,16 @@ class OperatorServiceStub:
                 request_serializer=controlplane_dot_v1_dot_operator__pb2.GetCalibrationRequest.SerializeToString,
                 response_deserializer=controlplane_dot_v1_dot_operator__pb2.Calibration.FromString,
                 _registered_method=True)
+        self.ListOverrides = channel.unary_unary(
+                '/controlplane.v1.OperatorService/ListOverrides',
+                request_serializer=controlplane_dot_v1_dot_operator__pb2.ListOverridesRequest.SerializeToString,
+                response_deserializer=controlplane_dot_v1_dot_operator__pb2.ListOverridesResponse.FromString,
+                _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/controlplane.v1.OperatorService/ListAudit',
+                request_serializer=controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -133,6 +143,20 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListOverrides(self, request, context):
+        """The overrides in force (expired and cleared ones excluded), most specific scope last.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAudit(self, request, context):
+        """The audit history of override and calibration changes, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -175,6 +199,16 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.GetCalibration,
                     request_deserializer=controlplane_dot_v1_dot_operator__pb2.GetCalibrationRequest.FromString,
                     response_serializer=controlplane_dot_v1_dot_operator__pb2.Calibration.SerializeToString,
+            ),
+            'ListOverrides': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOverrides,
+                    request_deserializer=controlplane_dot_v1_dot_operator__pb2.ListOverridesRequest.FromString,
+                    response_serializer=controlplane_dot_v1_dot_operator__pb2.ListOverridesResponse.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.FromString,
+                    response_serializer=controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -393,6 +427,60 @@ class OperatorService:
             '/controlplane.v1.OperatorService/GetCalibration',
             controlplane_dot_v1_dot_operator__pb2.GetCalibrationRequest.SerializeToString,
             controlplane_dot_v1_dot_operator__pb2.Calibration.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOverrides(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.v1.OperatorService/ListOverrides',
+            controlplane_dot_v1_dot_operator__pb2.ListOverridesRequest.SerializeToString,
+            controlplane_dot_v1_dot_operator__pb2.ListOverridesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.v1.OperatorService/ListAudit',
+            controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
+            controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,
