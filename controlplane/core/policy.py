@@ -20,7 +20,7 @@ from controlplane.core.batch_size import memory_safe_batch_size, threshold_k
 from controlplane.core.budget import SweepPoint, select_budget_policy
 from controlplane.core.cost_model import cost_model_is_usable
 from controlplane.core.crossover import crossover_terms, instantaneous_mode, select_mode
-from controlplane.core.hazard import fit_hazard
+from controlplane.core.hazard import HazardFit, fit_hazard
 from controlplane.core.memory_guard import update_memory_guard
 from controlplane.core.threshold import clip_theta, delta_theta_ifr, solve_theta0
 from controlplane.core.types import (
@@ -95,7 +95,9 @@ def evaluate(
     if not (math.isfinite(p0) and p0 > 0.0):
         flags.append(Flag.HAZARD_INTERCEPT_NONPOSITIVE)
         p0 = 1.0 / mu_o if mu_o > 0.0 else 0.0
-    p0 = min(p0, 1.0)
+    if p0 > 1.0:
+        flags.append(Flag.HAZARD_INTERCEPT_CLIPPED)
+        p0 = 1.0
     if not math.isfinite(eta):
         eta = 0.0
     elif eta < 0.0:
@@ -105,6 +107,8 @@ def evaluate(
         flags.append(Flag.ALPHA_D_NONPOSITIVE if not costs.alpha_d_s > 0.0 else Flag.COST_NONPOSITIVE)
     alpha_ok = math.isfinite(costs.alpha_d_s) and costs.alpha_d_s > 0.0 and math.isfinite(costs.alpha_p_s)
     gamma = p0 * costs.alpha_p_s / costs.alpha_d_s if alpha_ok else 0.0
+    if math.isinf(gamma):
+        flags.append(Flag.GAMMA_NONFINITE)
     theta0 = solve_theta0(gamma)
 
     # Proposition 3.3 is derived for geometric outputs. A strongly IFR window (or a mixture after a
@@ -154,6 +158,8 @@ def evaluate(
     terms = None
     if cost_model_is_usable(costs) and 0.0 < theta0 < 1.0:
         terms = crossover_terms(costs=costs, theta0=theta0, mu_l_tokens=mu_l, mu_o_tokens=mu_o, n_obs=n_obs)
+    if terms is None:
+        flags.append(Flag.CROSSOVER_NOT_EVALUATED)
     lhs = terms.lhs_s_per_token if terms else 0.0
     rhs = terms.rhs_s_per_token if terms else 0.0
     return Evaluation(
@@ -174,6 +180,9 @@ def evaluate(
         if terms
         else Mode.MB,
         flags=tuple(flags),
+        p0=_finite(p0),
+        eta=_finite(eta),
+        gamma=_finite(gamma),
     )
 
 
@@ -194,6 +203,10 @@ def _validated_pin(intent: OperatorIntent, limits: EngineLimits) -> _Pinned:
     return _Pinned(k=k, n=n, invalid=invalid)
 
 
+# Sentinel of decide(fit=...): fit the hazard from the observations' windows.
+FIT_FROM_OBSERVATIONS = object()
+
+
 def decide(
     observations: Observations,
     state: PolicyState,
@@ -202,8 +215,13 @@ def decide(
     intent: OperatorIntent | None = None,
     config: PolicyConfig | None = None,
     budget_sweep: Sequence[SweepPoint] = (),
+    fit: HazardFit | None | object = FIT_FROM_OBSERVATIONS,
 ) -> tuple[Decision, PolicyState]:
     """One decision for one engine or pool, and the policy state to carry to the next.
+
+    `fit`: a hazard fit computed elsewhere (a pool's, from its length histograms; None when the pool has
+    no completions); the observations' length arrays are then not read. By default the fit is computed
+    from the observations' windows.
 
     Cold start: mode MB (stock behaviour) with reason insufficient_data until the output window holds
     config.min_samples valid completions; without a usable cost model, MB with reason no_cost_model.
@@ -237,9 +255,12 @@ def decide(
     if pinned.invalid:
         flags.append(Flag.PIN_INVALID)
 
-    fit = fit_hazard(
-        np.asarray(observations.output_lengths_tokens), np.asarray(observations.prompt_lengths_tokens)
-    )
+    if fit is FIT_FROM_OBSERVATIONS:
+        fit = fit_hazard(
+            np.asarray(observations.output_lengths_tokens), np.asarray(observations.prompt_lengths_tokens)
+        )
+    if fit is not None and not isinstance(fit, HazardFit):
+        raise TypeError(f"fit must be a HazardFit or None, got {type(fit).__name__}")
     costs = observations.costs
     evaluation: Evaluation | None = None
     diagnostics = Diagnostics(num_rejected_samples=max(0, observations.num_rejected_samples))

@@ -1,4 +1,12 @@
-"""AgentService.Connect: one bidirectional stream per engine (thin: decode, call the controller, encode)."""
+"""AgentService.Connect: one bidirectional stream per engine (thin: decode, call the controller, encode).
+
+Event-driven: a reader task feeds the controller as messages arrive (a due decision is computed and put
+in the stream's mailbox right there); the response side only waits on the mailbox. Nothing polls.
+
+Every rejection ends the stream with a status naming the field and is counted by cause
+(`cp_rejections_total{cause}`): no_hello, bad_hello, refused (identity/fencing), malformed, oversize,
+second_hello, unknown_message, undecodable. Error messages echo at most a bounded prefix of bad input.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +18,25 @@ from collections.abc import AsyncIterator
 import grpc
 
 from controlplane.api.v1 import agent_pb2, agent_pb2_grpc
+from controlplane.loop.ingest import TelemetryError, validate_batch, validate_hello
 from controlplane.observability.metrics import ControllerMetrics
+from controlplane.service.auth import AGENT_PREFIX, Authenticator
 from controlplane.service.controller import Controller
-from controlplane.service.ingest import TelemetryError, validate_batch, validate_hello
+from controlplane.service.sessions import Session, StreamRefused
 
 logger = logging.getLogger(__name__)
-_TICK_S = 0.25
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, controller: Controller, metrics: ControllerMetrics) -> None:
+    def __init__(self, controller: Controller, metrics: ControllerMetrics, authenticator: Authenticator) -> None:
         self._controller = controller
         self._metrics = metrics
+        self._auth = authenticator
+
+    async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, cause: str,
+                      message: str) -> None:
+        self._metrics.rejections.labels(cause=cause).inc()
+        await context.abort(code, message)
 
     async def Connect(  # noqa: N802 - gRPC method name
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
@@ -30,60 +45,70 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             return
+        except Exception as exc:  # noqa: BLE001 - an undecodable first message
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "undecodable",
+                               f"the first message could not be decoded: {type(exc).__name__}")
         if not first.HasField("hello"):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message must be a Hello")
+            await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "no_hello",
+                               "the first message must be a Hello")
         try:
             hello = validate_hello(first.hello)
         except TelemetryError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        engine_id = hello.engine_id
-        outbox = self._controller.connect(hello)
-        failure: list[TelemetryError] = []
-        reader = asyncio.create_task(self._read(engine_id, request_iterator, outbox, failure))
-        logger.info("engine %s connected (pool %s)", engine_id, hello.pool_key)
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, exc.cause, str(exc))
+        identity = self._auth.identity(context, AGENT_PREFIX)
         try:
-            await self._controller.decide_engine(engine_id, force_push=True)
+            session = await self._controller.open_stream(hello, identity=identity)
+        except StreamRefused as exc:
+            await self._reject(context, exc.code, "refused", str(exc))
+        failure: list[TelemetryError] = []
+        reader = asyncio.create_task(self._read(session, request_iterator, failure))
+        logger.info("engine %s connected (pool %s, instance %s)", hello.engine_id, hello.pool_key,
+                    hello.instance_id or "-")
+        try:
             while True:
-                try:
-                    decision = await asyncio.wait_for(outbox.get(), timeout=_TICK_S)
-                except TimeoutError:
-                    if self._controller.decision_due(engine_id):
-                        await self._controller.decide_engine(engine_id)
-                    continue
-                if decision is None:  # the reader ended
+                decision = await session.mailbox.get()
+                if decision is None:
                     break
                 yield agent_pb2.ControllerMessage(decision=decision)
             if failure:
+                exc = failure[0]
                 self._metrics.batches.labels(result="rejected").inc()
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure[0]))
+                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, exc.cause, str(exc))
+            closed = session.mailbox.closed
+            if closed is not None and closed[0] is not None:
+                await context.abort(closed[0], closed[1])
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            self._controller.disconnect(engine_id, outbox)
-            logger.info("engine %s disconnected", engine_id)
+            self._controller.close_stream(session)
+            logger.info("engine %s disconnected", hello.engine_id)
 
-    async def _read(self, engine_id: str, messages: AsyncIterator[agent_pb2.AgentMessage],
-                    outbox: asyncio.Queue, failure: list[TelemetryError]) -> None:
+    async def _read(self, session: Session, messages: AsyncIterator[agent_pb2.AgentMessage],
+                    failure: list[TelemetryError]) -> None:
+        limits = session.hello.limits
         try:
             async for message in messages:
                 kind = message.WhichOneof("kind")
                 if kind == "telemetry":
-                    batch = validate_batch(message.telemetry)
-                    self._controller.ingest(engine_id, batch)
-                    if self._controller.decision_due(engine_id):
-                        await self._controller.decide_engine(engine_id)
+                    self._controller.ingest(session, validate_batch(message.telemetry, limits))
                 elif kind == "ack":
                     ack = message.ack
-                    self._controller.record_ack(engine_id, version=ack.version, applied=ack.applied)
-                    if not ack.applied:
-                        logger.warning("engine %s rejected decision %d: %s", engine_id, ack.version,
-                                       ack.reject_reason)
+                    self._controller.ack(session, version=ack.version, applied=ack.applied,
+                                         reason=ack.reject_reason)
                 elif kind == "hello":
-                    raise TelemetryError("hello", "sent twice on one stream")
+                    raise TelemetryError("hello", "sent twice on one stream", cause="second_hello")
+                else:
+                    raise TelemetryError("message", "empty or unknown message kind", cause="unknown_message")
         except TelemetryError as exc:
             failure.append(exc)
         except grpc.aio.AioRpcError:
             pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. a message that cannot be decoded
+            failure.append(TelemetryError("message", f"could not be decoded: {type(exc).__name__}",
+                                          cause="undecodable"))
         finally:
-            outbox.put_nowait(None)
+            if session.mailbox.closed is None:
+                session.mailbox.close(None, "")

@@ -1,9 +1,20 @@
-"""The controller application: owns the store, the gRPC server and the background loops.
+"""The controller application: owns the store, the gRPC server and the background tasks.
 
 start(): Redis (embedded redis-server in data_dir, or the given URL), restore overrides, calibrations
 and decisions, start the gRPC server (agent and operator services, health checking, reflection, auth
-and TLS), the store flush/readiness loop and the override subscription. stop(): NOT_SERVING, drain the
-streams within a grace period, write through pending decisions, close the store, stop embedded Redis.
+and TLS) and the supervised background tasks:
+- scheduler: every `tick_s`, keep-alives, interval recomputes, bucket closes, evictions
+  (`Controller.tick`), and pool estimate refreshes with the replicas' shared buckets (`sync_pools`);
+- writer: the coalescing, pipelined decision writer;
+- store: ping, registry refresh, the embedded server's supervision (restarted from its append-only file
+  when it died), readiness;
+- overrides: the pub/sub subscription that reloads overrides changed by another replica.
+A task that fails is logged, counted (`cp_background_loop_restarts_total{loop}`) and restarted; readiness
+is NOT_SERVING while one has failed in the last `_FAILURE_MEMORY_S`, until the store has answered once, and
+after `readiness_grace_s` of store outage.
+
+stop(): NOT_SERVING, drain the streams within a grace period, write through pending decisions, close the
+store, stop embedded Redis.
 """
 
 from __future__ import annotations
@@ -11,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -26,13 +38,17 @@ from controlplane.service.auth import Authenticator, AuthInterceptor, server_cre
 from controlplane.service.config import ControllerConfig
 from controlplane.service.controller import Controller
 from controlplane.service.operator_servicer import OperatorServicer
-from controlplane.store import EmbeddedRedis, RedisStore, StoreUnavailable
+from controlplane.store import EmbeddedRedis, RedisStore, StoreUnavailable, create_store
 
 logger = logging.getLogger(__name__)
 SERVICE_NAMES = (
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
     operator_pb2.DESCRIPTOR.services_by_name["OperatorService"].full_name,
 )
+_TICK_S = 0.1
+_FAILURE_MEMORY_S = 10.0
+_RESTART_DELAY_S = 0.5
+_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class ControllerApp:
@@ -48,6 +64,8 @@ class ControllerApp:
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._health = health.aio.HealthServicer()
+        self._serving: bool | None = None
+        self._last_failure_s = float("-inf")
         self.store: RedisStore | None = None
         self.controller: Controller | None = None
         self.port = 0
@@ -59,19 +77,22 @@ class ControllerApp:
     async def start(self) -> None:
         config = self.config
         if not config.redis_url:
-            assert config.data_dir is not None  # guaranteed by ControllerConfig
+            if config.data_dir is None:  # pragma: no cover - ControllerConfig guarantees one of the two
+                raise ValueError("give a redis_url or a data_dir")
             self._embedded = EmbeddedRedis(config.data_dir)
             await asyncio.to_thread(self._embedded.start)
-        self.store = RedisStore(self.redis_url)
+        self.store = create_store(self.redis_url)
         kwargs = {"clock": self._clock} if self._clock is not None else {}
         self.controller = Controller(config, store=self.store, tracer=DecisionTracer(self._tracer_provider),
                                      metrics=self.metrics, **kwargs)
         await self.controller.restore()
         authenticator = Authenticator(config.security)
-        server = grpc.aio.server(interceptors=[AuthInterceptor(authenticator)])
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.controller, self.metrics), server)
-        operator_pb2_grpc.add_OperatorServiceServicer_to_server(OperatorServicer(self.controller, authenticator),
-                                                                 server)
+        server = grpc.aio.server(interceptors=[AuthInterceptor(authenticator)], options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(
+            AgentServicer(self.controller, self.metrics, authenticator), server)
+        operator_pb2_grpc.add_OperatorServiceServicer_to_server(
+            OperatorServicer(self.controller, authenticator, store=self.store), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         address = f"{config.host}:{config.port}"
@@ -79,55 +100,107 @@ class ControllerApp:
         self.port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
         await server.start()
         self._server = server
-        await self._set_serving(True)
+        await self._update_readiness()
         if config.metrics_port:
-            self.metrics.serve(config.metrics_port, addr=config.host)
-        self._tasks = [asyncio.create_task(self._store_loop(), name="store-loop"),
-                       asyncio.create_task(self._override_loop(), name="override-loop")]
+            self.metrics.serve(config.metrics_port, addr=config.metrics_host)
+        self._tasks = [
+            asyncio.create_task(self._supervised("scheduler", self._scheduler_loop), name="scheduler"),
+            asyncio.create_task(self._supervised("writer", self.controller.writer.run), name="writer"),
+            asyncio.create_task(self._supervised("store", self._store_loop), name="store-loop"),
+            asyncio.create_task(self._supervised("overrides", self._override_loop), name="override-loop"),
+        ]
         logger.info("controller %s listening on %s:%d (redis %s)", config.controller_id, config.host, self.port,
                     self.redis_url)
 
-    async def _set_serving(self, serving: bool) -> None:
+    async def _supervised(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        """Run a background loop forever: an error is logged and counted, and the loop restarts."""
+        while True:
+            try:
+                await body()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("background loop %r failed; restarting it", name)
+                self.metrics.loop_restarts.labels(loop=name).inc()
+                self._last_failure_s = time.monotonic()
+                await self._update_readiness()
+                await asyncio.sleep(_RESTART_DELAY_S)
+
+    async def _update_readiness(self) -> None:
+        controller = self.controller
+        serving = controller is not None and controller.store_answered
+        if serving and controller.store_down_since_s is not None:
+            serving = controller.now_s() - controller.store_down_since_s < self.config.readiness_grace_s
+        if time.monotonic() - self._last_failure_s < _FAILURE_MEMORY_S:
+            serving = False
+        if serving == self._serving:
+            return
+        self._serving = serving
+        self.metrics.ready.set(int(serving))
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", *SERVICE_NAMES):
-            await self._health.set(name, status)
+        for service in ("", *SERVICE_NAMES):
+            await self._health.set(service, status)
+        logger.info("readiness %s", "SERVING" if serving else "NOT_SERVING")
+
+    async def _scheduler_loop(self) -> None:
+        if self.controller is None:  # pragma: no cover - started after the controller
+            return
+        while True:
+            self.controller.tick()
+            await self.controller.sync_pools()
+            await asyncio.sleep(_TICK_S)
 
     async def _store_loop(self) -> None:
-        """Write through pending decisions, refresh the registry, and turn readiness with the store's health."""
-        assert self.controller is not None and self.store is not None
-        serving = True
+        """Supervise the store: ping, restart a dead embedded server, refresh the registry, readiness."""
+        controller, store = self.controller, self.store
+        if controller is None or store is None:  # pragma: no cover - started after both
+            return
+        last_registry_s = float("-inf")
         while True:
+            if self._embedded is not None and not await asyncio.to_thread(self._embedded.alive):
+                logger.warning("the embedded redis-server is gone; restarting it from its append-only file")
+                try:
+                    await asyncio.to_thread(self._embedded.restart)
+                except Exception as exc:  # noqa: BLE001 - logged, retried next round
+                    logger.error("could not restart the embedded redis-server: %s", exc)
+            ok = await store.ping()
+            controller.note_store_ping(ok)
+            if ok and time.monotonic() - last_registry_s >= self.config.registry_ttl_s / 3:
+                try:
+                    await store.heartbeats(controller.registry_entries(), ttl_s=self.config.registry_ttl_s)
+                    last_registry_s = time.monotonic()
+                except StoreUnavailable as exc:
+                    controller.note_store_failure("heartbeat", exc)
+            await self._update_readiness()
             await asyncio.sleep(self.config.store_retry_s)
-            if await self.store.ping():
-                await self.controller.flush_pending()
-            else:
-                self.controller.note_store_failure("ping", StoreUnavailable("ping: no answer"))
-            down_since = self.controller.store_down_since_s
-            healthy = down_since is None or self.controller.now_s() - down_since < self.config.readiness_grace_s
-            if healthy != serving:
-                serving = healthy
-                await self._set_serving(serving)
-                logger.warning("readiness %s", "SERVING" if serving else "NOT_SERVING (store unavailable)")
 
     async def _override_loop(self) -> None:
         """Re-read overrides when another replica changes one (pub/sub)."""
-        assert self.controller is not None and self.store is not None
+        controller, store = self.controller, self.store
+        if controller is None or store is None:  # pragma: no cover - started after both
+            return
         while True:
             try:
-                async for _notice in self.store.watch_overrides():
-                    await self.controller.reload_overrides()
+                async for _notice in store.watch_overrides():
+                    await controller.reload_overrides()
             except StoreUnavailable as exc:
                 logger.debug("override subscription lost: %s", exc)
             await asyncio.sleep(self.config.store_retry_s)
 
     async def stop(self, *, grace_s: float = 2.0) -> None:
-        await self._set_serving(False)
+        self._serving = None
+        if self.controller is not None:
+            self.controller.close_all_streams("the controller is shutting down")
+        with contextlib.suppress(Exception):
+            for service in ("", *SERVICE_NAMES):
+                await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._server is not None:
             await self._server.stop(grace_s)
         await _cancel_all(self._tasks, timeout_s=grace_s)
         if self.controller is not None and self.store is not None:
             with contextlib.suppress(Exception):
-                await self.controller.flush_pending()
+                await asyncio.wait_for(self.controller.flush_pending(), timeout=grace_s)
             await self.store.close()
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)

@@ -7,35 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.core.types import PolicyConfig
+from controlplane.loop.config import DecisionLoopConfig
 
-
-@dataclass(frozen=True, slots=True)
-class DecisionLoopConfig:
-    """When decisions are recomputed and how long they live.
-
-    recompute_completions: new completions that trigger a recomputation.
-    interval_s: recompute at least this often while an engine is connected.
-    ttl_s: decision lifetime at the agent; the controller refreshes a decision every ttl_s / 3.
-    n_obs_time_constant_s: time constant of the N_obs EMA of running requests.
-    """
-
-    recompute_completions: int = 256
-    interval_s: float = 5.0
-    ttl_s: float = 60.0
-    n_obs_time_constant_s: float = 10.0
-    output_window: int = 4096
-    prompt_window: int = 4096
-    step_window: int = 2048
-
-    def __post_init__(self) -> None:
-        if self.recompute_completions < 1:
-            raise ValueError(f"recompute_completions must be ≥ 1, got {self.recompute_completions}")
-        for name in ("interval_s", "ttl_s", "n_obs_time_constant_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("output_window", "prompt_window", "step_window"):
-            if getattr(self, name) < 8:
-                raise ValueError(f"{name} must be ≥ 8, got {getattr(self, name)}")
+__all__ = ["ControllerConfig", "DecisionLoopConfig", "SecurityConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +17,8 @@ class SecurityConfig:
     """TLS and token authentication. Tokens map a secret to the caller's identity.
 
     agent_tokens may call AgentService only; operator_tokens OperatorService only. Empty maps: no auth.
+    agent_scopes: per agent identity, the engine-id patterns (shell globs) its streams may hold; an identity
+    without an entry may hold any engine id (but never one another identity holds).
     """
 
     tls_cert: Path | None = None
@@ -50,6 +26,7 @@ class SecurityConfig:
     tls_client_ca: Path | None = None
     agent_tokens: dict[str, str] = field(default_factory=dict)
     operator_tokens: dict[str, str] = field(default_factory=dict)
+    agent_scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     insecure: bool = False
 
     def __post_init__(self) -> None:
@@ -79,6 +56,7 @@ class ControllerConfig:
     redis_url: str = ""
     data_dir: Path | None = None
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     readiness_grace_s: float = 15.0
     store_retry_s: float = 1.0
     registry_ttl_s: float = 30.0

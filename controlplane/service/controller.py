@@ -1,8 +1,13 @@
-"""The controller: engine registry, estimators, the decision loop, overrides, and the store write-through.
+"""The controller: engine sessions, per-pool statistics, the decision loop, overrides and persistence.
 
-It owns no sockets: the servicers call it, and it hands decisions to per-engine outboxes and to
-watchers. Redis failures never stop it: decisions keep being made from memory and are written through
-when the store returns; overrides are the exception and fail loudly (StoreUnavailable).
+It owns no sockets: servicers call it, and it hands decisions to per-stream mailboxes and to watchers.
+Everything here runs on one asyncio event loop and never awaits on the push path: a decision is computed
+(`loop.EngineLoop.decide` on the pool's estimate: tens of microseconds), pushed to the engine's mailbox,
+then handed to the coalescing `DecisionWriter`. One scheduler task (`tick`) owns keep-alives, interval
+recomputes, pool estimate refreshes (with the replicas' shared buckets) and evictions.
+
+Redis failures never stop deciding: decisions are kept pending and written when the store returns;
+overrides are the exception and fail loudly (StoreUnavailable).
 """
 
 from __future__ import annotations
@@ -14,27 +19,33 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import grpc
+
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.core.cost_model import CostModelEstimator
-from controlplane.core.hazard import LengthWindow
-from controlplane.core.policy import decide
-from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, CostModel, Observations
+from controlplane.core.cost_sums import StepColumns
+from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, CostModel
+from controlplane.loop.codec import calibration_to_cost_model, cost_model_to_calibration, resolve_intent
+from controlplane.loop.engine import EngineLoop
+from controlplane.loop.ingest import EngineHello, ValidatedBatch
+from controlplane.loop.pool_stats import BucketStats, PoolStatistics
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
+from controlplane.protocol import MODE_CODES, VERSION_EPOCH_FACTOR
 from controlplane.service.config import ControllerConfig
-from controlplane.service.convert import (
-    calibration_to_cost_model,
-    cost_model_to_calibration,
-    decision_to_proto,
-    resolve_intent,
-    same_instruction,
-)
-from controlplane.service.engines import EngineState, PoolState
-from controlplane.service.ingest import EngineHello, ValidatedBatch
+from controlplane.service.sessions import Session, StreamRefused, check_engine_allowed, resolve_takeover
+from controlplane.service.writer import DecisionWriter
 from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
 from controlplane.store.records import record_json
 
 logger = logging.getLogger(__name__)
+_EPOCH_TIMEOUT_S = 1.0
+_OUTLIER_BLOCK = 256
+_OUTLIER_Z = 8.0
+_OUTLIER_RATIO = 2.0
+_MIN_POOL_ENGINES_FOR_OUTLIERS = 3
+_STALE_AFTER_S = 30.0
+_WATCH_QUEUE = 10_000
+_RECENT_BUCKETS_REFETCHED = 3
 
 
 class OverrideError(ValueError):
@@ -43,44 +54,59 @@ class OverrideError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Pushed:
-    """A decision handed to an engine's outbox and to watchers."""
+    """A decision handed to an engine's mailbox and to watchers."""
 
     engine_id: str
     pool_key: str
     decision: common_pb2.Decision
 
 
+@dataclass(eq=False)
+class EngineRecord:
+    """What the controller keeps per engine id: its decision loop and the stream holding it (if any)."""
+
+    loop: EngineLoop
+    session: Session | None = None
+    disconnected_at_s: float = 0.0
+    block_count: int = 0
+    block_sum_tokens: float = 0.0
+
+
+@dataclass(eq=False)
+class PoolRecord:
+    stats: PoolStatistics
+    unpublished: list[tuple[int, BucketStats]]
+    fetched_through: int = -1
+    refreshed_bucket: int | None = None
+
+
 class Controller:
     """Decision-making state of one controller replica. Call from one asyncio event loop."""
 
-    def __init__(
-        self,
-        config: ControllerConfig,
-        *,
-        store: RedisStore,
-        tracer: DecisionTracer,
-        metrics: ControllerMetrics,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, config: ControllerConfig, *, store: RedisStore, tracer: DecisionTracer,
+                 metrics: ControllerMetrics, clock: Callable[[], float] = time.time) -> None:
         self._config = config
         self._store = store
         self._tracer = tracer
         self._metrics = metrics
         self._clock = clock
-        self._engines: dict[str, EngineState] = {}
-        self._pools: dict[str, PoolState] = {}
-        self._outboxes: dict[str, asyncio.Queue[common_pb2.Decision]] = {}
+        self._engines: dict[str, EngineRecord] = {}
+        self._pools: dict[str, PoolRecord] = {}
         self._watchers: set[asyncio.Queue[Pushed]] = set()
         self._overrides: list[operator_pb2.OverrideRecord] = []
         self._calibrations: dict[str, CostModel] = {}
-        self._stored_versions: dict[str, int] = {}
         self._restored: dict[str, tuple[str, common_pb2.Decision]] = {}
-        self._pending_writes: dict[str, tuple[str, common_pb2.Decision]] = {}
+        self.writer = DecisionWriter(store, on_failure=self.note_store_failure, on_success=self._store_ok)
         self.store_down_since_s: float | None = None
+        self.store_answered = False
 
     def now_s(self) -> float:
         """The controller clock (Unix seconds)."""
         return self._clock()
+
+    @property
+    def store(self) -> RedisStore:
+        return self._store
 
     # ---- start-up and store ----
 
@@ -91,10 +117,10 @@ class Controller:
             for calibration in (await self._store.list_calibrations()).values():
                 self._set_calibration(calibration)
             self._restored = await self._store.load_decisions()
-            self._stored_versions = {eid: d.version for eid, (_, d) in self._restored.items()}
             self._store_ok()
         except StoreUnavailable as exc:
             self.note_store_failure("restore", exc)
+        self._update_override_metrics()
 
     async def reload_overrides(self) -> None:
         """Re-read overrides (after a pub/sub notice from another replica) and re-decide affected engines."""
@@ -104,190 +130,328 @@ class Controller:
         except StoreUnavailable as exc:
             self.note_store_failure("list_overrides", exc)
             return
-        await self.redecide_all()
-
-    async def flush_pending(self) -> None:
-        """Write through decisions that could not be stored while Redis was down; refresh the registry."""
-        for engine_id, (pool, decision) in list(self._pending_writes.items()):
-            try:
-                await self._store.put_decision(engine_id, pool_key=pool, decision=decision)
-            except StoreUnavailable as exc:
-                self.note_store_failure("put_decision", exc)
-                return
-            if self._pending_writes.get(engine_id, (None, None))[1] is decision:
-                del self._pending_writes[engine_id]
-        try:
-            for state in self._engines.values():
-                if state.connected:
-                    await self._store.heartbeat(state.hello.engine_id, info=self._registry_info(state),
-                                                ttl_s=self._config.registry_ttl_s)
-            self._store_ok()
-        except StoreUnavailable as exc:
-            self.note_store_failure("heartbeat", exc)
+        self._update_override_metrics()
+        self.redecide_all()
 
     def _store_ok(self) -> None:
         self.store_down_since_s = None
+        self.store_answered = True
+        self._metrics.store_up.set(1)
 
     def note_store_failure(self, operation: str, exc: Exception) -> None:
         """Count a failed store operation and remember since when the store is down."""
         self._metrics.store_errors.labels(operation=operation).inc()
+        self._metrics.store_up.set(0)
         if self.store_down_since_s is None:
             self.store_down_since_s = self._clock()
             logger.warning("store unavailable during %s: %s; deciding from memory", operation, exc)
 
+    def note_store_ping(self, ok: bool) -> None:
+        if ok:
+            self._store_ok()
+        else:
+            self.note_store_failure("ping", StoreUnavailable("ping: no answer"))
+
     @property
     def num_pending_writes(self) -> int:
-        return len(self._pending_writes)
+        return self.writer.num_pending
 
-    # ---- engines ----
+    async def flush_pending(self) -> bool:
+        return await self.writer.flush()
 
-    def connect(self, hello: EngineHello) -> asyncio.Queue[common_pb2.Decision]:
-        """Register an engine's new stream; returns the outbox its decisions are pushed to."""
-        state = self._engines.get(hello.engine_id)
-        if state is None or state.hello.pool_key != hello.pool_key:
-            state = EngineState.create(hello, self._config.loop)
-            restored = self._restored.get(hello.engine_id)
+    # ---- streams ----
+
+    async def open_stream(self, hello: EngineHello, *, identity: str) -> Session:
+        """Bind a new stream to its engine id (raises StreamRefused), reserve a version epoch, push the
+        current decision. The losing stream of a takeover is closed with ABORTED."""
+        check_engine_allowed(hello.engine_id, identity, self._config.security.agent_scopes)
+        session = Session(hello=hello, identity=identity)
+        record = self._engines.get(hello.engine_id)
+        if record is not None and record.session is not None:
+            resolve_takeover(record.session, session)
+        epoch = await self._reserve_epoch(hello.engine_id, record)
+        record = self._engines.get(hello.engine_id)  # re-read: the await let other streams run
+        if record is not None and record.session is not None:
+            resolve_takeover(record.session, session)
+            record.session.mailbox.close(grpc.StatusCode.ABORTED,
+                                         f"engine id {hello.engine_id!r} was taken over by a newer stream "
+                                         f"(instance {hello.instance_id or 'unnamed'!r})")
+        if record is None or record.loop.hello.pool_key != hello.pool_key:
+            loop = EngineLoop(hello=hello, config=self._config.loop, policy=self._config.policy)
+            restored = self._restored.pop(hello.engine_id, None)
             if restored is not None:
-                state.version = restored[1].version
-            state.version = max(state.version, self._stored_versions.get(hello.engine_id, 0))
-            self._engines[hello.engine_id] = state
-        state.hello = hello
-        state.connected = True
-        state.last_seq = 0
-        state.last_sent_s = float("-inf")
+                loop.restore(restored[1])
+            record = EngineRecord(loop=loop)
+            self._engines[hello.engine_id] = record
+        loop = record.loop
+        loop.hello = hello
+        loop.last_seq = 0
+        loop.last_sent_s = float("-inf")
+        if epoch > loop.epoch:
+            loop.epoch, loop.sequence = epoch, 0
+        record.session = session
         if hello.pool_key not in self._pools:
-            loop = self._config.loop
-            self._pools[hello.pool_key] = PoolState(
-                window=LengthWindow(output_window=loop.output_window, prompt_window=loop.prompt_window),
-                costs=CostModelEstimator(window=loop.step_window),
-            )
-        outbox: asyncio.Queue[common_pb2.Decision] = asyncio.Queue()
-        self._outboxes[hello.engine_id] = outbox
-        self._metrics.connected_engines.set(sum(1 for s in self._engines.values() if s.connected))
-        return outbox
+            self._pools[hello.pool_key] = PoolRecord(
+                stats=PoolStatistics(hello.pool_key, self._config.loop, replica_id=self._config.controller_id),
+                unpublished=[])
+        self._update_connected()
+        self._decide(record, self._clock(), force_push=True)
+        return session
 
-    def disconnect(self, engine_id: str, outbox: asyncio.Queue[common_pb2.Decision]) -> None:
-        """Forget a stream (only if it is still the engine's current one)."""
-        if self._outboxes.get(engine_id) is outbox:
-            del self._outboxes[engine_id]
-            state = self._engines.get(engine_id)
-            if state is not None:
-                state.connected = False
-        self._metrics.connected_engines.set(sum(1 for s in self._engines.values() if s.connected))
+    async def _reserve_epoch(self, engine_id: str, record: EngineRecord | None) -> int:
+        try:
+            epoch = await asyncio.wait_for(self._store.reserve_epoch(engine_id), timeout=_EPOCH_TIMEOUT_S)
+            self._store_ok()
+            return epoch
+        except (StoreUnavailable, TimeoutError) as exc:
+            self.note_store_failure("reserve_epoch", exc if isinstance(exc, Exception) else Exception(exc))
+            # Without the store, continue this replica's own sequence: versions still increase for the
+            # engine here, but another replica could issue the same numbers (logged).
+            logger.warning("engine %s: no version epoch from the store; continuing locally", engine_id)
+            if record is not None:
+                return record.loop.epoch
+            restored = self._restored.get(engine_id)
+            return restored[1].version // VERSION_EPOCH_FACTOR if restored is not None else 0
 
-    def ingest(self, engine_id: str, batch: ValidatedBatch) -> None:
-        state = self._engines[engine_id]
-        gap = state.ingest(batch, now_s=self._clock(), loop=self._config.loop)
-        pool = self._pools[state.hello.pool_key]
-        pool.window.add_completions(batch.prompt_tokens, batch.output_tokens)
-        pool.costs.add_steps(prefill_tokens=batch.prefill_tokens, decode_tokens=batch.decode_tokens,
-                             decode_requests=batch.decode_requests, duration_s=batch.duration_s)
+    def close_stream(self, session: Session) -> None:
+        """Forget a stream (only if it still holds its engine id)."""
+        record = self._engines.get(session.engine_id)
+        if record is not None and record.session is session:
+            record.session = None
+            record.disconnected_at_s = self._clock()
+        self._update_connected()
+
+    def _update_connected(self) -> None:
+        self._metrics.connected_engines.set(sum(1 for r in self._engines.values() if r.session is not None))
+
+    def ingest(self, session: Session, batch: ValidatedBatch) -> None:
+        """Feed one validated batch; decide and push at once when the engine's decision is due."""
+        record = self._engines.get(session.engine_id)
+        if record is None or record.session is not session:
+            return
+        now_s = self._clock()
+        loop = record.loop
         m = self._metrics
+        if loop.on_batch(batch, now_s=now_s):
+            m.sequence_gaps.inc()
+        pool = self._pools[loop.hello.pool_key]
+        if batch.output_tokens.size:
+            self._judge_outlier(record, pool, batch.output_tokens)
+        if not loop.excluded_from_pool:
+            closed = pool.stats.add(
+                now_s, prompts=batch.prompt_tokens, outputs=batch.output_tokens,
+                steps=StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests, batch.duration_s),
+                reference_costs=pool.stats.estimate.costs if pool.stats.estimate is not None else None)
+            if closed is not None:
+                pool.unpublished.append((closed[1], closed[0]))
         m.batches.labels(result="accepted").inc()
         m.events.labels(kind="completion", result="accepted").inc(batch.output_tokens.size)
         m.events.labels(kind="step", result="accepted").inc(batch.duration_s.size)
-        m.events.labels(kind="any", result="dropped").inc(batch.num_dropped)
-        if gap:
-            m.sequence_gaps.inc(gap)
+        if batch.num_dropped:
+            m.events.labels(kind="any", result="dropped").inc(batch.num_dropped)
+        if loop.is_due(now_s):
+            self._decide(record, now_s, trigger_traceparent=batch.traceparent)
 
-    def record_ack(self, engine_id: str, *, version: int, applied: bool) -> None:
-        state = self._engines.get(engine_id)
-        self._metrics.acks.labels(result="applied" if applied else "rejected").inc()
-        if state is not None and applied:
-            state.acked_version = max(state.acked_version, version)
+    def _judge_outlier(self, record: EngineRecord, pool: PoolRecord, outputs) -> None:
+        """Keep an engine whose output lengths are far from its pool's out of the pool statistics.
 
-    def decision_due(self, engine_id: str) -> bool:
-        state = self._engines[engine_id]
-        loop = self._config.loop
-        return (state.completions_since_decision >= loop.recompute_completions
-                or self._clock() - state.last_decided_s >= loop.interval_s)
+        Judged per block of _OUTLIER_BLOCK completions against the pool estimate, once the pool has
+        _MIN_POOL_ENGINES_FOR_OUTLIERS connected engines: an outlier's block mean is more than _OUTLIER_Z
+        standard errors and a factor _OUTLIER_RATIO away from the pool's mean.
+        """
+        record.block_count += int(outputs.size)
+        record.block_sum_tokens += float(outputs.sum())
+        if record.block_count < _OUTLIER_BLOCK:
+            return
+        mean = record.block_sum_tokens / record.block_count
+        count = record.block_count
+        record.block_count, record.block_sum_tokens = 0, 0.0
+        estimate = pool.stats.estimate
+        members = sum(1 for r in self._engines.values()
+                      if r.session is not None and r.loop.hello.pool_key == pool.stats.pool_key)
+        if estimate is None or estimate.fit is None or members < _MIN_POOL_ENGINES_FOR_OUTLIERS:
+            return
+        stats = estimate.fit.stats
+        if estimate.num_samples < self._config.policy.min_samples or stats.mu_o_tokens <= 0:
+            return
+        z = abs(mean - stats.mu_o_tokens) / max(stats.sigma_o_tokens / math.sqrt(count), 1e-9)
+        ratio = mean / stats.mu_o_tokens
+        excluded = z > _OUTLIER_Z and not (1.0 / _OUTLIER_RATIO <= ratio <= _OUTLIER_RATIO)
+        if excluded != record.loop.excluded_from_pool:
+            record.loop.excluded_from_pool = excluded
+            logger.warning("engine %s %s pool %s statistics (block mean %.1f tokens vs pool %.1f)",
+                           record.loop.hello.engine_id, "kept out of" if excluded else "readmitted to",
+                           pool.stats.pool_key, mean, stats.mu_o_tokens)
+            self._metrics.pool_excluded_engines.labels(pool=pool.stats.pool_key).set(
+                sum(1 for r in self._engines.values()
+                    if r.loop.excluded_from_pool and r.loop.hello.pool_key == pool.stats.pool_key))
 
-    def refresh_due(self, engine_id: str) -> bool:
-        state = self._engines[engine_id]
-        return state.current is not None and self._clock() - state.last_sent_s >= self._config.loop.ttl_s / 3
+    def ack(self, session: Session, *, version: int, applied: bool, reason: str = "") -> None:
+        record = self._engines.get(session.engine_id)
+        if record is None or record.session is not session:
+            return
+        result = record.loop.ack(version, applied=applied)
+        self._metrics.acks.labels(result=result).inc()
+        if result == "unknown_version":
+            logger.warning("engine %s acknowledged version %d, which was never sent to it; ignored",
+                           session.engine_id, version)
+        elif result == "rejected":
+            logger.warning("engine %s rejected decision %d: %s", session.engine_id, version, reason[:128])
+        else:
+            self._metrics.engine_acked_version.labels(session.engine_id, record.loop.hello.pool_key).set(version)
 
     # ---- deciding ----
 
-    def _observations(self, state: EngineState) -> Observations:
-        pool = self._pools[state.hello.pool_key]
-        own = len(state.window) >= self._config.policy.min_samples
-        window = state.window if own else pool.window
-        costs = self._calibrations.get(state.hello.pool_key)
-        if costs is None:
-            # The pool's fit fills the phases the engine has not measured (an engine in MB mode rarely
-            # runs a pure prefill step, one pinned to EB never a mixed one); it is only computed then.
-            own_fit = state.costs.fit() if own else None
-            if own_fit is not None and own_fit.is_complete():
-                costs = own_fit.to_cost_model()
-            else:
-                pooled = pool.costs.fit().to_cost_model()
-                costs = own_fit.to_cost_model(fallback=pooled) if own_fit is not None else pooled
-        return Observations(
-            output_lengths_tokens=window.output_lengths(),
-            prompt_lengths_tokens=window.prompt_lengths(),
-            costs=costs,
-            limits=state.hello.limits,
-            n_obs=state.n_obs,
-            num_rejected_samples=state.num_rejected_events,
-            num_preemptions=state.preemptions_since_decision,
-        )
-
-    async def decide_engine(self, engine_id: str, *, force_push: bool = False) -> common_pb2.Decision | None:
-        """Recompute one engine's decision; push it (new version) when the instruction changed.
-
-        With force_push a refresh of the current decision (same version) is pushed when nothing changed.
-        Returns what was pushed, or None.
-        """
-        state = self._engines[engine_id]
-        now_s = self._clock()
+    def _decide(self, record: EngineRecord, now_s: float, *, force_push: bool = False,
+                trigger_traceparent: str = "") -> None:
+        loop = record.loop
+        hello = loop.hello
+        pool = self._pools[hello.pool_key]
+        estimate = pool.stats.estimate
+        if estimate is not None and hello.pool_key in self._calibrations and estimate.cost_source != "calibration":
+            estimate = None
+        intent = resolve_intent(self._overrides, engine_id=hello.engine_id, pool_key=hello.pool_key, now_s=now_s)
         started = time.perf_counter()
-        intent = resolve_intent(self._overrides, engine_id=engine_id, pool_key=state.hello.pool_key, now_s=now_s)
-        decision, state.policy_state = decide(self._observations(state), state.policy_state, now_s,
-                                              intent=intent, config=self._config.policy)
+        outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
+                              trigger_traceparent=trigger_traceparent)
         self._metrics.decision_latency.observe(time.perf_counter() - started)
-        state.last_decided_s = now_s
-        state.completions_since_decision = 0
-        state.preemptions_since_decision = 0
-        candidate = decision_to_proto(decision, version=state.version + 1, ttl_s=self._config.loop.ttl_s,
-                                      decided_at_s=now_s, trace_id="")
-        if state.current is not None and same_instruction(state.current, candidate):
-            if force_push or self.refresh_due(engine_id):
-                return self._push(state, state.current, now_s)
-            return None
-        state.version += 1
-        candidate.trace_id = self._tracer.trace_decision(
-            decision, engine_id=engine_id, pool=state.hello.pool_key, version=state.version,
-            traceparent=state.traceparent,
-        )
-        state.current = candidate
-        self._metrics.decisions.labels(mode=decision.mode.value, reason=decision.reason.value).inc()
-        await self._write_decision(engine_id, state.hello.pool_key, candidate)
-        return self._push(state, candidate, now_s)
+        if loop.excluded_from_pool:
+            outcome.latest.flags.append("engine_excluded_from_pool")
+        if outcome.changed:
+            decision = outcome.decision
+            outcome.latest.trace_id = self._tracer.trace_decision(
+                decision, engine_id=hello.engine_id, pool=hello.pool_key, version=outcome.latest.version,
+                traceparent=loop.traceparent)
+            self._metrics.decisions.labels(mode=decision.mode.value, reason=decision.reason.value).inc()
+            self._set_engine_gauges(loop)
+        if outcome.push is not None:
+            self._push(record, outcome.push, now_s)
+        if outcome.changed:
+            self.writer.submit(hello.engine_id, pool_key=hello.pool_key, decision=outcome.latest)
 
-    def _push(self, state: EngineState, decision: common_pb2.Decision, now_s: float) -> common_pb2.Decision:
-        state.last_sent_s = now_s
-        outbox = self._outboxes.get(state.hello.engine_id)
-        if outbox is not None:
-            outbox.put_nowait(decision)
-        event = Pushed(engine_id=state.hello.engine_id, pool_key=state.hello.pool_key, decision=decision)
+    def _push(self, record: EngineRecord, decision: common_pb2.Decision, now_s: float) -> None:
+        loop = record.loop
+        if record.session is not None:
+            record.session.mailbox.put(decision)
+            loop.mark_sent(decision, now_s=now_s)
+        event = Pushed(engine_id=loop.hello.engine_id, pool_key=loop.hello.pool_key, decision=decision)
         for watcher in self._watchers:
-            watcher.put_nowait(event)
-        return decision
+            try:
+                watcher.put_nowait(event)
+            except asyncio.QueueFull:
+                self._metrics.watchers_dropped.inc()
 
-    async def _write_decision(self, engine_id: str, pool: str, decision: common_pb2.Decision) -> None:
+    def _set_engine_gauges(self, loop: EngineLoop) -> None:
+        d = loop.current
+        if d is None:
+            return
+        labels = (loop.hello.engine_id, loop.hello.pool_key)
+        m = self._metrics
+        m.engine_mode.labels(*labels).set(MODE_CODES.get(d.mode, 0))
+        m.engine_k.labels(*labels).set(d.k)
+        m.engine_n.labels(*labels).set(d.n)
+        m.engine_budget_max.labels(*labels).set(d.budget.b_max_tokens)
+        m.engine_budget_cap.labels(*labels).set(d.budget.b_cap_tokens)
+        m.engine_delta.labels(*labels).set(d.delta_s_per_token)
+        m.engine_version.labels(*labels).set(d.version)
+
+    def redecide_all(self) -> None:
+        """Re-decide every connected engine now (after an override or calibration change)."""
+        now_s = self._clock()
+        for record in list(self._engines.values()):
+            if record.session is not None:
+                self._decide(record, now_s)
+
+    # ---- the scheduler's work ----
+
+    def tick(self, now_s: float | None = None) -> None:
+        """Keep-alives, interval recomputes, bucket closes and evictions (called by one scheduler task)."""
+        now_s = self._clock() if now_s is None else now_s
+        stale = 0
+        for engine_id, record in list(self._engines.items()):
+            loop = record.loop
+            if record.session is None:
+                if now_s - record.disconnected_at_s >= self._config.loop.engine_ttl_s:
+                    self._evict(engine_id, record)
+                continue
+            if loop.is_due(now_s):
+                self._decide(record, now_s)
+            elif loop.keepalive_due(now_s):
+                self._push(record, loop.current, now_s)
+            age = now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0
+            self._metrics.engine_telemetry_age.labels(engine_id, loop.hello.pool_key).set(age)
+            stale += int(age > _STALE_AFTER_S)
+        self._metrics.stale_engines.set(stale)
+        for pool in self._pools.values():
+            closed = pool.stats.close_due(now_s)
+            if closed is not None:
+                pool.unpublished.append((closed[1], closed[0]))
+        self._metrics.store_pending_writes.set(self.writer.num_pending)
+
+    def _evict(self, engine_id: str, record: EngineRecord) -> None:
+        del self._engines[engine_id]
+        self._metrics.forget_engine(engine_id, record.loop.hello.pool_key)
+        logger.info("engine %s evicted after %.0f s disconnected", engine_id, self._config.loop.engine_ttl_s)
+
+    async def sync_pools(self, now_s: float | None = None) -> None:
+        """Publish closed buckets, read the other replicas' and refresh each pool's estimate when its end
+        bucket advanced. Store failures leave the estimate on this replica's own buckets."""
+        now_s = self._clock() if now_s is None else now_s
+        for key, pool in list(self._pools.items()):
+            stats = pool.stats
+            end_bucket = stats.estimate_bucket(now_s)
+            if pool.refreshed_bucket is not None and end_bucket <= pool.refreshed_bucket:
+                continue
+            await self._exchange_buckets(key, pool, end_bucket)
+            started = time.perf_counter()
+            estimate = stats.refresh(now_s, calibration=self._calibrations.get(key))
+            self._metrics.pool_fit_latency.observe(time.perf_counter() - started)
+            stats.prune(now_s)
+            pool.refreshed_bucket = end_bucket
+            self._set_pool_gauges(key, estimate)
+
+    async def _exchange_buckets(self, key: str, pool: PoolRecord, end_bucket: int) -> None:
+        stats = pool.stats
+        ttl_s = self._config.loop.max_window_s + 60.0
         try:
-            await self._store.put_decision(engine_id, pool_key=pool, decision=decision)
-            self._pending_writes.pop(engine_id, None)
+            for bucket_id, bucket in list(pool.unpublished):
+                await self._store.put_pool_contribution(key, bucket_start_s=bucket_id,
+                                                        replica_id=self._config.controller_id,
+                                                        payload=bucket.to_bytes(), ttl_s=ttl_s)
+                pool.unpublished.remove((bucket_id, bucket))
+            first = max(stats.oldest_bucket(end_bucket), pool.fetched_through - _RECENT_BUCKETS_REFETCHED + 1)
+            wanted = list(range(first, end_bucket + 1))
+            remote = await self._store.get_pool_contributions(key, bucket_starts=wanted) if wanted else {}
             self._store_ok()
         except StoreUnavailable as exc:
-            self._pending_writes[engine_id] = (pool, decision)
-            self.note_store_failure("put_decision", exc)
+            self.note_store_failure("pool_statistics", exc)
+            return
+        for bucket_id, by_replica in remote.items():
+            for replica_id, payload in by_replica.items():
+                if replica_id == self._config.controller_id or stats.has_bucket(bucket_id, replica_id) \
+                        and bucket_id < end_bucket - _RECENT_BUCKETS_REFETCHED:
+                    continue
+                try:
+                    stats.put_remote(bucket_id, replica_id, BucketStats.from_bytes(payload))
+                except ValueError as exc:
+                    logger.warning("pool %s: ignoring bucket %d of replica %s: %s", key, bucket_id, replica_id, exc)
+        pool.fetched_through = max(pool.fetched_through, end_bucket)
 
-    async def redecide_all(self) -> None:
-        """Re-decide every connected engine now (after an override change)."""
-        for engine_id, state in list(self._engines.items()):
-            if state.connected:
-                await self.decide_engine(engine_id)
+    def _set_pool_gauges(self, key: str, estimate) -> None:
+        m = self._metrics
+        m.pool_engines.labels(pool=key).set(
+            sum(1 for r in self._engines.values() if r.session is not None and r.loop.hello.pool_key == key))
+        m.pool_samples.labels(pool=key).set(estimate.num_samples)
+        if estimate.fit is not None:
+            s = estimate.fit.stats
+            m.pool_p0.labels(pool=key).set(s.p0)
+            m.pool_mu_o.labels(pool=key).set(s.mu_o_tokens)
+            m.pool_mu_l.labels(pool=key).set(s.mu_l_tokens)
+
+    def pool_estimate(self, key: str):
+        """The pool's latest estimate (None before the first refresh)."""
+        pool = self._pools.get(key)
+        return pool.stats.estimate if pool is not None else None
 
     # ---- operator actions ----
 
@@ -312,36 +476,66 @@ class Controller:
                                     new=record_json(record))
         self._overrides = [r for r in self._overrides
                            if not (r.kind == record.kind and scope_key(r.scope) == scope)] + [record]
-        await self.redecide_all()
+        self._update_override_metrics()
+        self.redecide_all()
         return record
 
     async def clear_override(self, scope: operator_pb2.Scope, kind: int, *, actor: str,
-                             reason: str) -> operator_pb2.OverrideRecord:
+                             reason: str) -> operator_pb2.OverrideRecord | None:
+        """Remove an override; returns the cleared record, or None when there was none (nothing changes)."""
         key = scope_key(scope)
         if kind not in (operator_pb2.OVERRIDE_KIND_DELTA, operator_pb2.OVERRIDE_KIND_PIN):
             raise OverrideError("kind: must be DELTA or PIN")
         old = await self._store.clear_override(scope, kind, actor=actor, reason=reason, now_s=self._clock())
+        if old is None:
+            return None
         self._tracer.trace_override(action="clear", kind=operator_pb2.OverrideKind.Name(kind), scope=key,
                                     actor=actor, reason=reason, old=record_json(old), new="")
         self._overrides = [r for r in self._overrides if not (r.kind == kind and scope_key(r.scope) == key)]
-        await self.redecide_all()
-        cleared = operator_pb2.OverrideRecord(scope=scope, kind=kind, set_by=actor, set_at_s=self._clock(),
-                                              reason=reason, cleared=True)
-        return cleared
+        self._update_override_metrics()
+        self.redecide_all()
+        return operator_pb2.OverrideRecord(scope=scope, kind=kind, set_by=actor, set_at_s=self._clock(),
+                                           reason=reason, cleared=True)
 
-    async def put_calibration(self, calibration: operator_pb2.Calibration) -> operator_pb2.Calibration:
+    def overrides(self) -> list[operator_pb2.OverrideRecord]:
+        """The overrides this replica holds in force (expired ones excluded)."""
+        now_s = self._clock()
+        return [r for r in self._overrides if not r.cleared and not (0 < r.expires_at_s <= now_s)]
+
+    def _update_override_metrics(self) -> None:
+        m = self._metrics
+        m.overrides_in_force.clear()
+        m.override_expiry.clear()
+        for record in self.overrides():
+            kind = "delta" if record.kind == operator_pb2.OVERRIDE_KIND_DELTA else "pin"
+            scope_kind = operator_pb2.ScopeKind.Name(record.scope.kind).removeprefix("SCOPE_KIND_").lower()
+            m.overrides_in_force.labels(kind=kind, scope_kind=scope_kind).inc()
+            try:
+                m.override_expiry.labels(kind=kind, scope=scope_key(record.scope)).set(record.expires_at_s)
+            except ValueError:
+                continue
+
+    async def put_calibration(self, calibration: operator_pb2.Calibration, *, actor: str = "") -> \
+            operator_pb2.Calibration:
         calibration_to_cost_model(calibration)  # raises ValueError naming the field
         pool_key(calibration.pool)
-        await self._store.put_calibration(calibration)
+        try:
+            await self._store.put_calibration(calibration, actor=actor)
+        except TypeError:  # a store without calibration audit
+            await self._store.put_calibration(calibration)
         self._set_calibration(calibration)
-        await self.redecide_all()
+        key = pool_key(calibration.pool)
+        pool = self._pools.get(key)
+        if pool is not None:
+            pool.stats.refresh(self._clock(), calibration=self._calibrations.get(key))
+        self.redecide_all()
         return calibration
 
     def _set_calibration(self, calibration: operator_pb2.Calibration) -> None:
         try:
             self._calibrations[pool_key(calibration.pool)] = calibration_to_cost_model(calibration)
         except ValueError as exc:
-            logger.warning("ignoring stored calibration for %s: %s", pool_key(calibration.pool), exc)
+            logger.warning("ignoring stored calibration for %s: %s", calibration.pool.model[:64], exc)
 
     def calibration(self, pool: common_pb2.Pool) -> operator_pb2.Calibration | None:
         costs = self._calibrations.get(pool_key(pool))
@@ -350,12 +544,15 @@ class Controller:
     # ---- views ----
 
     def decision_view(self, engine_id: str) -> operator_pb2.DecisionView | None:
-        state = self._engines.get(engine_id)
-        if state is not None and state.current is not None:
-            model, accelerator = state.hello.model, state.hello.accelerator
-            return operator_pb2.DecisionView(engine_id=engine_id,
-                                             pool=common_pb2.Pool(model=model, accelerator=accelerator),
-                                             decision=state.current, acked_version=state.acked_version)
+        record = self._engines.get(engine_id)
+        if record is not None and record.loop.current is not None:
+            loop = record.loop
+            view = operator_pb2.DecisionView(
+                engine_id=engine_id, pool=common_pb2.Pool(model=loop.hello.model, accelerator=loop.hello.accelerator),
+                decision=loop.current, acked_version=loop.acked_version, computed_at_s=loop.latest_at_s)
+            if loop.latest is not None:
+                view.latest.CopyFrom(loop.latest)
+            return view
         restored = self._restored.get(engine_id)
         if restored is not None:
             model, _, accelerator = restored[0].partition("|")
@@ -368,8 +565,9 @@ class Controller:
         now_s = self._clock()
         wanted = pool_key(pool) if pool is not None and (pool.model or pool.accelerator) else None
         infos = []
-        for engine_id, state in sorted(self._engines.items()):
-            hello = state.hello
+        for engine_id, record in sorted(self._engines.items()):
+            loop = record.loop
+            hello = loop.hello
             if wanted is not None and hello.pool_key != wanted:
                 continue
             limits = hello.limits
@@ -380,23 +578,25 @@ class Controller:
                 limits={"max_num_seqs": limits.max_num_seqs, "max_num_batched_tokens": limits.max_num_batched_tokens,
                         "kv_capacity_tokens": limits.kv_capacity_tokens, "block_size_tokens": hello.block_size_tokens,
                         "max_model_len_tokens": limits.max_model_len_tokens},
-                connected=state.connected,
-                telemetry_age_s=now_s - state.last_telemetry_s if state.last_telemetry_s >= 0 else -1.0,
-                decision_version=state.current.version if state.current is not None else 0,
-                acked_version=state.acked_version, num_completions=state.num_completions,
-                num_rejected_events=state.num_rejected_events, num_sequence_gaps=state.num_sequence_gaps,
-                controller_id=self._config.controller_id,
+                connected=record.session is not None,
+                telemetry_age_s=now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0,
+                decision_version=loop.version, acked_version=loop.acked_version,
+                num_completions=loop.num_completions, num_rejected_events=loop.num_rejected_events,
+                num_sequence_gaps=loop.num_sequence_gaps, controller_id=self._config.controller_id,
+                instance_id=hello.instance_id, excluded_from_pool=loop.excluded_from_pool,
             ))
         return infos
 
-    def _registry_info(self, state: EngineState) -> dict[str, str]:
-        return {"pool": state.hello.pool_key, "controller_id": self._config.controller_id,
-                "vllm_version": state.hello.vllm_version, "agent_version": state.hello.agent_version,
-                "decision_version": str(state.current.version if state.current is not None else 0),
-                "last_telemetry_s": repr(state.last_telemetry_s)}
+    def registry_entries(self) -> dict[str, dict[str, str]]:
+        """Registry info of every connected engine (refreshed in the store by the app's store loop)."""
+        return {engine_id: {"pool": r.loop.hello.pool_key, "controller_id": self._config.controller_id,
+                            "vllm_version": r.loop.hello.vllm_version, "agent_version": r.loop.hello.agent_version,
+                            "decision_version": str(r.loop.version),
+                            "last_telemetry_s": repr(r.loop.last_telemetry_s)}
+                for engine_id, r in self._engines.items() if r.session is not None}
 
     def watch(self) -> asyncio.Queue[Pushed]:
-        queue: asyncio.Queue[Pushed] = asyncio.Queue(maxsize=10_000)
+        queue: asyncio.Queue[Pushed] = asyncio.Queue(maxsize=_WATCH_QUEUE)
         self._watchers.add(queue)
         return queue
 
@@ -404,4 +604,12 @@ class Controller:
         self._watchers.discard(queue)
 
     def connected_engine_ids(self) -> list[str]:
-        return [eid for eid, s in self._engines.items() if s.connected]
+        return [eid for eid, r in self._engines.items() if r.session is not None]
+
+    def close_all_streams(self, message: str) -> None:
+        for record in self._engines.values():
+            if record.session is not None:
+                record.session.mailbox.close(grpc.StatusCode.UNAVAILABLE, message)
+
+
+__all__ = ["Controller", "EngineHello", "OverrideError", "Pushed", "StreamRefused"]

@@ -1,13 +1,12 @@
 """Who sets the engine's decision during a twin run: nobody (stock), a fixed decision, or the real core
 policy online — the controller's loop without the network.
 
-`OnlineControl` does what `controlplane.service.controller` does for one engine: completions (prompt and
-output lengths) go into a `LengthWindow` as they finish; every `telemetry_interval_s` of simulated time the
-N_obs EMA takes the running count (the agent's batch cadence); a decision is recomputed after
-`recompute_completions` completions or every `interval_s`, by `core.policy.decide` with the profile's
-CostModel as the calibrated costs; it is converted with `service.convert.decision_to_proto` and, when the
-instruction changed, applied with `Enforcer.apply` at the current simulated time (no latency: the twin's
-controller is local). Every applied decision is recorded as a `DecisionRecord` (the timeline).
+`OnlineControl` runs the controller's own decision loop (`controlplane.loop`: `EngineLoop` per engine,
+`PoolStatistics` per pool) on the simulated clock: every `telemetry_interval_s` the completions since the
+last batch are fed as one batch (the agent's cadence), the pool's estimate is refreshed when a statistics
+bucket settles, and a decision due is computed with the profile's CostModel as the pool calibration and,
+when the instruction changed, applied with `Enforcer.apply` at the current simulated time (no network
+latency). Every applied decision is recorded as a `DecisionRecord` (the timeline).
 
 No I/O, no clock: time is the engine's simulated clock.
 """
@@ -17,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from controlplane.api.v1 import common_pb2
 from controlplane.core.budget import SweepPoint
-from controlplane.core.hazard import LengthWindow
-from controlplane.core.policy import decide, ema_update
-from controlplane.core.types import CostModel, EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
-from controlplane.service.config import DecisionLoopConfig
-from controlplane.service.convert import decision_to_proto, same_instruction
+from controlplane.core.types import CostModel, EngineLimits, OperatorIntent, PolicyConfig
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.engine import EngineLoop
+from controlplane.loop.ingest import EngineHello, ValidatedBatch
+from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.sim.engine import SimEngine, SimStep
 
 
@@ -86,33 +87,44 @@ class OnlineSettings:
     budget_sweep: Sequence[SweepPoint] = ()
 
 
+_EMPTY = np.zeros(0)
+
+
 class OnlineControl:
-    """The controller's decision loop for one engine, run on the twin's clock (see the module docstring)."""
+    """The controller's decision loop for one engine, run on the twin's clock (see the module docstring).
+
+    It feeds the same objects the controller does — a `loop.EngineLoop` for the engine and a
+    `loop.PoolStatistics` for its (one-engine) pool — in the same order: every telemetry interval one
+    batch (the completions and steps since the last one, the running count, the preemption counter) goes
+    to `EngineLoop.on_batch` and `PoolStatistics.add`; the pool estimate is refreshed when its end bucket
+    advances; the engine is decided when it is due. The profile's CostModel stands in for the pool's
+    calibration.
+    """
 
     def __init__(self, costs: CostModel, settings: OnlineSettings | None = None) -> None:
         self._costs = costs
         self._settings = settings = settings or OnlineSettings()
-        self._window = LengthWindow(output_window=settings.loop.output_window,
-                                    prompt_window=settings.loop.prompt_window)
-        self._state = PolicyState()
-        self._limits: EngineLimits | None = None
-        self._n_obs = 0.0
-        self._n_obs_at_s = -1.0
+        self._loop: EngineLoop | None = None
+        self._pool: PoolStatistics | None = None
         self._next_telemetry_s = 0.0
-        self._last_decided_s = float("-inf")
-        self._completions_since = 0
-        self._preemptions_at_decision = 0
-        self._version = 0
-        self._current: common_pb2.Decision | None = None
+        self._seq = 0
+        self._prompts: list[np.ndarray] = []
+        self._outputs: list[np.ndarray] = []
+        self._steps: list[tuple[float, float, float, float]] = []
         self.num_decisions = 0
         self.timeline: list[DecisionRecord] = []
 
     def start(self, engine: SimEngine) -> None:
         shape = engine.shape
-        self._limits = EngineLimits(max_num_seqs=shape.max_num_seqs,
-                                    max_num_batched_tokens=shape.max_num_batched_tokens,
-                                    kv_capacity_tokens=engine.kv_total_tokens,
-                                    max_model_len_tokens=shape.max_model_len_tokens)
+        limits = EngineLimits(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
+                              kv_capacity_tokens=engine.kv_total_tokens,
+                              max_model_len_tokens=shape.max_model_len_tokens)
+        hello = EngineHello(engine_id="twin", model="twin", accelerator="twin", vllm_version="", agent_version="",
+                            limits=limits, block_size_tokens=0)
+        settings = self._settings
+        self._loop = EngineLoop(hello=hello, config=settings.loop, policy=settings.policy,
+                                budget_sweep=settings.budget_sweep, epoch=0)
+        self._pool = PoolStatistics(hello.pool_key, settings.loop, replica_id="twin")
         self._next_telemetry_s = engine.now_s
         self._telemetry(engine)
 
@@ -120,49 +132,45 @@ class OnlineControl:
         finished = step.finished
         if finished.size:
             prompts, outputs = engine.lengths_of(finished)
-            self._window.add_completions(prompts, outputs)
-            self._completions_since += finished.size
+            self._prompts.append(np.asarray(prompts, dtype=np.float64))
+            self._outputs.append(np.asarray(outputs, dtype=np.float64))
         if engine.now_s >= self._next_telemetry_s:
             self._telemetry(engine)
 
     def _telemetry(self, engine: SimEngine) -> None:
+        loop, pool = self._loop, self._pool
+        if loop is None or pool is None:  # pragma: no cover - start() runs first
+            raise RuntimeError("OnlineControl.start() was not called")
         now_s = engine.now_s
-        interval = self._settings.telemetry_interval_s
-        self._next_telemetry_s = max(self._next_telemetry_s + interval, now_s)
-        running = float(engine.num_running)
-        if self._n_obs_at_s < 0.0:
-            self._n_obs = running
-        else:
-            self._n_obs = ema_update(self._n_obs, running, dt_s=now_s - self._n_obs_at_s,
-                                     time_constant_s=self._settings.loop.n_obs_time_constant_s)
-        self._n_obs_at_s = now_s
-        loop = self._settings.loop
-        if self._completions_since >= loop.recompute_completions or now_s - self._last_decided_s >= loop.interval_s:
-            self._decide(engine)
+        self._next_telemetry_s = max(self._next_telemetry_s + self._settings.telemetry_interval_s, now_s)
+        prompts = np.concatenate(self._prompts) if self._prompts else _EMPTY
+        outputs = np.concatenate(self._outputs) if self._outputs else _EMPTY
+        self._prompts.clear()
+        self._outputs.clear()
+        self._seq += 1
+        batch = ValidatedBatch(
+            seq=self._seq, prompt_tokens=prompts, output_tokens=outputs, prefill_tokens=_EMPTY, decode_tokens=_EMPTY,
+            decode_requests=_EMPTY, duration_s=_EMPTY, num_aborted=0, num_dropped=0, kv_used_tokens=0,
+            kv_total_tokens=engine.kv_total_tokens, num_running=int(engine.num_running), num_waiting=0,
+            num_preemptions=int(engine.num_preemptions), num_events_dropped=0, traceparent="",
+            running_lengths=_EMPTY.astype(np.int64), running_counts=_EMPTY.astype(np.int64))
+        loop.on_batch(batch, now_s=now_s)
+        pool.add(now_s, prompts=prompts, outputs=outputs, steps=None)
+        if pool.estimate is None or pool.estimate_bucket(now_s) > pool.estimate.end_bucket:
+            pool.refresh(now_s, calibration=self._costs)
+        if loop.is_due(now_s):
+            self._decide(engine, now_s)
 
-    def _decide(self, engine: SimEngine) -> None:
-        now_s = engine.now_s
-        settings = self._settings
-        assert self._limits is not None
-        observations = Observations(
-            output_lengths_tokens=self._window.output_lengths(), prompt_lengths_tokens=self._window.prompt_lengths(),
-            costs=self._costs, limits=self._limits, n_obs=self._n_obs,
-            num_preemptions=engine.num_preemptions - self._preemptions_at_decision)
-        self._preemptions_at_decision = engine.num_preemptions
-        decision, self._state = decide(observations, self._state, now_s, intent=settings.intent,
-                                       config=settings.policy, budget_sweep=settings.budget_sweep)
-        self._last_decided_s = now_s
-        self._completions_since = 0
+    def _decide(self, engine: SimEngine, now_s: float) -> None:
+        loop, pool = self._loop, self._pool
+        if loop is None or pool is None:  # pragma: no cover - start() runs first
+            raise RuntimeError("OnlineControl.start() was not called")
+        outcome = loop.decide(pool.estimate, intent=self._settings.intent, now_s=now_s)
         self.num_decisions += 1
-        candidate = decision_to_proto(decision, version=self._version + 1, ttl_s=settings.loop.ttl_s,
-                                      decided_at_s=now_s, trace_id="")
-        if self._current is not None and same_instruction(self._current, candidate):
+        if not outcome.changed:
             engine.enforcer.touch(now_s)
             return
-        applied, reason = engine.enforcer.apply(candidate, now_s=now_s)
+        applied, reason = engine.enforcer.apply(outcome.latest, now_s=now_s)
         if not applied:  # pragma: no cover - decide() guarantees 1 ≤ k ≤ N ≤ max_num_seqs
             raise RuntimeError(f"the engine refused the core's decision: {reason}")
-        self._version += 1
-        self._current = candidate
-        self.timeline.append(record_of(candidate, now_s))
-
+        self.timeline.append(record_of(outcome.latest, now_s))

@@ -1,0 +1,49 @@
+"""Configuration of the decision loop (shared by the controller and the twin); validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionLoopConfig:
+    """When decisions are recomputed, how long they live, and the statistics windows.
+
+    recompute_completions: an engine's new completions that make its decision due.
+    interval_s: an engine's decision is recomputed at least this often while it is connected.
+    ttl_s: decision lifetime at the agent; the current decision is re-sent every ttl_s / 3 (keep-alive).
+    n_obs_time_constant_s: time constant of the N_obs EMA of running requests.
+    output_window / prompt_window: completions the pool's length window holds at least (the newest
+      closed time buckets are summed until they hold this many; a bucket is never split).
+    step_window: steps per cost phase the pool's cost window holds at least (same rule).
+    bucket_s: length of one statistics bucket, seconds (pool statistics are recomputed when one closes).
+    max_window_s: no bucket older than this enters a window, seconds.
+    engine_ttl_s: a disconnected engine is forgotten (memory, registry, metrics) after this long.
+    """
+
+    recompute_completions: int = 256
+    interval_s: float = 5.0
+    ttl_s: float = 60.0
+    n_obs_time_constant_s: float = 10.0
+    output_window: int = 4096
+    prompt_window: int = 4096
+    step_window: int = 2048
+    bucket_s: float = 1.0
+    max_window_s: float = 1800.0
+    engine_ttl_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.recompute_completions < 1:
+            raise ValueError(f"recompute_completions must be ≥ 1, got {self.recompute_completions}")
+        for name in ("interval_s", "ttl_s", "n_obs_time_constant_s", "bucket_s", "max_window_s", "engine_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("output_window", "prompt_window", "step_window"):
+            if getattr(self, name) < 8:
+                raise ValueError(f"{name} must be ≥ 8, got {getattr(self, name)}")
+        if self.max_window_s < self.bucket_s:
+            raise ValueError(f"max_window_s ({self.max_window_s}) must be ≥ bucket_s ({self.bucket_s})")
+
+    @property
+    def keepalive_s(self) -> float:
+        return self.ttl_s / 3.0

@@ -1,0 +1,197 @@
+"""The per-engine decision loop: ingest → due? → decide → change test → version. Pure and clock-injected.
+
+`EngineLoop` is what the controller keeps per connected engine and what the twin runs for its simulated
+engine: the same object, so the two cannot drift. It holds the engine's own state (N_obs EMA, policy
+state, preemption baseline, sequence numbers, versions, ACKs); the workload and cost terms come from the
+pool's estimate (`pool_stats.PoolEstimate`), computed once per pool per recompute. A decision costs a few
+tens of microseconds: the core's `decide` on a precomputed hazard fit plus one protobuf message.
+
+Versions are `epoch · 10^9 + sequence` (`controlplane.protocol.compose_version`); the epoch is given by
+the caller (reserved in the store when the engine's stream opened), so versions keep increasing when an
+engine moves between replicas.
+
+No I/O, no clock: every method takes `now_s`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controlplane.api.v1 import common_pb2
+from controlplane.core.budget import SweepPoint
+from controlplane.core.policy import decide, ema_update
+from controlplane.core.types import Decision, Observations, OperatorIntent, PolicyConfig, PolicyState
+from controlplane.loop.codec import decision_to_proto, same_instruction
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.ingest import EngineHello, ValidatedBatch
+from controlplane.loop.pool_stats import PoolEstimate
+from controlplane.protocol import VERSION_EPOCH_FACTOR, compose_version
+
+_EMPTY = np.zeros(0)
+_SENT_VERSIONS_KEPT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LoopOutcome:
+    """The result of one computation.
+
+    decision: the core's decision (reason, flags, diagnostics). latest: it as a message (the version of the
+    instruction in force). push: the message to send now (a new version, or a keep-alive of the current
+    one), or None. changed: the instruction changed (a new version was issued).
+    """
+
+    decision: Decision
+    latest: common_pb2.Decision
+    push: common_pb2.Decision | None
+    changed: bool
+
+
+@dataclass
+class EngineLoop:
+    """Decision state of one engine (see the module docstring). Times are controller seconds."""
+
+    hello: EngineHello
+    config: DecisionLoopConfig
+    policy: PolicyConfig
+    epoch: int = 0
+    budget_sweep: Sequence[SweepPoint] = ()
+    sequence: int = 0
+    policy_state: PolicyState = field(default_factory=PolicyState)
+    current: common_pb2.Decision | None = None
+    latest: common_pb2.Decision | None = None
+    latest_at_s: float = 0.0
+    n_obs: float = 0.0
+    n_obs_at_s: float = 0.0
+    acked_version: int = 0
+    last_telemetry_s: float = -1.0
+    last_decided_s: float = float("-inf")
+    last_sent_s: float = float("-inf")
+    last_seq: int = 0
+    completions_since_decision: int = 0
+    num_completions: int = 0
+    num_rejected_events: int = 0
+    num_sequence_gaps: int = 0
+    num_preemptions: int = 0  # the engine's cumulative counter, as last reported
+    preemptions_since_decision: int = 0
+    traceparent: str = ""
+    excluded_from_pool: bool = False
+    sent_versions: deque[int] = field(default_factory=lambda: deque(maxlen=_SENT_VERSIONS_KEPT))
+
+    @property
+    def version(self) -> int:
+        """Version of the instruction in force (0 before the first)."""
+        return self.current.version if self.current is not None else 0
+
+    # ---- ingest ----
+
+    def on_batch(self, batch: ValidatedBatch, *, now_s: float) -> bool:
+        """Feed one validated batch; returns True when its sequence number shows a gap or a regression
+        (counted once per event, whatever the numbers: a seq of 2^64−1 is one event, not 1.8e19)."""
+        gap = self.last_seq != 0 and batch.seq != self.last_seq + 1
+        self.num_sequence_gaps += int(gap)
+        self.last_seq = batch.seq
+        accepted = int(batch.output_tokens.size)
+        self.num_completions += accepted
+        self.completions_since_decision += accepted
+        self.num_rejected_events += batch.num_dropped
+        # The first batch sets the baseline (a restarted controller must not count an engine's whole past);
+        # a counter below the last one means the engine restarted: all of it is new.
+        if self.last_telemetry_s >= 0:
+            new = batch.num_preemptions - self.num_preemptions
+            self.preemptions_since_decision += new if new >= 0 else batch.num_preemptions
+        self.num_preemptions = batch.num_preemptions
+        if batch.num_running is not None:
+            if self.last_telemetry_s < 0:
+                self.n_obs, self.n_obs_at_s = float(batch.num_running), now_s
+            else:
+                self.n_obs = ema_update(self.n_obs, float(batch.num_running), dt_s=now_s - self.n_obs_at_s,
+                                        time_constant_s=self.config.n_obs_time_constant_s)
+                self.n_obs_at_s = now_s
+        self.last_telemetry_s = now_s
+        if batch.traceparent:
+            self.traceparent = batch.traceparent
+        return gap
+
+    # ---- timing ----
+
+    def is_due(self, now_s: float) -> bool:
+        return (self.completions_since_decision >= self.config.recompute_completions
+                or now_s - self.last_decided_s >= self.config.interval_s)
+
+    def keepalive_due(self, now_s: float) -> bool:
+        return self.current is not None and now_s - self.last_sent_s >= self.config.keepalive_s
+
+    def next_due_s(self) -> float:
+        """The time the interval or the keep-alive makes this engine due (completions aside)."""
+        keepalive = self.last_sent_s + self.config.keepalive_s if self.current is not None else float("inf")
+        return min(self.last_decided_s + self.config.interval_s, keepalive)
+
+    # ---- deciding ----
+
+    def decide(self, estimate: PoolEstimate | None, *, intent: OperatorIntent, now_s: float,
+               force_push: bool = False, trigger_traceparent: str = "") -> LoopOutcome:
+        """Recompute the decision from the pool's estimate; issue a new version when the instruction changed.
+
+        push is the new version, or — when nothing changed — the current one if a keep-alive is due or
+        force_push is set; else None.
+        """
+        observations = Observations(
+            output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
+            costs=estimate.costs if estimate is not None else None, limits=self.hello.limits, n_obs=self.n_obs,
+            num_rejected_samples=self.num_rejected_events, num_preemptions=self.preemptions_since_decision,
+        )
+        decision, self.policy_state = decide(
+            observations, self.policy_state, now_s, intent=intent, config=self.policy,
+            budget_sweep=self.budget_sweep, fit=estimate.fit if estimate is not None else None,
+        )
+        self.last_decided_s = now_s
+        self.completions_since_decision = 0
+        self.preemptions_since_decision = 0
+        next_version = self._next_version()
+        candidate = decision_to_proto(decision, version=next_version, ttl_s=self.config.ttl_s, decided_at_s=now_s,
+                                      trace_id="")
+        candidate.trigger_traceparent = trigger_traceparent
+        current = self.current
+        if current is not None and same_instruction(current, candidate):
+            candidate.version = current.version
+            candidate.trace_id = current.trace_id
+            self.latest, self.latest_at_s = candidate, now_s
+            push = current if (force_push or self.keepalive_due(now_s)) else None
+            return LoopOutcome(decision=decision, latest=candidate, push=push, changed=False)
+        self.sequence = next_version % VERSION_EPOCH_FACTOR
+        self.current = candidate
+        self.latest, self.latest_at_s = candidate, now_s
+        return LoopOutcome(decision=decision, latest=candidate, push=candidate, changed=True)
+
+    def _next_version(self) -> int:
+        sequence = self.sequence + 1
+        epoch = self.epoch
+        if sequence >= VERSION_EPOCH_FACTOR:  # 10^9 decisions in one epoch: move to the next
+            epoch, sequence = epoch + 1, 1
+            self.epoch = epoch
+        version = compose_version(epoch, sequence)
+        return max(version, self.version + 1)
+
+    def restore(self, decision: common_pb2.Decision) -> None:
+        """Continue after a stored decision (a restart): versions stay above it."""
+        epoch, sequence = divmod(decision.version, VERSION_EPOCH_FACTOR)
+        if epoch > self.epoch or (epoch == self.epoch and sequence > self.sequence):
+            self.epoch, self.sequence = epoch, sequence
+
+    def mark_sent(self, decision: common_pb2.Decision, *, now_s: float) -> None:
+        self.last_sent_s = now_s
+        if not self.sent_versions or self.sent_versions[-1] != decision.version:
+            self.sent_versions.append(decision.version)
+
+    def ack(self, version: int, *, applied: bool) -> str:
+        """Record an ACK; returns "applied", "rejected" or "unknown_version" (never sent: ignored)."""
+        if version not in self.sent_versions:
+            return "unknown_version"
+        if applied:
+            self.acked_version = max(self.acked_version, version)
+            return "applied"
+        return "rejected"

@@ -1,0 +1,216 @@
+"""Validation of agent messages against the contract and against the engine's own Hello limits.
+
+Structural errors (a Hello missing its engine id, columns of different lengths, KV used above total, a
+pool name with control characters) raise `TelemetryError` naming the field and a `cause` code; the
+servicer answers INVALID_ARGUMENT and counts the cause. Values inside well-formed columns that cannot be
+true for this engine (a non-aborted request with 0 output tokens, a prompt longer than its
+max_model_len, a step with more tokens than its max_num_batched_tokens, a non-finite or absurd duration)
+are dropped and counted, and the rest of the batch is used: one bad value never poisons the pool.
+Error messages echo at most a bounded prefix of bad input (`protocol.bounded`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.api.v1 import agent_pb2
+from controlplane.core.types import EngineLimits
+from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key, pool_name_problem
+
+MAX_BATCH_EVENTS = 1_000_000
+MAX_NUM_SEQS = 1 << 20
+MAX_BATCHED_TOKENS = 1 << 24
+MAX_MODEL_LEN_TOKENS = 1 << 24
+MAX_KV_CAPACITY_TOKENS = 1 << 40
+MAX_STEP_DURATION_S = 600.0
+MAX_TEXT_CHARS = 128
+MAX_RUNNING_BINS = 4096
+
+
+class TelemetryError(ValueError):
+    """A message is malformed; `field` is the dotted path of the offending field, `cause` a metric label."""
+
+    def __init__(self, field: str, problem: str, *, cause: str = "malformed") -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHello:
+    engine_id: str
+    model: str
+    accelerator: str
+    vllm_version: str
+    agent_version: str
+    limits: EngineLimits
+    block_size_tokens: int
+    instance_id: str = ""
+    instance_started_at_s: float = 0.0
+
+    @property
+    def pool_key(self) -> str:
+        return make_pool_key(self.model, self.accelerator)
+
+
+def _text(field: str, value: str) -> str:
+    if len(value) > MAX_TEXT_CHARS or not value.isprintable():
+        raise TelemetryError(field, f"must be at most {MAX_TEXT_CHARS} printable characters, got {bounded(value)}",
+                             cause="bad_hello")
+    return value
+
+
+def _limit(field: str, value: int, *, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise TelemetryError(field, f"must be in [{low}, {high}], got {value}", cause="bad_hello")
+    return value
+
+
+def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
+    """Raises TelemetryError (cause "bad_hello") for a malformed engine id, pool, limits or instance."""
+    if not is_valid_engine_id(hello.engine_id):
+        raise TelemetryError("hello.engine_id", f"must match [A-Za-z0-9._:-]{{1,128}}, got {bounded(hello.engine_id)}",
+                             cause="bad_hello")
+    for field, name in (("hello.pool.model", hello.pool.model), ("hello.pool.accelerator", hello.pool.accelerator)):
+        problem = pool_name_problem(name)
+        if problem is not None:
+            raise TelemetryError(field, f"{bounded(name)} {problem}", cause="bad_hello")
+    limits = hello.limits
+    max_num_seqs = _limit("hello.limits.max_num_seqs", limits.max_num_seqs, low=1, high=MAX_NUM_SEQS)
+    budget = _limit("hello.limits.max_num_batched_tokens", limits.max_num_batched_tokens, low=1,
+                    high=MAX_BATCHED_TOKENS)
+    max_len = _limit("hello.limits.max_model_len_tokens", limits.max_model_len_tokens, low=1,
+                     high=MAX_MODEL_LEN_TOKENS)
+    kv = _limit("hello.limits.kv_capacity_tokens", limits.kv_capacity_tokens, low=0, high=MAX_KV_CAPACITY_TOKENS)
+    if not math.isfinite(hello.instance_started_at_s) or hello.instance_started_at_s < 0:
+        raise TelemetryError("hello.instance_started_at_s", "must be a finite time ≥ 0", cause="bad_hello")
+    return EngineHello(
+        engine_id=hello.engine_id,
+        model=hello.pool.model,
+        accelerator=hello.pool.accelerator,
+        vllm_version=_text("hello.vllm_version", hello.vllm_version),
+        agent_version=_text("hello.agent_version", hello.agent_version),
+        limits=EngineLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, kv_capacity_tokens=kv,
+                            max_model_len_tokens=max_len),
+        block_size_tokens=limits.block_size_tokens,
+        instance_id=_text("hello.instance_id", hello.instance_id),
+        instance_started_at_s=hello.instance_started_at_s,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class ValidatedBatch:
+    """The usable content of one TelemetryBatch (arrays are float64 for the estimators).
+
+    num_dropped: values dropped as invalid or out of range for this engine (counted, not used).
+    num_running: running requests (None when the reported count exceeded the engine's max_num_seqs).
+    running_lengths / running_counts: the censored running-length histogram (empty when not sent).
+    """
+
+    seq: int
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefill_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    decode_requests: np.ndarray
+    duration_s: np.ndarray
+    num_aborted: int
+    num_dropped: int
+    kv_used_tokens: int
+    kv_total_tokens: int
+    num_running: int | None
+    num_waiting: int
+    num_preemptions: int
+    num_events_dropped: int
+    traceparent: str
+    running_lengths: np.ndarray
+    running_counts: np.ndarray
+
+
+def _same_length(prefix: str, columns: dict[str, object]) -> int:
+    lengths = {name: len(values) for name, values in columns.items()}
+    if len(set(lengths.values())) > 1:
+        detail = ", ".join(f"{name}={n}" for name, n in lengths.items())
+        raise TelemetryError(prefix, f"columns must have equal lengths, got {detail}")
+    size = next(iter(lengths.values()))
+    if size > MAX_BATCH_EVENTS:
+        raise TelemetryError(prefix, f"at most {MAX_BATCH_EVENTS} events per batch, got {size}", cause="oversize")
+    return size
+
+
+_EMPTY = np.zeros(0)
+
+
+def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> ValidatedBatch:
+    """Check structure (raises TelemetryError) and drop values impossible for an engine with `limits`."""
+    if batch.seq < 1:
+        raise TelemetryError("telemetry.seq", "must be ≥ 1")
+    c = batch.completions
+    _same_length("telemetry.completions", {"prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
+                                           "finish_time_s": c.finish_time_s, "aborted": c.aborted})
+    s = batch.steps
+    _same_length("telemetry.steps", {"prefill_tokens": s.prefill_tokens, "decode_tokens": s.decode_tokens,
+                                     "decode_requests": s.decode_requests, "duration_s": s.duration_s})
+    r = batch.running
+    _same_length("telemetry.running", {"output_tokens": r.output_tokens, "num_requests": r.num_requests})
+    if len(r.output_tokens) > MAX_RUNNING_BINS:
+        raise TelemetryError("telemetry.running", f"at most {MAX_RUNNING_BINS} bins, got {len(r.output_tokens)}",
+                             cause="oversize")
+    if batch.kv_used_tokens > batch.kv_total_tokens:
+        raise TelemetryError("telemetry.kv_used_tokens",
+                             f"{batch.kv_used_tokens} exceeds kv_total_tokens {batch.kv_total_tokens}")
+    if batch.traceparent and (len(batch.traceparent) > 128 or not batch.traceparent.isprintable()):
+        raise TelemetryError("telemetry.traceparent", f"must be ≤ 128 printable characters, got "
+                             f"{bounded(batch.traceparent)}")
+    if not math.isfinite(batch.sent_at_s):
+        raise TelemetryError("telemetry.sent_at_s", "must be finite")
+
+    max_len = float(limits.max_model_len_tokens)
+    prompts = np.asarray(c.prompt_tokens, dtype=np.float64)
+    outputs = np.asarray(c.output_tokens, dtype=np.float64)
+    finish = np.asarray(c.finish_time_s, dtype=np.float64)
+    aborted = np.asarray(c.aborted, dtype=bool)
+    good = ~aborted & (prompts >= 1) & (outputs >= 1) & np.isfinite(finish) & (prompts + outputs <= max_len)
+    dropped = int(np.count_nonzero(~aborted & ~good))
+
+    prefill = np.asarray(s.prefill_tokens, dtype=np.float64)
+    decode_tok = np.asarray(s.decode_tokens, dtype=np.float64)
+    decode_req = np.asarray(s.decode_requests, dtype=np.float64)
+    duration = np.asarray(s.duration_s, dtype=np.float64)
+    tokens = prefill + decode_tok
+    good_steps = np.isfinite(duration) & (duration > 0) & (duration <= MAX_STEP_DURATION_S) & (tokens > 0)
+    good_steps &= (decode_req <= decode_tok) & (tokens <= limits.max_num_batched_tokens)
+    good_steps &= decode_req <= limits.max_num_seqs
+    dropped += int(np.count_nonzero(~good_steps))
+
+    scheduler = batch.scheduler
+    num_running: int | None = scheduler.num_running_prefills + scheduler.num_running_decodes
+    if num_running > limits.max_num_seqs:
+        num_running, dropped = None, dropped + 1
+    run_lengths = np.asarray(r.output_tokens, dtype=np.int64) if len(r.output_tokens) else _EMPTY.astype(np.int64)
+    run_counts = np.asarray(r.num_requests, dtype=np.int64) if len(r.num_requests) else _EMPTY.astype(np.int64)
+    if run_lengths.size and (run_counts.sum() > limits.max_num_seqs or run_lengths.max() > max_len):
+        run_lengths, run_counts, dropped = _EMPTY.astype(np.int64), _EMPTY.astype(np.int64), dropped + 1
+    return ValidatedBatch(
+        seq=batch.seq,
+        prompt_tokens=prompts[good] if prompts.size else _EMPTY,
+        output_tokens=outputs[good] if outputs.size else _EMPTY,
+        prefill_tokens=prefill[good_steps] if prefill.size else _EMPTY,
+        decode_tokens=decode_tok[good_steps] if prefill.size else _EMPTY,
+        decode_requests=decode_req[good_steps] if prefill.size else _EMPTY,
+        duration_s=duration[good_steps] if prefill.size else _EMPTY,
+        num_aborted=int(np.count_nonzero(aborted)),
+        num_dropped=dropped,
+        kv_used_tokens=batch.kv_used_tokens,
+        kv_total_tokens=batch.kv_total_tokens,
+        num_running=num_running,
+        num_waiting=scheduler.num_waiting,
+        num_preemptions=batch.counters.num_preemptions,
+        num_events_dropped=batch.counters.num_events_dropped,
+        traceparent=batch.traceparent,
+        running_lengths=run_lengths,
+        running_counts=run_counts,
+    )

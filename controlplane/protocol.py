@@ -1,0 +1,96 @@
+"""Wire-level constants and rules that both sides of the contract use: one home, importable by the agent.
+
+Imports only the generated protobuf code (`controlplane.api`), so `agents` may import this module
+(an import-linter contract keeps it that way). No I/O.
+
+- Engine ids: `ENGINE_ID_PATTERN` ([A-Za-z0-9._:-]{1,128}).
+- Pools: a pool is one model on one accelerator type; its key is "<model>|<accelerator>". Names are
+  1..MAX_POOL_NAME_CHARS printable characters without "|" (no control characters, no NUL).
+- Modes: `MODE_NAMES` maps the proto enum to the lower-case names used in records, metrics and logs.
+- Budgets: `min_budget_tokens` is the smallest per-step token budget a decision may carry; an agent NACKs
+  a decision below it (`budget_below_floor`) and the controller never emits one.
+- Versions: a decision version is `epoch · VERSION_EPOCH_FACTOR + sequence` (see `compose_version`); the
+  epoch is reserved per engine in the store whenever an engine's stream opens, so versions keep increasing
+  when an engine moves between controller replicas.
+- Error text: `bounded` cuts echoed input to a fixed prefix so an error never carries a whole payload.
+"""
+
+from __future__ import annotations
+
+import re
+
+from controlplane.api.v1 import common_pb2
+
+ENGINE_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+POOL_KEY_SEPARATOR = "|"
+MAX_POOL_NAME_CHARS = 256
+MAX_ECHO_CHARS = 64
+UINT32_MAX = (1 << 32) - 1
+UINT64_MAX = (1 << 64) - 1
+VERSION_EPOCH_FACTOR = 10**9
+# The smallest per-step token budget worth running: below it an engine spends its time on step overhead
+# (a 1-token budget ran 300 steps/s of one token each on the CPU engine).
+MIN_BUDGET_TOKENS = 256
+
+MODE_NAMES = {
+    common_pb2.MODE_UNSPECIFIED: "unspecified",
+    common_pb2.MODE_MB: "mb",
+    common_pb2.MODE_EB: "eb",
+    common_pb2.MODE_PASSTHROUGH: "passthrough",
+}
+MODE_CODES = {common_pb2.MODE_MB: 1, common_pb2.MODE_EB: 2, common_pb2.MODE_PASSTHROUGH: 3}
+
+
+def bounded(text: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """repr() of `text` cut to `limit` characters, with the original length when cut."""
+    shown = repr(text)
+    if len(shown) <= limit:
+        return shown
+    size = len(text) if isinstance(text, str | bytes) else len(shown)
+    return f"{shown[:limit]}… ({size} chars)"
+
+
+def is_valid_engine_id(engine_id: str) -> bool:
+    return ENGINE_ID_PATTERN.fullmatch(engine_id) is not None
+
+
+def pool_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a pool's model or accelerator name, or None when it can."""
+    if not name:
+        return "must not be empty"
+    if len(name) > MAX_POOL_NAME_CHARS:
+        return f"longer than {MAX_POOL_NAME_CHARS} characters ({len(name)})"
+    if POOL_KEY_SEPARATOR in name:
+        return f"must not contain {POOL_KEY_SEPARATOR!r}"
+    if not name.isprintable():
+        return "must contain only printable characters (no control characters or NUL)"
+    return None
+
+
+def make_pool_key(model: str, accelerator: str) -> str:
+    """"<model>|<accelerator>"; raises ValueError (bounded echo) when either name is invalid."""
+    for field, name in (("model", model), ("accelerator", accelerator)):
+        problem = pool_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"pool {field} {bounded(name)} {problem}")
+    return f"{model}{POOL_KEY_SEPARATOR}{accelerator}"
+
+
+def min_budget_tokens(max_num_batched_tokens: int) -> int:
+    """The budget floor for an engine started with `max_num_batched_tokens` (never above it)."""
+    return max(1, min(int(max_num_batched_tokens), MIN_BUDGET_TOKENS))
+
+
+def compose_version(epoch: int, sequence: int) -> int:
+    """epoch · 10^9 + sequence; raises ValueError outside 0 ≤ sequence < 10^9 or beyond uint64."""
+    if epoch < 0 or not 0 <= sequence < VERSION_EPOCH_FACTOR:
+        raise ValueError(f"version parts out of range: epoch={epoch} sequence={sequence}")
+    version = epoch * VERSION_EPOCH_FACTOR + sequence
+    if version > UINT64_MAX:
+        raise ValueError(f"version {version} exceeds uint64")
+    return version
+
+
+def split_version(version: int) -> tuple[int, int]:
+    """(epoch, sequence) of a version."""
+    return divmod(int(version), VERSION_EPOCH_FACTOR)

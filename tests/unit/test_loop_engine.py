@@ -1,0 +1,101 @@
+"""The per-engine decision loop (`controlplane.loop.engine.EngineLoop`): preemption baseline, sequence-gap
+events with uint64 extremes, versions fenced by epoch, ACKs of versions never sent."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.engine import EngineLoop
+from controlplane.loop.ingest import EngineHello, ValidatedBatch
+from controlplane.protocol import UINT64_MAX, VERSION_EPOCH_FACTOR, split_version
+
+LOOP = DecisionLoopConfig()
+EMPTY = np.zeros(0)
+INTENT = OperatorIntent()
+
+
+def _batch(seq: int, preemptions: int = 0, *, running: int | None = 4) -> ValidatedBatch:
+    return ValidatedBatch(seq=seq, prompt_tokens=EMPTY, output_tokens=EMPTY, prefill_tokens=EMPTY,
+                          decode_tokens=EMPTY, decode_requests=EMPTY, duration_s=EMPTY, num_aborted=0, num_dropped=0,
+                          kv_used_tokens=0, kv_total_tokens=1000, num_running=running, num_waiting=0,
+                          num_preemptions=preemptions, num_events_dropped=0, traceparent="",
+                          running_lengths=EMPTY.astype(np.int64), running_counts=EMPTY.astype(np.int64))
+
+
+def _loop(epoch: int = 0) -> EngineLoop:
+    hello = EngineHello(engine_id="e", model="m", accelerator="a", vllm_version="0", agent_version="0",
+                        limits=EngineLimits(max_num_seqs=8, max_num_batched_tokens=64, kv_capacity_tokens=1000,
+                                            max_model_len_tokens=512),
+                        block_size_tokens=16)
+    return EngineLoop(hello=hello, config=LOOP, policy=PolicyConfig(), epoch=epoch)
+
+
+def test_first_batch_is_the_preemption_baseline_then_increases_count() -> None:
+    loop = _loop()
+    loop.on_batch(_batch(1, 5000), now_s=0.0)  # an engine that preempted before this controller
+    assert loop.preemptions_since_decision == 0
+    loop.on_batch(_batch(2, 5003), now_s=1.0)
+    loop.on_batch(_batch(3, 5010), now_s=2.0)
+    assert loop.preemptions_since_decision == 10
+
+
+def test_a_counter_that_goes_back_is_a_restarted_engine_and_counts_in_full() -> None:
+    loop = _loop()
+    loop.on_batch(_batch(1, 100), now_s=0.0)
+    loop.on_batch(_batch(2, 3), now_s=1.0)
+    assert loop.preemptions_since_decision == 3
+
+
+def test_sequence_gaps_are_counted_as_events_even_at_uint64_extremes() -> None:
+    loop = _loop()
+    gaps = [loop.on_batch(_batch(seq), now_s=float(i)) for i, seq in enumerate((1, UINT64_MAX, 1, 10, 11))]
+    assert gaps == [False, True, True, True, False]
+    assert loop.num_sequence_gaps == 3
+
+
+def test_a_running_count_dropped_by_validation_leaves_n_obs_alone() -> None:
+    loop = _loop()
+    loop.on_batch(_batch(1, running=6), now_s=0.0)
+    loop.on_batch(_batch(2, running=None), now_s=5.0)
+    assert loop.n_obs == 6.0
+
+
+def test_versions_carry_the_epoch_and_increase_across_epochs() -> None:
+    loop = _loop(epoch=3)
+    first = loop.decide(None, intent=INTENT, now_s=0.0, force_push=True)
+    assert first.changed and split_version(first.latest.version) == (3, 1)
+    loop.mark_sent(first.push, now_s=0.0)
+    same = loop.decide(None, intent=INTENT, now_s=1.0)
+    assert not same.changed and same.push is None and same.latest.version == first.latest.version
+    loop.epoch, loop.sequence = 4, 0  # the stream reopened on another replica: a new epoch
+    pinned = loop.decide(None, intent=OperatorIntent(delta_s_per_token=1e-4), now_s=2.0)
+    assert pinned.changed and pinned.latest.version == 4 * VERSION_EPOCH_FACTOR + 1
+    assert pinned.latest.version > first.latest.version
+
+
+def test_keepalive_resends_the_current_version() -> None:
+    loop = _loop()
+    first = loop.decide(None, intent=INTENT, now_s=0.0)
+    loop.mark_sent(first.push, now_s=0.0)
+    later = loop.decide(None, intent=INTENT, now_s=LOOP.keepalive_s + 1.0)
+    assert later.push is not None and later.push.version == first.latest.version
+
+
+def test_acks_of_versions_never_sent_are_refused() -> None:
+    loop = _loop()
+    outcome = loop.decide(None, intent=INTENT, now_s=0.0)
+    loop.mark_sent(outcome.push, now_s=0.0)
+    assert loop.ack(UINT64_MAX, applied=True) == "unknown_version"
+    assert loop.acked_version == 0
+    assert loop.ack(outcome.latest.version, applied=True) == "applied"
+    assert loop.acked_version == outcome.latest.version
+
+
+def test_latest_computation_is_kept_when_the_instruction_does_not_change() -> None:
+    loop = _loop()
+    loop.decide(None, intent=INTENT, now_s=0.0)
+    again = loop.decide(None, intent=INTENT, now_s=7.0)
+    assert not again.changed
+    assert loop.latest_at_s == 7.0 and loop.latest.decided_at_s == 7.0
