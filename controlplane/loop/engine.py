@@ -155,6 +155,9 @@ class EngineLoop:
         candidate = decision_to_proto(decision, version=next_version, ttl_s=self.config.ttl_s, decided_at_s=now_s,
                                       trace_id="")
         candidate.trigger_traceparent = trigger_traceparent
+        if estimate is not None:
+            candidate.diagnostics.pool_window_end_bucket = estimate.end_bucket
+            candidate.diagnostics.cost_source = estimate.cost_source
         current = self.current
         if current is not None and same_instruction(current, candidate):
             candidate.version = current.version

@@ -41,7 +41,7 @@ class BudgetPolicy(_message.Message):
     def __init__(self, b_max_tokens: _Optional[int] = ..., b_cap_tokens: _Optional[int] = ..., n_th: _Optional[int] = ..., t_large_tokens: _Optional[int] = ..., n_d_large: _Optional[int] = ...) -> None: ...
 
 class Diagnostics(_message.Message):
-    __slots__ = ("p0", "eta", "mu_l_tokens", "mu_o_tokens", "sigma_o_tokens", "t95_tokens", "theta0", "delta_theta", "theta_star", "n_star", "k_star", "lhs_s_per_token", "rhs_s_per_token", "n_obs", "num_samples", "num_rejected_samples")
+    __slots__ = ("p0", "eta", "mu_l_tokens", "mu_o_tokens", "sigma_o_tokens", "t95_tokens", "theta0", "delta_theta", "theta_star", "n_star", "k_star", "lhs_s_per_token", "rhs_s_per_token", "n_obs", "num_samples", "num_rejected_samples", "pool_window_end_bucket", "cost_source")
     P0_FIELD_NUMBER: _ClassVar[int]
     ETA_FIELD_NUMBER: _ClassVar[int]
     MU_L_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,8 @@ class Diagnostics(_message.Message):
     N_OBS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     NUM_REJECTED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    POOL_WINDOW_END_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    COST_SOURCE_FIELD_NUMBER: _ClassVar[int]
     p0: float
     eta: float
     mu_l_tokens: float
@@ -74,7 +76,9 @@ class Diagnostics(_message.Message):
     n_obs: float
     num_samples: int
     num_rejected_samples: int
-    def __init__(self, p0: _Optional[float] = ..., eta: _Optional[float] = ..., mu_l_tokens: _Optional[float] = ..., mu_o_tokens: _Optional[float] = ..., sigma_o_tokens: _Optional[float] = ..., t95_tokens: _Optional[float] = ..., theta0: _Optional[float] = ..., delta_theta: _Optional[float] = ..., theta_star: _Optional[float] = ..., n_star: _Optional[int] = ..., k_star: _Optional[int] = ..., lhs_s_per_token: _Optional[float] = ..., rhs_s_per_token: _Optional[float] = ..., n_obs: _Optional[float] = ..., num_samples: _Optional[int] = ..., num_rejected_samples: _Optional[int] = ...) -> None: ...
+    pool_window_end_bucket: int
+    cost_source: str
+    def __init__(self, p0: _Optional[float] = ..., eta: _Optional[float] = ..., mu_l_tokens: _Optional[float] = ..., mu_o_tokens: _Optional[float] = ..., sigma_o_tokens: _Optional[float] = ..., t95_tokens: _Optional[float] = ..., theta0: _Optional[float] = ..., delta_theta: _Optional[float] = ..., theta_star: _Optional[float] = ..., n_star: _Optional[int] = ..., k_star: _Optional[int] = ..., lhs_s_per_token: _Optional[float] = ..., rhs_s_per_token: _Optional[float] = ..., n_obs: _Optional[float] = ..., num_samples: _Optional[int] = ..., num_rejected_samples: _Optional[int] = ..., pool_window_end_bucket: _Optional[int] = ..., cost_source: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("version", "mode", "k", "n", "budget", "delta_s_per_token", "delta_source", "ttl_s", "advisory", "reason", "flags", "decided_at_s", "trace_id", "diagnostics", "trigger_traceparent")
