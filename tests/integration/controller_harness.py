@@ -17,7 +17,7 @@ from controlplane.core.types import PolicyConfig
 from controlplane.observability.tracing import TracingSettings, create_tracer_provider
 from controlplane.service.app import ControllerApp
 from controlplane.service.config import ControllerConfig, DecisionLoopConfig, SecurityConfig
-from controlplane.service.convert import cost_model_to_calibration
+from controlplane.loop.codec import cost_model_to_calibration
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
 
 RTX_PRO_6000 = cost_model_to_calibration(RTX_PRO_6000_QWEN3_8B, common_pb2.Pool(),

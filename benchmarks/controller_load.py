@@ -1,0 +1,329 @@
+"""Controller load: N agent streams against real controller processes, with its own cheap load generator.
+
+Each stream sends a Hello, then one TelemetryBatch per second (64 completions + 1,000 steps by default,
+so 1,000 streams ≈ 1M events/s), and ACKs every decision it receives. Batches are pre-serialised: the
+heavy columns are encoded once per workload variant, and each message only appends its sequence number
+and a traceparent whose span id carries (stream, seq) — the controller copies the traceparent of the
+batch that made a decision due into `Decision.trigger_traceparent`, so the generator measures batch →
+decision latency end to end. The workload drifts (output-length variants cycle with the wall clock) so
+pool estimates, and with them k and N, keep changing and decisions keep being pushed.
+
+The controllers run as separate processes (`controlplane serve`) on one redis-server started here, with
+the pool's calibration put first (EB/MB decisions from the first completions). Printed per scenario:
+events/s and batches/s accepted (the controller's own counters), p50/p99/max batch → decision latency,
+streams never decided (no decision at all; no batch-triggered decision), controller CPU (cores) and RSS,
+the generator's own CPU, Redis commands/s; for several replicas, whether decisions computed from the same
+pool window carry identical pool terms (p0, η, μ_L, μ_O, θ0, samples) on every replica.
+
+    .venv/bin/python benchmarks/controller_load.py                      # 100, 1,000, 2,000 streams, 2 × 1,000
+    .venv/bin/python benchmarks/controller_load.py --streams 300 --duration-s 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import re
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+import redis
+
+from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc
+from controlplane.store.embedded import start_redis_on_free_port
+
+POOL = common_pb2.Pool(model="bench/Qwen3-8B", accelerator="NVIDIA H200")
+CONNECT = "/controlplane.v1.AgentService/Connect"
+STREAMS_PER_CHANNEL = 50
+NUM_VARIANTS = 8
+DRIFT_PERIOD_S = 16.0
+H200 = dict(alpha_p_s=0.0012785933415095027, beta_p_s_per_token=2.4852551825304505e-05,
+            alpha_d_s=0.008921181622454422, beta_d_s_per_request=4.586467522217373e-05,
+            mb_coeffs_s_per_token=[2.494e-05, 5.193e-05, 1.478e-05])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _heavy_variants(completions: int, steps: int, seed: int = 7) -> list[bytes]:
+    """Serialised TelemetryBatch bodies (without seq/traceparent), one per output-length variant."""
+    rng = np.random.default_rng(seed)
+    variants = []
+    for i in range(NUM_VARIANTS):
+        mean_o = 128.0 * 2 ** (3.0 * i / (NUM_VARIANTS - 1))  # 128 … 1024 tokens
+        outputs = np.maximum(1, rng.geometric(1.0 / mean_o, completions)).astype(int)
+        prompts = rng.integers(64, 1024, completions)
+        decode_req = rng.integers(1, 256, steps)
+        prefill = np.where(rng.random(steps) < 0.1, rng.integers(256, 4096, steps), 0)
+        duration = np.where(prefill > 0, 0.0013 + 2.5e-5 * prefill, 0.0089 + 4.6e-5 * decode_req)
+        batch = agent_pb2.TelemetryBatch(
+            completions=agent_pb2.Completions(prompt_tokens=prompts.tolist(), output_tokens=outputs.tolist(),
+                                              finish_time_s=[1.7e9] * completions, aborted=[False] * completions),
+            steps=agent_pb2.Steps(prefill_tokens=prefill.tolist(), decode_tokens=np.where(prefill > 0, 0,
+                                                                                         decode_req).tolist(),
+                                  decode_requests=np.where(prefill > 0, 0, decode_req).tolist(),
+                                  duration_s=duration.tolist()),
+            kv_used_tokens=100_000, kv_total_tokens=1_500_000,
+            scheduler=agent_pb2.SchedulerState(num_running_decodes=200, num_waiting=50),
+            sent_at_s=1.7e9)
+        variants.append(batch.SerializeToString())
+    return variants
+
+
+def _message(heavy: bytes, *, stream: int, seq: int) -> bytes:
+    traceparent = f"00-{'ab' * 16}-{stream:08x}{seq:08x}-01".encode()
+    inner = heavy + b"\x08" + _varint(seq) + b"\x4a" + _varint(len(traceparent)) + traceparent
+    return b"\x12" + _varint(len(inner)) + inner
+
+
+def _hello(stream: int) -> bytes:
+    hello = agent_pb2.Hello(engine_id=f"bench-{stream:05d}", pool=POOL, vllm_version="0.32.0", agent_version="bench",
+                            instance_id=f"i{stream:05d}", instance_started_at_s=1.0,
+                            limits=agent_pb2.EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192,
+                                                          kv_capacity_tokens=1_500_000, block_size_tokens=16,
+                                                          max_model_len_tokens=32768))
+    return agent_pb2.AgentMessage(hello=hello).SerializeToString()
+
+
+def _ack(version: int) -> bytes:
+    return agent_pb2.AgentMessage(ack=agent_pb2.DecisionAck(version=version, applied=True)).SerializeToString()
+
+
+@dataclass
+class Results:
+    sent_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    latencies_s: list[float] = field(default_factory=list)
+    decided: set[int] = field(default_factory=set)
+    triggered: set[int] = field(default_factory=set)
+    by_bucket: dict[int, set[tuple]] = field(default_factory=lambda: defaultdict(set))
+    errors: list[str] = field(default_factory=list)
+
+
+async def _stream(channel: grpc.aio.Channel, stream: int, variants: list[bytes], results: Results,
+                  stop_at: float, measure_from: float) -> None:
+    call = channel.stream_stream(CONNECT, request_serializer=None,
+                                 response_deserializer=agent_pb2.ControllerMessage.FromString)()
+    send_lock = asyncio.Lock()
+
+    async def reader() -> None:
+        async for message in call:
+            decision = message.decision
+            results.decided.add(stream)
+            async with send_lock:
+                await call.write(_ack(decision.version))
+            now = time.monotonic()
+            d = decision.diagnostics
+            if d.pool_window_end_bucket:
+                results.by_bucket[d.pool_window_end_bucket].add(
+                    (round(d.p0, 15), round(d.eta, 18), round(d.mu_l_tokens, 9), round(d.mu_o_tokens, 9),
+                     round(d.theta0, 12), d.num_samples))
+            match = re.fullmatch(r"00-[0-9a-f]{32}-([0-9a-f]{8})([0-9a-f]{8})-01", decision.trigger_traceparent)
+            if match:
+                key = (int(match.group(1), 16), int(match.group(2), 16))
+                sent = results.sent_at.pop(key, None)
+                if sent is not None and sent >= measure_from:
+                    results.latencies_s.append(now - sent)
+                    results.triggered.add(stream)
+
+    await call.write(_hello(stream))
+    task = asyncio.create_task(reader())
+    seq = 0
+    next_s = time.monotonic() + (stream % 1000) / 1000.0
+    try:
+        while time.monotonic() < stop_at and not task.done():
+            await asyncio.sleep(max(0.0, next_s - time.monotonic()))
+            seq += 1
+            variant = int(time.time() / (DRIFT_PERIOD_S / NUM_VARIANTS)) % NUM_VARIANTS
+            payload = _message(variants[variant], stream=stream, seq=seq)
+            results.sent_at[(stream, seq)] = time.monotonic()
+            async with send_lock:
+                await call.write(payload)
+            next_s += 1.0
+        await call.done_writing()
+    except grpc.aio.AioRpcError as exc:
+        results.errors.append(f"{stream}: {exc.code().name} {exc.details()}")
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        call.cancel()
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return math.nan
+
+
+def _accepted(metrics_port: int) -> tuple[float, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    events = batches = 0.0
+    for line in text.splitlines():
+        if line.startswith("cp_telemetry_events_total{") and 'result="accepted"' in line:
+            events += float(line.rsplit(" ", 1)[1])
+        elif line.startswith('cp_telemetry_batches_total{result="accepted"}'):
+            batches += float(line.rsplit(" ", 1)[1])
+    return events, batches
+
+
+def _start_controller(redis_url: str, name: str, tmp: Path) -> tuple[subprocess.Popen, int, int]:
+    port, metrics_port = _free_port(), _free_port()
+    log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen(
+        [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url", redis_url,
+         "--controller-id", name, "--metrics-port", str(metrics_port), "--log-level", "WARNING"],
+        stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return process, port, metrics_port
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"controller {name} did not listen; see {tmp / (name + '.log')}")
+
+
+async def _put_calibration(port: int) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = operator_pb2_grpc.OperatorServiceStub(channel)
+        await stub.PutCalibration(operator_pb2.PutCalibrationRequest(
+            calibration=operator_pb2.Calibration(pool=POOL, source="bench", **H200)))
+
+
+async def _drive(ports: list[int], num_streams: int, variants: list[bytes], duration_s: float, warmup_s: float,
+                 results: Results) -> None:
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{ports[(i // STREAMS_PER_CHANNEL) % len(ports)]}",
+                                          options=[("grpc.use_local_subchannel_pool", 1)])
+                for i in range(math.ceil(num_streams / STREAMS_PER_CHANNEL))]
+    start = time.monotonic()
+    stop_at = start + warmup_s + duration_s
+    tasks = [asyncio.create_task(_stream(channels[i // STREAMS_PER_CHANNEL], i, variants, results, stop_at,
+                                         start + warmup_s)) for i in range(num_streams)]
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for channel in channels:
+        await channel.close()
+
+
+def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s: float, completions: int,
+                 steps: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as raw:
+        tmp = Path(raw)
+        redis_url, server = start_redis_on_free_port(tmp)
+        controllers = [_start_controller(redis_url, f"replica-{i}", tmp) for i in range(replicas)]
+        try:
+            asyncio.run(_put_calibration(controllers[0][1]))
+            variants = _heavy_variants(completions, steps)
+            results = Results()
+            r = redis.Redis.from_url(redis_url)
+            pids = [c[0].pid for c in controllers]
+            gen_cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+            wall0 = time.monotonic()
+
+            async def main() -> tuple[list[float], list[tuple[float, float]], float, float]:
+                driver = asyncio.create_task(_drive([c[1] for c in controllers], num_streams, variants, duration_s,
+                                                    warmup_s, results))
+                await asyncio.sleep(warmup_s)
+                cpu0 = [_proc_cpu_s(p) for p in pids]
+                acc0 = [_accepted(c[2]) for c in controllers]
+                cmds0 = float(r.info("stats")["total_commands_processed"])
+                t0 = time.monotonic()
+                await asyncio.sleep(duration_s)
+                elapsed = time.monotonic() - t0
+                cpu = [(_proc_cpu_s(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
+                acc = [tuple((b - a) / elapsed for a, b in zip(a0, _accepted(c[2]), strict=True))
+                       for a0, c in zip(acc0, controllers, strict=True)]
+                cmds = (float(r.info("stats")["total_commands_processed"]) - cmds0) / elapsed
+                rss = max(_proc_rss_mib(p) for p in pids)
+                await driver
+                return cpu, acc, cmds, rss
+
+            cpu, acc, cmds, rss = asyncio.run(main())
+            wall = time.monotonic() - wall0
+            gen_cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+            gen_cores = (gen_cpu1.ru_utime + gen_cpu1.ru_stime - gen_cpu0.ru_utime - gen_cpu0.ru_stime) / wall
+        finally:
+            for process, _, _ in controllers:
+                process.terminate()
+            for process, _, _ in controllers:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=10)
+            server.stop()
+    lat = np.array(results.latencies_s) * 1000.0
+    disagreeing = sum(1 for terms in results.by_bucket.values() if len(terms) > 1)
+    return {
+        "streams": num_streams, "replicas": replicas,
+        "events_per_s": sum(a[0] for a in acc), "batches_per_s": sum(a[1] for a in acc),
+        "p50_ms": float(np.percentile(lat, 50)) if lat.size else math.nan,
+        "p99_ms": float(np.percentile(lat, 99)) if lat.size else math.nan,
+        "max_ms": float(lat.max()) if lat.size else math.nan, "num_latencies": int(lat.size),
+        "never_decided": num_streams - len(results.decided),
+        "never_triggered": num_streams - len(results.triggered),
+        "controller_cores": cpu, "controller_rss_mib": rss, "generator_cores": gen_cores,
+        "redis_cmds_per_s": cmds, "buckets_compared": len(results.by_bucket), "buckets_disagreeing": disagreeing,
+        "stream_errors": len(results.errors), "first_error": results.errors[0] if results.errors else "",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", type=int, action="append", help="stream counts (default 100, 1000, 2000)")
+    parser.add_argument("--replicas", type=int, default=1, help="controller processes for --streams runs")
+    parser.add_argument("--duration-s", type=float, default=30.0, help="measured seconds per scenario")
+    parser.add_argument("--warmup-s", type=float, default=10.0, help="seconds before measuring")
+    parser.add_argument("--completions", type=int, default=64, help="completions per batch")
+    parser.add_argument("--steps", type=int, default=1000, help="steps per batch")
+    args = parser.parse_args()
+    scenarios = [(n, args.replicas) for n in args.streams] if args.streams else \
+        [(100, 1), (1000, 1), (2000, 1), (1000, 2)]
+    header = (f"{'streams':>7} {'repl':>4} {'events/s':>10} {'batches/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+              f"{'max ms':>8} {'undecided':>9} {'untrig':>6} {'ctl cores':>10} {'RSS MiB':>8} {'gen cores':>9} "
+              f"{'redis cmd/s':>11} {'agree':>9}")
+    print(header)
+    for streams, replicas in scenarios:
+        row = run_scenario(streams, replicas=replicas, duration_s=args.duration_s, warmup_s=args.warmup_s,
+                           completions=args.completions, steps=args.steps)
+        cores = "+".join(f"{c:.2f}" for c in row["controller_cores"])
+        agree = f"{row['buckets_compared'] - row['buckets_disagreeing']}/{row['buckets_compared']}"
+        print(f"{streams:>7} {replicas:>4} {row['events_per_s']:>10.0f} {row['batches_per_s']:>9.0f} "
+              f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {row['max_ms']:>8.1f} {row['never_decided']:>9} "
+              f"{row['never_triggered']:>6} {cores:>10} {row['controller_rss_mib']:>8.0f} "
+              f"{row['generator_cores']:>9.2f} {row['redis_cmds_per_s']:>11.0f} {agree:>9}", flush=True)
+        if row["stream_errors"]:
+            print(f"        {row['stream_errors']} stream errors, first: {row['first_error']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
