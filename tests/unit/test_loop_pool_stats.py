@@ -1,0 +1,113 @@
+"""Per-pool mergeable statistics: decisions from histograms equal decisions from sample windows, buckets
+survive serialisation, two replicas that exchange buckets compute the same estimate, cost sums recover a
+known cost model and keep outliers out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controlplane.core.cost_sums import CostSums, StepColumns, predict_duration_s
+from controlplane.core.policy import decide
+from controlplane.core.types import EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.pool_stats import BucketStats, PoolStatistics
+from controlplane.sim.profiles import PROFILES
+
+COSTS = PROFILES["h200-qwen3-8b"].costs
+LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=1_500_000,
+                      max_model_len_tokens=32768)
+CONFIG = DecisionLoopConfig(output_window=4096, prompt_window=4096)
+
+
+def _window(rng: np.random.Generator, shape: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+    if shape == "geometric":
+        outputs = rng.geometric(1 / 300, size)
+    elif shape == "uniform":
+        outputs = rng.integers(1, 800, size)
+    else:
+        outputs = np.minimum(np.ceil(rng.lognormal(5.0, 1.0, size)), 30000)
+    return rng.integers(16, 2048, size).astype(np.float64), outputs.astype(np.float64)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("shape", ["geometric", "uniform", "lognormal"])
+def test_histogram_decisions_equal_sample_window_decisions(seed: int, shape: str) -> None:
+    rng = np.random.default_rng(seed)
+    prompts, outputs = _window(rng, shape, int(rng.integers(400, 4096)))
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
+    pool.add(100.2, prompts=prompts, outputs=outputs, steps=None)
+    estimate = pool.refresh(102.0, calibration=COSTS)
+    assert estimate.num_samples == outputs.size
+    policy = PolicyConfig()
+    n_obs = float(rng.integers(10, 1000))
+    raw = Observations(output_lengths_tokens=outputs, prompt_lengths_tokens=prompts, costs=COSTS, limits=LIMITS,
+                       n_obs=n_obs)
+    via_window, _ = decide(raw, PolicyState(), 0.0, intent=OperatorIntent(), config=policy)
+    empty = np.zeros(0)
+    pooled = Observations(output_lengths_tokens=empty, prompt_lengths_tokens=empty, costs=estimate.costs,
+                          limits=LIMITS, n_obs=n_obs)
+    via_pool, _ = decide(pooled, PolicyState(), 0.0, intent=OperatorIntent(), config=policy, fit=estimate.fit)
+    assert (via_pool.mode, via_pool.k, via_pool.n) == (via_window.mode, via_window.k, via_window.n)
+    assert via_pool.diagnostics.theta_star == pytest.approx(via_window.diagnostics.theta_star, abs=1e-6)
+    assert via_pool.diagnostics.n_star == via_window.diagnostics.n_star
+
+
+def test_a_bucket_survives_serialisation_and_garbage_is_refused() -> None:
+    rng = np.random.default_rng(1)
+    prompts, outputs = _window(rng, "geometric", 500)
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
+    steps = StepColumns(np.array([512.0, 0.0]), np.array([0.0, 40.0]), np.array([0.0, 40.0]), np.array([0.02, 0.01]))
+    pool.add(10.5, prompts=prompts, outputs=outputs, steps=steps)
+    closed = pool.close_due(11.0)
+    assert closed is not None and closed[1] == 10
+    stats = BucketStats.from_bytes(closed[0].to_bytes())
+    assert stats.outputs.count == 500 and stats.prompt_count == 500
+    assert stats.prompt_sum_tokens == pytest.approx(prompts.sum())
+    assert np.array_equal(stats.costs.to_array(), closed[0].costs.to_array())
+    for garbage in (b"", b"nope", closed[0].to_bytes()[:-3], b"XXXX" + closed[0].to_bytes()[4:]):
+        with pytest.raises(ValueError):
+            BucketStats.from_bytes(garbage)
+
+
+def test_two_replicas_that_exchange_buckets_compute_the_same_estimate() -> None:
+    rng = np.random.default_rng(2)
+    a = PoolStatistics("m|a", CONFIG, replica_id="a")
+    b = PoolStatistics("m|a", CONFIG, replica_id="b")
+    for second in range(20):
+        for replica in (a, b):
+            prompts, outputs = _window(rng, "geometric", 50)
+            replica.add(second + 0.3, prompts=prompts, outputs=outputs, steps=None)
+        for source, target in ((a, b), (b, a)):
+            closed = source.close_due(second + 1.0)
+            if closed is not None:
+                target.put_remote(closed[1], source.replica_id, closed[0])
+    est_a = a.refresh(21.0, calibration=COSTS)
+    est_b = b.refresh(21.0, calibration=COSTS)
+    assert est_a.end_bucket == est_b.end_bucket
+    assert est_a.contributors == est_b.contributors == ("a", "b")
+    assert est_a.num_samples == est_b.num_samples
+    assert est_a.fit.stats == est_b.fit.stats
+
+
+def test_cost_sums_recover_a_known_model_and_keep_stalls_out() -> None:
+    rng = np.random.default_rng(3)
+    n = 3000
+    kind = rng.integers(0, 3, n)
+    prefill = np.where(kind != 1, rng.integers(64, 4096, n), 0).astype(np.float64)
+    decode = np.where(kind != 0, rng.integers(1, 256, n), 0).astype(np.float64)
+    duration = predict_duration_s(COSTS, prefill, decode, decode) * rng.normal(1.0, 0.01, n)
+    stalls = rng.random(n) < 0.02
+    stalled = np.where(stalls, duration * 50.0, duration)
+    sums = CostSums()
+    sums.add_steps(StepColumns(prefill, decode, decode, stalled), reference=COSTS)
+    assert sums.num_rejected == int(stalls.sum())
+    fitted = sums.fit().to_cost_model()
+    assert fitted.alpha_p_s == pytest.approx(COSTS.alpha_p_s, rel=0.05)
+    assert fitted.beta_p_s_per_token == pytest.approx(COSTS.beta_p_s_per_token, rel=0.02)
+    assert fitted.alpha_d_s == pytest.approx(COSTS.alpha_d_s, rel=0.02)
+    assert fitted.beta_d_s_per_request == pytest.approx(COSTS.beta_d_s_per_request, rel=0.05)
+    restored = CostSums.from_array(sums.to_array())
+    assert restored.fit() == sums.fit()
+    with pytest.raises(ValueError):
+        CostSums.from_array(np.array([np.nan] * sums.to_array().size))
