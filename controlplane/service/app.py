@@ -4,7 +4,8 @@ start(): Redis (embedded redis-server in data_dir, or the given URL), restore ov
 and decisions, start the gRPC server (agent and operator services, health checking, reflection, auth
 and TLS) and the supervised background tasks:
 - scheduler: every `tick_s`, keep-alives, interval recomputes, bucket closes, evictions
-  (`Controller.tick`), and pool estimate refreshes with the replicas' shared buckets (`sync_pools`);
+  (`Controller.tick`: never waits on the store);
+- pools: pool estimate refreshes with the replicas' shared buckets (`Controller.sync_pools`);
 - writer: the coalescing, pipelined decision writer;
 - store: ping, registry refresh, the embedded server's supervision (restarted from its append-only file
   when it died), readiness;
@@ -105,6 +106,7 @@ class ControllerApp:
             self.metrics.serve(config.metrics_port, addr=config.metrics_host)
         self._tasks = [
             asyncio.create_task(self._supervised("scheduler", self._scheduler_loop), name="scheduler"),
+            asyncio.create_task(self._supervised("pools", self._pool_loop), name="pools"),
             asyncio.create_task(self._supervised("writer", self.controller.writer.run), name="writer"),
             asyncio.create_task(self._supervised("store", self._store_loop), name="store-loop"),
             asyncio.create_task(self._supervised("overrides", self._override_loop), name="override-loop"),
@@ -148,6 +150,13 @@ class ControllerApp:
             return
         while True:
             self.controller.tick()
+            await asyncio.sleep(_TICK_S)
+
+    async def _pool_loop(self) -> None:
+        """Pool estimates: exchange buckets with the other replicas and refit (a slow store only delays this)."""
+        if self.controller is None:  # pragma: no cover - started after the controller
+            return
+        while True:
             await self.controller.sync_pools()
             await asyncio.sleep(_TICK_S)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from controlplane.core.types import PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
+from controlplane.store.urls import parse_store_url
 
 __all__ = ["ControllerConfig", "DecisionLoopConfig", "SecurityConfig"]
 
@@ -67,14 +68,17 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.loop.output_window < self.policy.min_samples:
+            raise ValueError(f"the output window ({self.loop.output_window} completions) must hold at least "
+                             f"min_samples ({self.policy.min_samples}), or no decision ever leaves cold start")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
         if not self.readiness_grace_s >= 0 or not self.store_retry_s > 0 or not self.registry_ttl_s > 0:
             raise ValueError("readiness_grace_s must be ≥ 0, store_retry_s and registry_ttl_s > 0")
         if not self.redis_url and self.data_dir is None:
             raise ValueError("give a redis_url or a data_dir for the embedded Redis")
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis_url must start with redis://, rediss:// or unix://, got {self.redis_url!r}")
+        if self.redis_url:
+            parse_store_url(self.redis_url)  # raises ValueError naming the problem
         if not self.is_loopback and not (self.security.authenticated and self.security.tls_cert) \
                 and not self.security.insecure:
             raise ValueError(

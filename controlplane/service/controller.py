@@ -46,6 +46,8 @@ _MIN_POOL_ENGINES_FOR_OUTLIERS = 3
 _STALE_AFTER_S = 30.0
 _WATCH_QUEUE = 10_000
 _RECENT_BUCKETS_REFETCHED = 3
+# A slow store must not hold a pool's estimate back: refresh from this replica's own buckets instead.
+_EXCHANGE_TIMEOUT_S = 0.5
 
 
 class OverrideError(ValueError):
@@ -402,7 +404,11 @@ class Controller:
             end_bucket = stats.estimate_bucket(now_s)
             if pool.refreshed_bucket is not None and end_bucket <= pool.refreshed_bucket:
                 continue
-            await self._exchange_buckets(key, pool, end_bucket)
+            try:
+                await asyncio.wait_for(self._exchange_buckets(key, pool, end_bucket), timeout=_EXCHANGE_TIMEOUT_S)
+            except TimeoutError:
+                self.note_store_failure("pool_statistics", TimeoutError("no answer within "
+                                                                        f"{_EXCHANGE_TIMEOUT_S} s"))
             started = time.perf_counter()
             estimate = stats.refresh(now_s, calibration=self._calibrations.get(key))
             self._metrics.pool_fit_latency.observe(time.perf_counter() - started)
