@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
+
+REDIS_FAILURES: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
+"""What a Redis operation raises when Redis fails: redis-py errors (cluster errors that are not RedisError
+included) and socket errors (TimeoutError among them)."""
 
 
 class StoreUnavailable(Exception):  # noqa: N818 (the name states the condition, as gRPC's UNAVAILABLE)
@@ -36,5 +40,5 @@ def unavailable_on_error(operation: str) -> Iterator[None]:
     """Translate Redis and socket errors raised inside the block into `StoreUnavailable(operation)`."""
     try:
         yield
-    except (RedisError, OSError) as err:
+    except REDIS_FAILURES as err:
         raise StoreUnavailable(operation, err) from err

@@ -1,30 +1,42 @@
 """Key names of the store: scope and pool keys (pure functions) and the Redis key space under a prefix.
 
-Layout under a prefix P (default "cp"):
+Every key carries a Redis Cluster hash tag (the part in braces decides the slot), chosen so that each
+multi-key script touches one slot:
 
-    P:decision:<engine_id>            hash   latest decision of an engine (version-guarded)
-    P:history                         stream every decision written, capped (MAXLEN ~)
-    P:override:<kind>:<scope_key>     hash   an operator override, kind "delta" | "pin", optional expiry
-    P:audit                           stream every override set or clear, capped (MAXLEN ~)
-    P:overrides                       pub/sub channel: change notices for controller replicas
-    P:engine:<engine_id>              hash   registry entry, expires unless refreshed by heartbeats
-    P:calibration:<pool_key>          hash   cost profile of a pool
+    P:decision:{e:<engine_id>}                   hash    latest decision of an engine (version-guarded)
+    P:epoch:{e:<engine_id>}                      string  the engine's epoch counter (INCR; no expiry)
+    P:engine:{e:<engine_id>}                     hash    registry entry, expires unless refreshed
+    P:history:{p:<h>}:<pool_key>                 stream  decisions of the pool's engines, capped (MAXLEN ~)
+    P:poolstat:{p:<h>}:<bucket_start_s>:<pool_key>  hash replica_id → opaque statistics payload, expires
+    P:poolsnap:{p:<h>}:<pool_key>                string  the pool's persisted long-window statistics, expires
+    P:override:{o}:<kind>:<scope_key>            hash    an operator override, kind "delta" | "pin"
+    P:calibration:{o}:<pool_key>                 hash    cost profile of a pool (an operator record)
+    P:audit:{o}                                  stream  every override or calibration change, capped
+    P:overrides:{o}                              pub/sub channel of change notices for replicas
 
-On Redis Cluster use a hash-tagged prefix such as "{cp}" so that every key lands in one slot (decision
-writes touch a hash and the history stream in one script; override writes touch a hash, the audit stream
-and the channel in one transaction).
+- Engine keys are tagged with the engine id: all keys of one engine share a slot (the decision and the
+  epoch are read together by `reserve_epoch`), and engines spread over the cluster.
+- Pool keys are tagged with `<h>`, 12 hex digits of a BLAKE2b hash of the pool key, because pool names
+  may contain any character (braces included); the full pool key follows the tag, so two pools never
+  share a key even if their hashes collide (they would only share a slot).
+- Operator records (overrides, calibrations, the audit stream, the channel) share the tag {o}: a change
+  and its audit entry are written by one script in one slot. They are few and rarely written.
+
+The prefix P may not contain braces (the tags above must be the first braces of every key). SCAN patterns
+match the tagged forms only, so keys of another layout under the same prefix are ignored.
 
 No I/O here.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.protocol import POOL_KEY_SEPARATOR
 
 FLEET_SCOPE_KEY = "fleet"
-POOL_KEY_SEPARATOR = "|"
 
 _KIND_NAMES = {
     operator_pb2.OVERRIDE_KIND_DELTA: "delta",
@@ -90,6 +102,15 @@ def _escape_glob(text: str) -> str:
     return "".join("\\" + char if char in "*?[]\\" else char for char in text)
 
 
+OPERATOR_TAG = "{o}"
+POOL_HASH_HEX_DIGITS = 12
+
+
+def pool_hash(pool: str) -> str:
+    """The short stable hash of a pool key in its keys' hash tag: 12 hex digits of BLAKE2b."""
+    return hashlib.blake2b(pool.encode("utf-8", "surrogatepass"), digest_size=POOL_HASH_HEX_DIGITS // 2).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class KeySpace:
     """Redis key names under one prefix (see the module docstring for the layout)."""
@@ -99,50 +120,89 @@ class KeySpace:
     def __post_init__(self) -> None:
         if not self.prefix:
             raise ValueError("the key prefix must not be empty")
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError(f"the key prefix must not contain braces (keys carry their own hash tags), "
+                             f"got {self.prefix!r}")
+
+    # ---- per engine: tag {e:<engine_id>} ----------------------------------------------------------------
 
     def decision(self, engine_id: str) -> str:
-        return f"{self.prefix}:decision:{engine_id}"
+        return f"{self.prefix}:decision:{{e:{engine_id}}}"
 
     @property
     def decision_pattern(self) -> str:
-        return f"{_escape_glob(self.prefix)}:decision:*"
+        return f"{_escape_glob(self.prefix)}:decision:{{e:*}}"
 
-    @property
-    def history(self) -> str:
-        return f"{self.prefix}:history"
-
-    def override(self, kind_name: str, scope: str) -> str:
-        return f"{self.prefix}:override:{kind_name}:{scope}"
-
-    @property
-    def override_pattern(self) -> str:
-        return f"{_escape_glob(self.prefix)}:override:*"
-
-    @property
-    def audit(self) -> str:
-        return f"{self.prefix}:audit"
-
-    @property
-    def overrides_channel(self) -> str:
-        return f"{self.prefix}:overrides"
+    def epoch(self, engine_id: str) -> str:
+        return f"{self.prefix}:epoch:{{e:{engine_id}}}"
 
     def engine(self, engine_id: str) -> str:
-        return f"{self.prefix}:engine:{engine_id}"
+        return f"{self.prefix}:engine:{{e:{engine_id}}}"
 
     @property
     def engine_pattern(self) -> str:
-        return f"{_escape_glob(self.prefix)}:engine:*"
+        return f"{_escape_glob(self.prefix)}:engine:{{e:*}}"
+
+    def engine_id_of(self, key: str, *, kind: str) -> str:
+        """The engine id in a per-engine key "<prefix>:<kind>:{e:<engine_id>}".
+
+        Raises:
+            ValueError: when `key` is not such a key.
+        """
+        head = f"{self.prefix}:{kind}:{{e:"
+        if not (key.startswith(head) and key.endswith("}") and len(key) > len(head) + 1):
+            raise ValueError(f"key {key!r} is not a {kind} key of an engine under prefix {self.prefix!r}")
+        return key[len(head):-1]
+
+    # ---- per pool: tag {p:<hash>} -----------------------------------------------------------------------
+
+    def pool_tag(self, pool: str) -> str:
+        return f"{{p:{pool_hash(pool)}}}"
+
+    def history(self, pool: str) -> str:
+        return f"{self.prefix}:history:{self.pool_tag(pool)}:{pool}"
+
+    @property
+    def history_pattern(self) -> str:
+        return f"{_escape_glob(self.prefix)}:history:{{p:*"
+
+    def pool_contribution(self, pool: str, bucket_start_s: int) -> str:
+        return f"{self.prefix}:poolstat:{self.pool_tag(pool)}:{bucket_start_s}:{pool}"
+
+    def pool_snapshot(self, pool: str) -> str:
+        return f"{self.prefix}:poolsnap:{self.pool_tag(pool)}:{pool}"
+
+    # ---- operator records: tag {o} ----------------------------------------------------------------------
+
+    def override(self, kind_name: str, scope: str) -> str:
+        return f"{self.prefix}:override:{OPERATOR_TAG}:{kind_name}:{scope}"
+
+    @property
+    def override_pattern(self) -> str:
+        return f"{_escape_glob(self.prefix)}:override:{OPERATOR_TAG}:*"
 
     def calibration(self, pool: str) -> str:
-        return f"{self.prefix}:calibration:{pool}"
+        return f"{self.prefix}:calibration:{OPERATOR_TAG}:{pool}"
 
     @property
     def calibration_pattern(self) -> str:
-        return f"{_escape_glob(self.prefix)}:calibration:*"
+        return f"{_escape_glob(self.prefix)}:calibration:{OPERATOR_TAG}:*"
 
-    def suffix(self, key: str, *, kind: str) -> str:
-        """The part of `key` after "<prefix>:<kind>:" (an engine id or a pool key)."""
-        head = f"{self.prefix}:{kind}:"
+    def pool_of_calibration(self, key: str) -> str:
+        """The pool key in a calibration key.
+
+        Raises:
+            ValueError: when `key` is not a calibration key under this prefix.
+        """
+        head = f"{self.prefix}:calibration:{OPERATOR_TAG}:"
         if not key.startswith(head):
-            raise ValueError(f"key {key!r} is not a {kind} key under prefix {self.prefix!r}")
+            raise ValueError(f"key {key!r} is not a calibration key under prefix {self.prefix!r}")
         return key[len(head):]
+
+    @property
+    def audit(self) -> str:
+        return f"{self.prefix}:audit:{OPERATOR_TAG}"
+
+    @property
+    def overrides_channel(self) -> str:
+        return f"{self.prefix}:overrides:{OPERATOR_TAG}"

@@ -1,19 +1,41 @@
-"""`RedisStore`: the controller's durable state in Redis (decisions, history, overrides, audit, registry,
-calibrations) and the pub/sub that propagates override changes across controller replicas.
+"""`RedisStore`: the controller's durable state in Redis (decisions, history, epochs, overrides, audit,
+registry, calibrations, shared pool statistics) and the pub/sub that propagates override changes across
+controller replicas, on one server, a Sentinel-managed master or a Redis Cluster. Open one with
+`create_store(url)`; the URL says which (details and query options: `controlplane.store.urls`):
+
+    redis://[[user]:password@]host[:port][/db]      rediss://... (TLS)      unix:///path/redis.sock[?db=N]
+    redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/<service_name>[/db]
+    redis+cluster://[[user]:password@]host[:port][,host[:port]...]
+    (rediss+sentinel:// and rediss+cluster:// with TLS)
+
+The key layout and its Cluster hash tags: `controlplane.store.keys`.
 
 Contracts:
 - Decisions are versioned per engine: a write whose version is not above the stored one is refused
-  (checked and applied in one Lua script, so concurrent replicas cannot interleave), and every accepted
-  write is appended to the capped history stream in the same script.
-- An override change (set or clear) writes the override, appends an audit entry and publishes a notice in
-  one MULTI/EXEC transaction under WATCH, so the old value in the audit is exactly the one replaced.
+  (checked and applied in one Lua script on the engine's slot, so concurrent replicas cannot interleave).
+  `put_decisions` sends a whole batch pipelined: one round trip per server involved.
+- History: every accepted write is appended to its pool's history stream (capped, MAXLEN ~) in a second
+  pipelined round trip after the guarded writes. The trade-off: the engine's decision and its pool's
+  stream live in different slots, so the append is not atomic with the write. A Redis failure between the
+  two leaves an accepted decision without its history entry (logged; the decision itself is durable and is
+  the source of truth), and when two replicas race for one engine their entries may land out of version
+  order. In return the history spreads over the cluster by pool, a chatty pool only trims its own history,
+  and `read_history(pool_key=...)` reads one pool without filtering the fleet's.
+- Epochs: `reserve_epoch` INCRs the engine's epoch (never expires) and never returns an epoch at or below
+  the one of the engine's stored decision version; versions are epoch · 10^9 + sequence (`fencing`).
+- An override or calibration change writes the record, appends an audit entry and (overrides) publishes a
+  notice in one script on the operator slot, as a compare-and-set against the record read just before, so
+  the old value in the audit is exactly the one replaced.
 - Overrides with an expiry are dropped by Redis (PEXPIREAT); readers also skip those already past
   their expiry at the `now_s` they pass in, since Redis expires keys lazily.
+- Pool statistics are opaque bytes (up to a few MB), stored and returned byte for byte.
+- At most `max_connections` operations run at once (more wait up to `pool_timeout_s`), so the pool
+  never overflows however many engines a replica serves.
 - Every Redis failure raises `StoreUnavailable` naming the operation (reads and writes alike); bad
   arguments raise `ValueError` before Redis is contacted. Only `ping()` never raises.
 
-Key layout: see `controlplane.store.keys`. The store reads no clock except where a method documents a
-wall-clock default, and keeps no state besides its connection pool.
+The store reads no clock except where a method documents a wall-clock default, and keeps no state
+besides its connections.
 """
 
 from __future__ import annotations
@@ -23,133 +45,58 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as redis
-from redis.asyncio.client import Pipeline
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import RedisError, WatchError
-
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.store.errors import unavailable_on_error
-from controlplane.store.keys import KeySpace, override_kind_name, pool_key, scope_key
+from controlplane.store.decisions import (
+    DecisionWrite,
+    decision_fields,
+    history_entry,
+    history_fields,
+    stream_id_order,
+)
+from controlplane.store.errors import REDIS_FAILURES, StoreUnavailable
+from controlplane.store.keys import override_kind_name, pool_key, scope_key
 from controlplane.store.notices import RESYNC, OverrideNotice, decode_notice, encode_notice
+from controlplane.store.pool_statistics import PoolStatisticsMixin
 from controlplane.store.records import is_expired, parse_payload, record_json, stream_entries, text, text_fields
+from controlplane.store.scripts import (
+    CHANGE_RECORD,
+    HSET_WITH_TTL,
+    PUT_DECISION,
+    RESERVE_EPOCH,
+    ScriptCall,
+    run_script,
+    run_scripts,
+)
+from controlplane.store.store_base import (
+    DEFAULT_AUDIT_MAXLEN,
+    DEFAULT_HISTORY_MAXLEN,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_PREFIX,
+    ttl_ms,
+)
+
+__all__ = ["DEFAULT_AUDIT_MAXLEN", "DEFAULT_HISTORY_MAXLEN", "DEFAULT_MAX_CONNECTIONS", "DEFAULT_PREFIX",
+           "RedisStore", "create_store"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "cp"
-DEFAULT_HISTORY_MAXLEN = 10_000
-DEFAULT_AUDIT_MAXLEN = 100_000
-_SCAN_BATCH = 500
-_MAX_WATCH_ATTEMPTS = 16
-
-# KEYS: decision hash, history stream. ARGV: version, mode, k, n, reason, decided_at_s, pool, payload,
-# engine_id, history maxlen. Versions are compared as decimal strings (length, then lexically) so that
-# uint64 versions beyond 2^53 compare exactly, which Lua's double-based tonumber would not.
-_PUT_DECISION_LUA = """
-local stored = redis.call('HGET', KEYS[1], 'version')
-if stored then
-  local v = ARGV[1]
-  if #v < #stored or (#v == #stored and v <= stored) then
-    return 0
-  end
-end
-redis.call('HSET', KEYS[1], 'version', ARGV[1], 'mode', ARGV[2], 'k', ARGV[3], 'n', ARGV[4],
-  'reason', ARGV[5], 'decided_at_s', ARGV[6], 'pool', ARGV[7], 'payload', ARGV[8])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[10], '*', 'engine_id', ARGV[9], 'version', ARGV[1],
-  'mode', ARGV[2], 'k', ARGV[3], 'n', ARGV[4], 'reason', ARGV[5], 'decided_at_s', ARGV[6],
-  'pool', ARGV[7], 'payload', ARGV[8])
-return 1
-"""
+_MAX_CAS_ATTEMPTS = 32
 
 
-class RedisStore:
-    """The store over one Redis (or Valkey) server, through `redis.asyncio`.
+class RedisStore(PoolStatisticsMixin):
+    """The store over one Redis (or Valkey) deployment, through `redis.asyncio`.
 
+    Construct with `RedisStore(url, ...)` or `create_store(url, ...)` (arguments: `StoreBase.__init__`).
     Create it inside the event loop that uses it; `close()` (or `async with`) releases the connections.
     """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        prefix: str = DEFAULT_PREFIX,
-        history_maxlen: int = DEFAULT_HISTORY_MAXLEN,
-        audit_maxlen: int = DEFAULT_AUDIT_MAXLEN,
-        socket_timeout_s: float = 5.0,
-        num_retries: int = 2,
-        health_check_interval_s: float = 30.0,
-    ) -> None:
-        """
-        Args:
-            url: redis://host:port/db, rediss://... (TLS) or unix:///path/to/redis.sock.
-            prefix: namespace of every key and of the channel (see `keys.KeySpace`).
-            history_maxlen: approximate cap of the decision history stream, entries (XADD MAXLEN ~,
-                so the stream may hold up to one macro node, ~100 entries, more).
-            audit_maxlen: approximate cap of the override audit stream, entries.
-            socket_timeout_s: connect and per-command timeout, seconds.
-            num_retries: retries of a command after a connection error or timeout, with jittered
-                exponential backoff (50 ms up to 1 s); they reconnect pooled connections that went
-                stale (e.g. after a Redis restart) instead of failing the first command on each.
-            health_check_interval_s: idle time after which a connection is PINGed before use (also
-                detects a dead pub/sub connection), seconds; 0 disables.
-
-        Raises:
-            ValueError: for a malformed URL, an empty prefix, a cap below 1 or negative retries.
-        """
-        if num_retries < 0:
-            raise ValueError(f"num_retries must not be negative, got {num_retries}")
-        if history_maxlen < 1 or audit_maxlen < 1:
-            raise ValueError(f"stream caps must be at least 1, got {history_maxlen=} {audit_maxlen=}")
-        self._keys = KeySpace(prefix)
-        self._history_maxlen = history_maxlen
-        self._audit_maxlen = audit_maxlen
-        self._redis = redis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_timeout_s,
-            retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), num_retries),
-            health_check_interval=health_check_interval_s,
-        )
-        self._put_decision_script = self._redis.register_script(_PUT_DECISION_LUA)
-
-    @property
-    def keys(self) -> KeySpace:
-        """The key names this store uses."""
-        return self._keys
-
-    async def __aenter__(self) -> RedisStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close the connection pool. Never raises."""
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.aclose()
-
-    async def ping(self, *, timeout_s: float = 2.0) -> bool:
-        """True when Redis answers PING within timeout_s seconds; never raises."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                return bool(await self._redis.ping())
-        except Exception as err:  # ping is the health probe: every failure means "unavailable"
-            logger.debug("redis ping failed: %s", err)
-            return False
 
     # ---- decisions -------------------------------------------------------------------------------------
 
     async def put_decision(self, engine_id: str, *, pool_key: str, decision: common_pb2.Decision) -> bool:
-        """Store `decision` as the latest of `engine_id` and append it to the history stream.
-
-        Args:
-            engine_id: the engine; not empty.
-            pool_key: the engine's pool, as `keys.pool_key` renders it.
-            decision: the decision; its `version` must exceed the stored one.
+        """Store `decision` as the latest of `engine_id` and append it to its pool's history stream.
 
         Returns:
             True when written; False (nothing written, no history entry) when the stored version is
@@ -159,27 +106,60 @@ class RedisStore:
             ValueError: for an empty engine_id.
             StoreUnavailable: when Redis fails.
         """
-        if not engine_id:
-            raise ValueError("engine_id must not be empty")
-        args = [
-            str(decision.version),
-            common_pb2.Mode.Name(decision.mode),
-            str(decision.k),
-            str(decision.n),
-            decision.reason,
-            repr(decision.decided_at_s),
-            pool_key,
-            decision.SerializeToString(deterministic=True),
-            engine_id,
-            str(self._history_maxlen),
-        ]
-        with unavailable_on_error("put_decision"):
-            written = await self._put_decision_script(
-                keys=[self._keys.decision(engine_id), self._keys.history], args=args
-            )
-        if not written:
-            logger.debug("decision v%s for %s refused: not newer than the stored one", decision.version, engine_id)
-        return bool(written)
+        [written] = await self._put_decisions([DecisionWrite(engine_id, pool_key, decision)], "put_decision")
+        return written
+
+    async def put_decisions(self, writes: Sequence[DecisionWrite]) -> list[bool]:
+        """Store a batch of decisions, each version-guarded as in `put_decision`, pipelined.
+
+        One round trip per server involved for the guarded writes (plus one per server for the history
+        entries of the accepted ones). Writes for one engine apply in the given order.
+
+        Returns:
+            For each write, in order: True when written, False when the stored version was greater than
+            or equal to its version (which includes an earlier attempt of the same write that succeeded).
+
+        Raises:
+            ValueError: when an element is not a DecisionWrite.
+            StoreUnavailable: when Redis fails for any of the writes (some may have been applied; repeating
+                the batch is safe: applied ones then answer False).
+        """
+        return await self._put_decisions(writes, "put_decisions")
+
+    async def _put_decisions(self, writes: Sequence[DecisionWrite], operation: str) -> list[bool]:
+        for write in writes:
+            if not isinstance(write, DecisionWrite):
+                raise ValueError(f"{operation} takes DecisionWrite items, got {type(write).__name__}")
+        if not writes:
+            return []
+        calls = [ScriptCall(PUT_DECISION, [self._keys.decision(w.engine_id)], decision_fields(w)) for w in writes]
+        async with self._operation(operation):
+            replies = await run_scripts(self._redis, calls)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise StoreUnavailable(operation, reply) from reply
+        written = [bool(reply) for reply in replies]
+        accepted = [w for w, ok in zip(writes, written, strict=True) if ok]
+        if len(accepted) < len(writes):
+            logger.debug("%d of %d decision writes refused: not newer than the stored ones",
+                         len(writes) - len(accepted), len(writes))
+        if accepted:
+            await self._append_history(accepted)
+        return written
+
+    async def _append_history(self, accepted: Sequence[DecisionWrite]) -> None:
+        """Append the accepted writes to their pools' history streams; a failure is logged, not raised."""
+        try:
+            async with self._operation("append_history"), self._redis.pipeline(transaction=False) as pipe:
+                for write in accepted:
+                    pipe.xadd(self._keys.history(write.pool_key), history_fields(write),
+                              maxlen=self._history_maxlen, approximate=True)
+                replies = await pipe.execute(raise_on_error=False)
+            failed = [r for r in replies if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
+        except (StoreUnavailable, *REDIS_FAILURES) as err:
+            logger.warning("%d accepted decisions may lack their history entries: %s", len(accepted), err)
 
     async def get_decision(self, engine_id: str) -> common_pb2.Decision | None:
         """The latest decision of `engine_id`, or None when there is none (or it does not parse, logged).
@@ -187,18 +167,19 @@ class RedisStore:
         Raises:
             StoreUnavailable: when Redis fails.
         """
-        with unavailable_on_error("get_decision"):
-            raw = await self._redis.hget(self._keys.decision(engine_id), "payload")
-        return parse_payload(common_pb2.Decision, raw, key=self._keys.decision(engine_id))
+        key = self._keys.decision(engine_id)
+        async with self._operation("get_decision"):
+            raw = await self._redis.hget(key, "payload")
+        return parse_payload(common_pb2.Decision, raw, key=key)
 
     async def load_decisions(self) -> dict[str, tuple[str, common_pb2.Decision]]:
-        """Every stored decision: engine_id → (pool_key, decision). Uses SCAN, never KEYS.
+        """Every stored decision: engine_id → (pool_key, decision). Uses SCAN (every node of a cluster).
 
         Raises:
             StoreUnavailable: when Redis fails.
         """
         decisions: dict[str, tuple[str, common_pb2.Decision]] = {}
-        with unavailable_on_error("load_decisions"):
+        async with self._operation("load_decisions"):
             keys = await self._scan(self._keys.decision_pattern)
             rows = await self._batched(keys, lambda pipe, key: pipe.hmget(key, "pool", "payload"))
         for key, (pool, payload) in zip(keys, rows, strict=True):
@@ -206,15 +187,21 @@ class RedisStore:
                 continue  # deleted between SCAN and HMGET
             decision = parse_payload(common_pb2.Decision, payload, key=key)
             if decision is not None:
-                decisions[self._keys.suffix(key, kind="decision")] = (text(pool or b""), decision)
+                decisions[self._keys.engine_id_of(key, kind="decision")] = (text(pool or b""), decision)
         return decisions
 
-    async def read_history(self, count: int) -> list[dict[str, Any]]:
+    async def read_history(self, count: int, *, pool_key: str | None = None) -> list[dict[str, Any]]:
         """The latest `count` entries of the decision history, newest first.
 
         Each entry has "id" (stream id), "engine_id", "version", "mode" (e.g. "MODE_EB"), "k", "n",
         "reason", "decided_at_s", "pool" as strings, and "decision" (the parsed `Decision`, None if
         its payload does not parse) instead of the raw "payload".
+
+        Args:
+            count: how many entries, at least 1.
+            pool_key: read this pool's stream only; None merges every pool's stream by stream id (the
+                servers' millisecond clocks: entries of different pools written in the same millisecond, or
+                on servers whose clocks differ, may appear in either order).
 
         Raises:
             ValueError: when count < 1.
@@ -222,15 +209,43 @@ class RedisStore:
         """
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
-        with unavailable_on_error("read_history"):
-            entries = await self._redis.xrevrange(self._keys.history, count=count)
-        history: list[dict[str, Any]] = []
-        for entry_id, fields in entries:
-            payload = fields.pop(b"payload", None)
-            entry: dict[str, Any] = {"id": text(entry_id), **text_fields(fields)}
-            entry["decision"] = parse_payload(common_pb2.Decision, payload, key=f"{self._keys.history} {entry['id']}")
-            history.append(entry)
-        return history
+        async with self._operation("read_history"):
+            streams = ([self._keys.history(pool_key)] if pool_key is not None
+                       else await self._scan(self._keys.history_pattern))
+            replies = await self._batched(streams, lambda pipe, key: pipe.xrevrange(key, count=count))
+        entries = [history_entry(entry_id, fields, stream=stream)
+                   for stream, reply in zip(streams, replies, strict=True) for entry_id, fields in reply]
+        entries.sort(key=lambda entry: stream_id_order(entry["id"]), reverse=True)
+        return entries[:count]
+
+    # ---- epochs (version fencing) ----------------------------------------------------------------------
+
+    async def reserve_epoch(self, engine_id: str) -> int:
+        """A new epoch for `engine_id`: its epoch counter incremented atomically (no expiry).
+
+        Call it whenever an engine's stream opens on a replica and number the engine's decisions
+        `fencing.compose_version(epoch, seq)`. The epoch is also above the epoch of the engine's stored
+        decision version, so versions keep increasing even if the counter was lost.
+
+        Raises:
+            ValueError: for an empty engine_id.
+            StoreUnavailable: when Redis fails (or the counter holds something that is not an integer).
+        """
+        if not engine_id:
+            raise ValueError("engine_id must not be empty")
+        call = ScriptCall(RESERVE_EPOCH, [self._keys.epoch(engine_id), self._keys.decision(engine_id)], [])
+        async with self._operation("reserve_epoch"):
+            return int(await run_script(self._redis, call))
+
+    async def current_epoch(self, engine_id: str) -> int:
+        """The last epoch reserved for `engine_id`; 0 when none was.
+
+        Raises:
+            StoreUnavailable: when Redis fails.
+        """
+        async with self._operation("current_epoch"):
+            raw = await self._redis.get(self._keys.epoch(engine_id))
+        return 0 if raw is None else int(raw)
 
     # ---- overrides -------------------------------------------------------------------------------------
 
@@ -264,23 +279,18 @@ class RedisStore:
         stored.cleared = False
         if stored.set_at_s == 0.0:
             stored.set_at_s = at_s
-        key = self._keys.override(kind, scope)
+        fields: dict[str, str | bytes] = {
+            "record": stored.SerializeToString(deterministic=True),
+            "kind": kind,
+            "scope": scope,
+            "set_by": actor,
+            "expires_at_s": repr(stored.expires_at_s),
+        }
+        expire_at_ms = math.ceil(stored.expires_at_s * 1000.0) if stored.expires_at_s > 0.0 else 0
         notice = OverrideNotice(action="set", kind=kind, scope=scope, actor=actor, at_s=at_s)
-
-        def write(pipe: Pipeline) -> None:
-            pipe.delete(key)  # drops a previous expiry too
-            pipe.hset(key, mapping={
-                "record": stored.SerializeToString(deterministic=True),
-                "kind": kind,
-                "scope": scope,
-                "set_by": actor,
-                "expires_at_s": repr(stored.expires_at_s),
-            })
-            if stored.expires_at_s > 0.0:
-                pipe.pexpireat(key, math.ceil(stored.expires_at_s * 1000.0))
-
         return await self._change_override(
-            key, write, operation="set_override", notice=notice, reason=stored.reason, new=stored
+            self._keys.override(kind, scope), fields, expire_at_ms=expire_at_ms, operation="set_override",
+            notice=notice, reason=stored.reason, new=stored,
         )
 
     async def clear_override(
@@ -311,10 +321,10 @@ class RedisStore:
         at_s = time.time() if now_s is None else now_s
         kind_name = override_kind_name(kind)
         scope_name = scope_key(scope)
-        key = self._keys.override(kind_name, scope_name)
         notice = OverrideNotice(action="clear", kind=kind_name, scope=scope_name, actor=actor, at_s=at_s)
         return await self._change_override(
-            key, lambda pipe: pipe.delete(key), operation="clear_override", notice=notice, reason=reason, new=None
+            self._keys.override(kind_name, scope_name), {}, expire_at_ms=0, operation="clear_override",
+            notice=notice, reason=reason, new=None,
         )
 
     async def list_overrides(self, now_s: float) -> list[operator_pb2.OverrideRecord]:
@@ -325,7 +335,7 @@ class RedisStore:
         Raises:
             StoreUnavailable: when Redis fails.
         """
-        with unavailable_on_error("list_overrides"):
+        async with self._operation("list_overrides"):
             keys = await self._scan(self._keys.override_pattern)
             raws = await self._batched(keys, lambda pipe, key: pipe.hget(key, "record"))
         in_force = []
@@ -338,8 +348,9 @@ class RedisStore:
     async def read_audit(self, count: int) -> list[dict[str, str]]:
         """The latest `count` audit entries, newest first.
 
-        Each entry has "id" (stream id), "action" ("set" | "clear"), "kind", "scope", "actor", "at_s",
-        "reason", "old" and "new" (one-line JSON of the records with proto field names, "" for none).
+        Each entry has "id" (stream id), "action" ("set" | "clear" | "calibration"), "kind", "scope" (a
+        scope key, or the pool key of a calibration), "actor", "at_s", "reason", "old" and "new" (one-line
+        JSON of the records with proto field names, "" for none).
 
         Raises:
             ValueError: when count < 1.
@@ -347,7 +358,7 @@ class RedisStore:
         """
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
-        with unavailable_on_error("read_audit"):
+        async with self._operation("read_audit"):
             entries = await self._redis.xrevrange(self._keys.audit, count=count)
         return stream_entries(entries)
 
@@ -358,15 +369,18 @@ class RedisStore:
 
         Yields `RESYNC` (action "resync") after every successful (re)subscription, the first included:
         notices published while not subscribed are lost, so reload all overrides then. When the
-        connection drops, it resubscribes (redis-py reconnects at once; if Redis stays down it retries
-        with exponential backoff from retry_delay_s up to max_retry_delay_s seconds). Never raises
-        StoreUnavailable; stop it by cancelling the consuming task or closing the generator, e.g.
+        connection drops (a restart, a Sentinel failover, a cluster node lost), it subscribes again
+        (redis-py reconnects at once — to the new master behind Sentinel, to the slot's new owner on a
+        cluster; if Redis stays down it retries with exponential backoff from retry_delay_s up to
+        max_retry_delay_s seconds). Never raises StoreUnavailable; stop it by cancelling the consuming
+        task or closing the generator, e.g.
         `async with contextlib.aclosing(store.watch_overrides()) as notices: async for n in notices: ...`.
         """
         delay_s = retry_delay_s
         while True:
-            pubsub = self._redis.pubsub()
+            pubsub = None
             try:
+                pubsub = await self._connections.pubsub()
                 await pubsub.subscribe(self._keys.overrides_channel)
                 while True:
                     message = await pubsub.get_message(timeout=1.0)
@@ -379,36 +393,52 @@ class RedisStore:
                         notice = decode_notice(message["data"])
                         if notice is not None:
                             yield notice
-            except (RedisError, OSError) as err:
+            except REDIS_FAILURES as err:
                 logger.warning("override watch lost Redis (%s); resubscribing in %.2f s", err, delay_s)
             finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
+                if pubsub is not None:
+                    with contextlib.suppress(*REDIS_FAILURES):
+                        await pubsub.aclose()
             await asyncio.sleep(delay_s)
             delay_s = min(2.0 * delay_s, max_retry_delay_s)
 
     # ---- engine registry -------------------------------------------------------------------------------
 
-    async def heartbeat(self, engine_id: str, *, info: dict[str, str], ttl_s: float) -> None:
+    async def heartbeat(self, engine_id: str, *, info: Mapping[str, str], ttl_s: float) -> None:
         """Register `engine_id` with `info` (replacing the previous fields) for the next ttl_s seconds.
 
         Raises:
             ValueError: for an empty engine_id or info (Redis has no empty hashes), or ttl_s not > 0.
             StoreUnavailable: when Redis fails.
         """
-        if not engine_id:
-            raise ValueError("engine_id must not be empty")
-        if not info:
-            raise ValueError("info must have at least one field")
-        if not (math.isfinite(ttl_s) and ttl_s > 0.0):
-            raise ValueError(f"ttl_s must be a positive number of seconds, got {ttl_s}")
-        key = self._keys.engine(engine_id)
-        with unavailable_on_error("heartbeat"):
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.delete(key)
-                pipe.hset(key, mapping=info)
-                pipe.pexpire(key, max(1, math.ceil(ttl_s * 1000.0)))
-                await pipe.execute()
+        await self._heartbeats({engine_id: info}, ttl_s=ttl_s, operation="heartbeat")
+
+    async def heartbeats(self, entries: Mapping[str, Mapping[str, str]], *, ttl_s: float) -> None:
+        """`heartbeat` for many engines at once, pipelined (one round trip per server involved).
+
+        Raises:
+            ValueError: for an empty engine_id or info, or ttl_s not > 0 (nothing is then written).
+            StoreUnavailable: when Redis fails for any of them.
+        """
+        await self._heartbeats(entries, ttl_s=ttl_s, operation="heartbeats")
+
+    async def _heartbeats(self, entries: Mapping[str, Mapping[str, str]], *, ttl_s: float, operation: str) -> None:
+        lifetime_ms = ttl_ms(ttl_s)
+        calls = []
+        for engine_id, info in entries.items():
+            if not engine_id:
+                raise ValueError("engine_id must not be empty")
+            if not info:
+                raise ValueError(f"info of engine {engine_id!r} must have at least one field")
+            items = [item for pair in info.items() for item in pair]
+            calls.append(ScriptCall(HSET_WITH_TTL, [self._keys.engine(engine_id)], [lifetime_ms, "1", *items]))
+        if not calls:
+            return
+        async with self._operation(operation):
+            replies = await run_scripts(self._redis, calls)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise StoreUnavailable(operation, reply) from reply
 
     async def list_registry(self) -> dict[str, dict[str, str]]:
         """Every registered (unexpired) engine: engine_id → its info.
@@ -416,31 +446,48 @@ class RedisStore:
         Raises:
             StoreUnavailable: when Redis fails.
         """
-        with unavailable_on_error("list_registry"):
+        async with self._operation("list_registry"):
             keys = await self._scan(self._keys.engine_pattern)
             rows = await self._batched(keys, lambda pipe, key: pipe.hgetall(key))
         return {
-            self._keys.suffix(key, kind="engine"): text_fields(row)
+            self._keys.engine_id_of(key, kind="engine"): text_fields(row)
             for key, row in zip(keys, rows, strict=True)
             if row  # expired between SCAN and HGETALL
         }
 
     # ---- calibrations ----------------------------------------------------------------------------------
 
-    async def put_calibration(self, calibration: operator_pb2.Calibration) -> None:
-        """Store the cost profile of calibration.pool, replacing the previous one.
+    async def put_calibration(
+        self, calibration: operator_pb2.Calibration, *, actor: str = "", reason: str = ""
+    ) -> None:
+        """Store the cost profile of calibration.pool, replacing the previous one, and audit the change.
+
+        In one script on the operator slot (like an override change, a compare-and-set against the
+        profile read just before): the profile is written and an audit entry appended with action and
+        kind "calibration", scope = the pool key, actor = `actor` (calibration.set_by when ""),
+        at_s = calibration.set_at_s (the wall clock when 0), reason, and old/new one-line JSON of the
+        profiles.
 
         Raises:
             ValueError: when the pool is incomplete (see `keys.pool_key`).
-            StoreUnavailable: when Redis fails.
+            StoreUnavailable: when Redis fails; nothing is then written.
         """
         pool = pool_key(calibration.pool)
-        with unavailable_on_error("put_calibration"):
-            await self._redis.hset(self._keys.calibration(pool), mapping={
-                "payload": calibration.SerializeToString(deterministic=True),
-                "pool": pool,
-                "source": calibration.source,
-            })
+        key = self._keys.calibration(pool)
+        at_s = calibration.set_at_s or time.time()
+        fields: dict[str, str | bytes] = {
+            "payload": calibration.SerializeToString(deterministic=True),
+            "pool": pool,
+            "source": calibration.source,
+        }
+
+        def audit(old_raw: bytes | None) -> dict[str, str]:
+            old = parse_payload(operator_pb2.Calibration, old_raw, key=key)
+            return {"action": "calibration", "kind": "calibration", "scope": pool, "actor": actor or calibration.set_by,
+                    "at_s": repr(at_s), "reason": reason, "old": record_json(old), "new": record_json(calibration)}
+
+        await self._compare_and_set(key, "payload", fields, audit, expire_at_ms=0, channel="", notice="",
+                                    operation="put_calibration")
 
     async def get_calibration(self, pool: common_pb2.Pool) -> operator_pb2.Calibration | None:
         """The cost profile of `pool`, or None.
@@ -450,7 +497,7 @@ class RedisStore:
             StoreUnavailable: when Redis fails.
         """
         key = self._keys.calibration(pool_key(pool))
-        with unavailable_on_error("get_calibration"):
+        async with self._operation("get_calibration"):
             raw = await self._redis.hget(key, "payload")
         return parse_payload(operator_pb2.Calibration, raw, key=key)
 
@@ -460,14 +507,14 @@ class RedisStore:
         Raises:
             StoreUnavailable: when Redis fails.
         """
-        with unavailable_on_error("list_calibrations"):
+        async with self._operation("list_calibrations"):
             keys = await self._scan(self._keys.calibration_pattern)
             raws = await self._batched(keys, lambda pipe, key: pipe.hget(key, "payload"))
         calibrations = {}
         for key, raw in zip(keys, raws, strict=True):
             calibration = parse_payload(operator_pb2.Calibration, raw, key=key)
             if calibration is not None:
-                calibrations[self._keys.suffix(key, kind="calibration")] = calibration
+                calibrations[self._keys.pool_of_calibration(key)] = calibration
         return calibrations
 
     # ---- helpers ---------------------------------------------------------------------------------------
@@ -475,59 +522,82 @@ class RedisStore:
     async def _change_override(
         self,
         key: str,
-        write: Callable[[Pipeline], object],
+        fields: Mapping[str, str | bytes],
         *,
+        expire_at_ms: int,
         operation: str,
         notice: OverrideNotice,
         reason: str,
         new: operator_pb2.OverrideRecord | None,
     ) -> operator_pb2.OverrideRecord | None:
-        """Read the old override under WATCH, then in one MULTI: `write(pipe)`, audit, publish."""
-        with unavailable_on_error(operation):
-            async with self._redis.pipeline(transaction=True) as pipe:
-                for _ in range(_MAX_WATCH_ATTEMPTS):
-                    try:
-                        await pipe.watch(key)
-                        old = parse_payload(operator_pb2.OverrideRecord, await pipe.hget(key, "record"), key=key)
-                        if old is not None and is_expired(old, now_s=notice.at_s):
-                            old = None
-                        pipe.multi()
-                        write(pipe)
-                        pipe.xadd(
-                            self._keys.audit,
-                            {
-                                "action": notice.action,
-                                "kind": notice.kind,
-                                "scope": notice.scope,
-                                "actor": notice.actor,
-                                "at_s": repr(notice.at_s),
-                                "reason": reason,
-                                "old": record_json(old),
-                                "new": record_json(new),
-                            },
-                            maxlen=self._audit_maxlen,
-                            approximate=True,
-                        )
-                        pipe.publish(self._keys.overrides_channel, encode_notice(notice))
-                        await pipe.execute()
-                    except WatchError:
-                        logger.debug("%s on %s raced another writer; retrying", operation, key)
-                        continue
-                    logger.info(
-                        "override %s %s %s by %s (%s)", notice.action, notice.kind, notice.scope, notice.actor, reason
-                    )
-                    return old
-                raise WatchError(f"{key} kept changing during {_MAX_WATCH_ATTEMPTS} attempts")
+        """Replace (fields) or delete (no fields) an override; audit and publish; return the old one."""
+        replaced: list[operator_pb2.OverrideRecord | None] = [None]
 
-    async def _scan(self, pattern: str) -> list[str]:
-        return [text(key) async for key in self._redis.scan_iter(match=pattern, count=_SCAN_BATCH)]
+        def audit(old_raw: bytes | None) -> dict[str, str]:
+            old = parse_payload(operator_pb2.OverrideRecord, old_raw, key=key)
+            if old is not None and is_expired(old, now_s=notice.at_s):
+                old = None
+            replaced[0] = old
+            return {"action": notice.action, "kind": notice.kind, "scope": notice.scope, "actor": notice.actor,
+                    "at_s": repr(notice.at_s), "reason": reason, "old": record_json(old), "new": record_json(new)}
 
-    async def _batched(self, keys: list[str], command: Callable[[Pipeline, str], object]) -> list[Any]:
-        """Run `command(pipe, key)` for every key, pipelined (not transactional) in batches."""
-        results: list[Any] = []
-        for start in range(0, len(keys), _SCAN_BATCH):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for key in keys[start:start + _SCAN_BATCH]:
-                    command(pipe, key)
-                results.extend(await pipe.execute())
-        return results
+        await self._compare_and_set(key, "record", fields, audit, expire_at_ms=expire_at_ms,
+                                    channel=self._keys.overrides_channel, notice=encode_notice(notice),
+                                    operation=operation)
+        logger.info("override %s %s %s by %s (%s)", notice.action, notice.kind, notice.scope, notice.actor, reason)
+        return replaced[0]
+
+    async def _compare_and_set(
+        self,
+        key: str,
+        field: str,
+        fields: Mapping[str, str | bytes],
+        audit: Callable[[bytes | None], Mapping[str, str]],
+        *,
+        expire_at_ms: int,
+        channel: str,
+        notice: str,
+        operation: str,
+    ) -> None:
+        """Read `field` of the record at `key`, then in one script (if the record is still the one read):
+        replace the record by `fields` (delete it when empty), append `audit(old value)` to the audit
+        stream and publish `notice` on `channel` (none when ""). Retries when another writer won."""
+        items = [item for pair in fields.items() for item in pair]
+        async with self._operation(operation):
+            for _ in range(_MAX_CAS_ATTEMPTS):
+                old_raw = await self._redis.hget(key, field)
+                audit_items = [item for pair in audit(old_raw).items() for item in pair]
+                args = [field, "0" if old_raw is None else "1", old_raw or b"", str(expire_at_ms),
+                        str(self._audit_maxlen), channel, notice, str(len(items)), *items, *audit_items]
+                call = ScriptCall(CHANGE_RECORD, [key, self._keys.audit], args)
+                if await run_script(self._redis, call):
+                    return
+                logger.debug("%s on %s raced another writer; retrying", operation, key)
+            raise StoreUnavailable(operation, RuntimeError(f"{key} kept changing during {_MAX_CAS_ATTEMPTS} attempts"))
+
+def create_store(
+    url: str,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    history_maxlen: int = DEFAULT_HISTORY_MAXLEN,
+    audit_maxlen: int = DEFAULT_AUDIT_MAXLEN,
+    socket_timeout_s: float = 5.0,
+    num_retries: int = 2,
+    health_check_interval_s: float = 30.0,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    pool_timeout_s: float = 10.0,
+) -> RedisStore:
+    """Open the store at `url`: one server (redis://, rediss://, unix://), the master of a Sentinel service
+    (redis+sentinel://host:port[,host:port...]/service_name[/db]) or a Redis Cluster
+    (redis+cluster://host:port[,host:port...]); `controlplane.store.urls` lists the forms and options,
+    `RedisStore` the arguments. Connects lazily (the first operation connects).
+
+    Raises:
+        ValueError: for a malformed URL (naming what is wrong) or an invalid argument.
+    """
+    return RedisStore(
+        url, prefix=prefix, history_maxlen=history_maxlen, audit_maxlen=audit_maxlen,
+        socket_timeout_s=socket_timeout_s, num_retries=num_retries,
+        health_check_interval_s=health_check_interval_s, max_connections=max_connections,
+        pool_timeout_s=pool_timeout_s,
+    )

