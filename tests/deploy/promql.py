@@ -1,0 +1,79 @@
+"""Metric names referenced by PromQL expressions, and the names a prometheus_client registry exports.
+
+A small lexical pass, not a PromQL parser: it removes string literals, label matchers, range and
+subquery brackets, grouping clauses, durations, numbers and Grafana variables, then takes every
+identifier that is not a function call or a keyword. That is exact for the expressions this project
+writes (tests/deploy/test_metric_names.py checks it on known expressions, including ones it must reject).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_BRACKETS = re.compile(r"\[[^\[\]]*\]")
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
+_GRAFANA_VARIABLE = re.compile(r"\$\{[^}]*\}|\$\w+")
+_DURATION = re.compile(r"\b\d+(?:ms|s|m|h|d|w|y)\b")
+_NUMBER = re.compile(r"(?<![\w:])(?:0x[0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)")
+_IDENTIFIER = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
+                       "unless", "offset", "atan2", "inf", "nan", "Inf", "NaN"})
+_LABEL_VALUES = re.compile(r"^\s*label_values\((?P<expr>.*),\s*[A-Za-z_]\w*\s*\)\s*$", re.S)
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names `expr` selects (functions, keywords and label names excluded)."""
+    text = _STRING.sub(" ", expr)
+    text = _MATCHERS.sub(" ", text)
+    text = _BRACKETS.sub(" ", text)
+    text = _GROUPING.sub(" ", text)
+    text = _GRAFANA_VARIABLE.sub(" ", text)
+    text = _DURATION.sub(" ", text)
+    text = _NUMBER.sub(" ", text)
+    names: set[str] = set()
+    for match in _IDENTIFIER.finditer(text):
+        if match.group(0) in _KEYWORDS or text[match.end():].lstrip().startswith("("):
+            continue
+        names.add(match.group(0))
+    return names
+
+
+def variable_query_names(query: str) -> set[str]:
+    """Metric names of a Grafana Prometheus variable query (`label_values(expr, label)`, `query_result(expr)`)."""
+    match = _LABEL_VALUES.match(query)
+    if match:
+        return metric_names(match.group("expr"))
+    if query.strip().startswith("label_values("):  # label_values(label): no metric
+        return set()
+    return metric_names(query)
+
+
+def exported_names(registry: CollectorRegistry) -> set[str]:
+    """Every series name the registry can export, including families that have no child yet.
+
+    Counters export `<name>_total` (and `_created`), histograms `_bucket`, `_sum`, `_count` (and `_created`),
+    gauges their name.
+    """
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
+                "summary": ("", "_sum", "_count", "_created"), "gauge": ("",), "info": ("_info",),
+                "stateset": ("",), "gaugehistogram": ("_bucket", "_gsum", "_gcount")}
+    names: set[str] = set()
+    for family in registry.collect():
+        names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def unknown_names(exprs: Iterable[str], known: set[str]) -> dict[str, set[str]]:
+    """{expr: names in it that are not in `known`} for every expression that names an unknown metric."""
+    unknown: dict[str, set[str]] = {}
+    for expr in exprs:
+        missing = metric_names(expr) - known
+        if missing:
+            unknown[expr] = missing
+    return unknown
