@@ -12,7 +12,7 @@ Error messages echo at most a bounded prefix of bad input (`protocol.bounded`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,10 +50,11 @@ class EngineHello:
     block_size_tokens: int
     instance_id: str = ""
     instance_started_at_s: float = 0.0
+    pool_key: str = field(init=False)
 
-    @property
-    def pool_key(self) -> str:
-        return make_pool_key(self.model, self.accelerator)
+    def __post_init__(self) -> None:
+        # Computed (and validated) once: the ingest path reads it for every batch.
+        object.__setattr__(self, "pool_key", make_pool_key(self.model, self.accelerator))
 
 
 def _text(field: str, value: str) -> str:

@@ -88,16 +88,23 @@ class PoolEstimate:
 
 @dataclass(slots=True)
 class _OpenBucket:
+    """The bucket being filled: batches are only appended (O(1) per batch); the histogram and the cost
+    sums are computed once, vectorised over the whole bucket, when it closes."""
+
     bucket_id: int
     outputs: list[np.ndarray] = field(default_factory=list)
     prompt_count: int = 0
     prompt_sum_tokens: float = 0.0
-    costs: CostSums = field(default_factory=CostSums)
+    steps: list[StepColumns] = field(default_factory=list)
 
-    def close(self) -> BucketStats:
+    def close(self, reference_costs: CostModel | None) -> BucketStats:
         samples = np.concatenate(self.outputs) if self.outputs else np.zeros(0)
+        costs = CostSums()
+        if self.steps:
+            costs.add_steps(StepColumns(*(np.concatenate([getattr(b, name) for b in self.steps]) for name in (
+                "prefill_tokens", "decode_tokens", "decode_requests", "duration_s"))), reference=reference_costs)
         return BucketStats(outputs=LengthHistogram.from_samples(samples), prompt_count=self.prompt_count,
-                           prompt_sum_tokens=self.prompt_sum_tokens, costs=self.costs)
+                           prompt_sum_tokens=self.prompt_sum_tokens, costs=costs)
 
 
 class PoolStatistics:
@@ -126,11 +133,13 @@ class PoolStatistics:
 
     # ---- ingest ----
 
-    def add(self, now_s: float, *, prompts: np.ndarray, outputs: np.ndarray, steps: StepColumns | None,
-            reference_costs: CostModel | None = None) -> tuple[BucketStats, int] | None:
-        """Add one engine's validated completions and steps at now_s.
+    def add(self, now_s: float, *, prompts: np.ndarray, outputs: np.ndarray,
+            steps: StepColumns | None) -> tuple[BucketStats, int] | None:
+        """Add one engine's validated completions and steps at now_s (O(1): the arrays are kept).
 
         Returns the bucket this call closed (with its id) when now_s is past the open bucket, for publishing.
+        Steps whose duration is far from the current estimate's cost model are kept out of the cost sums
+        when the bucket closes (`core.cost_sums`).
         """
         closed = self.close_due(now_s)
         bucket = self._open
@@ -141,7 +150,7 @@ class PoolStatistics:
             bucket.prompt_count += int(prompts.size)
             bucket.prompt_sum_tokens += float(prompts.sum())
         if steps is not None and steps.duration_s.size:
-            bucket.costs.add_steps(steps, reference=reference_costs)
+            bucket.steps.append(steps)
         return closed
 
     def close_due(self, now_s: float) -> tuple[BucketStats, int] | None:
@@ -150,7 +159,7 @@ class PoolStatistics:
         if bucket is None or self.bucket_of(now_s) <= bucket.bucket_id:
             return None
         self._open = None
-        stats = bucket.close()
+        stats = bucket.close(self.estimate.costs if self.estimate is not None else None)
         self._buckets.setdefault(bucket.bucket_id, {})[self.replica_id] = stats
         return stats, bucket.bucket_id
 

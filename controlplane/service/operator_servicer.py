@@ -1,21 +1,52 @@
-"""OperatorService (thin): validate, call the controller, encode; errors become gRPC status codes."""
+"""OperatorService (thin): validate, call the controller or read the store, encode; errors become status codes.
+
+Validation here is about the request's shape (an explicit scope, bounds of k and n, a complete pool); the
+controller validates values (δ range, pin mode). Error messages echo at most a bounded prefix of the input
+(`protocol.bounded`). Status codes: INVALID_ARGUMENT for a bad request, NOT_FOUND for a missing decision,
+calibration or override, UNAVAILABLE when the store cannot take or give what was asked.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
+from typing import NoReturn
 
 import grpc
 
-from controlplane.api.v1 import operator_pb2, operator_pb2_grpc
+from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
+from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
 from controlplane.service.controller import Controller, OverrideError
-from controlplane.store import StoreUnavailable, pool_key
+from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
+
+# Bounds of a pinned k or n, requests: far above any engine's slot count, far below uint32.
+MAX_PINNED_REQUESTS = 1 << 20
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 10_000
+MAX_REASON_CHARS = 1024
+# At most this many per-engine warnings are listed on an override; the rest are counted.
+MAX_WARNINGS = 20
+_MAX_MESSAGE_CHARS = 400
+_SCOPE_RANK = {operator_pb2.SCOPE_KIND_FLEET: 1, operator_pb2.SCOPE_KIND_POOL: 2, operator_pb2.SCOPE_KIND_ENGINE: 3}
+_EXPLICIT_SCOPE = ("give an explicit scope: SCOPE_KIND_FLEET, SCOPE_KIND_POOL with a pool, or SCOPE_KIND_ENGINE "
+                   "with an engine_id (an unspecified scope is not taken to mean the fleet)")
 
 
 class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
-    def __init__(self, controller: Controller, authenticator: Authenticator) -> None:
+    """The operator API over one controller replica and the shared store."""
+
+    def __init__(self, controller: Controller, authenticator: Authenticator, *, store: RedisStore) -> None:
+        """
+        Args:
+            controller: overrides, calibrations, decisions and engines of this replica.
+            authenticator: resolves the caller's identity (recorded as set_by and in the audit).
+            store: the shared store, read for the overrides in force, the audit, the decision history and
+                stored calibrations (which every replica writes).
+        """
         self._controller = controller
         self._auth = authenticator
+        self._store = store
 
     def _actor(self, context: grpc.aio.ServicerContext) -> str:
         return self._auth.identity(context, OPERATOR_PREFIX)
@@ -24,15 +55,15 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         try:
             return await action
         except (OverrideError, ValueError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except StoreUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"override not applied, it could not be made durable: "
-                                                             f"{exc}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE,
+                         f"not applied, it could not be made durable: {exc}")
 
     async def SetDelta(self, request: operator_pb2.SetDeltaRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
-        if request.expires_in_s < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expires_in_s must be ≥ 0")
+        await _check_scope(context, request.scope)
+        await _check_expiry_and_reason(context, request.expires_in_s, request.reason)
         record = operator_pb2.OverrideRecord(
             scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_DELTA, delta_s_per_token=request.delta_s_per_token,
             expires_at_s=self._expiry(request.expires_in_s), reason=request.reason,
@@ -41,34 +72,99 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
 
     async def PinMode(self, request: operator_pb2.PinModeRequest,  # noqa: N802
                       context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
-        if request.expires_in_s < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expires_in_s must be ≥ 0")
+        await _check_scope(context, request.scope)
+        await _check_expiry_and_reason(context, request.expires_in_s, request.reason)
+        for name, value in (("n", request.n), ("k", request.k)):
+            if value > MAX_PINNED_REQUESTS:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                             f"{name}={value} is above the limit of a pin ({MAX_PINNED_REQUESTS} requests)")
+        if request.k and request.n and request.k > request.n:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"k={request.k} must not exceed n={request.n}")
         record = operator_pb2.OverrideRecord(
             scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_PIN, mode=request.mode, k=request.k, n=request.n,
             expires_at_s=self._expiry(request.expires_in_s), reason=request.reason,
         )
-        return await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
+        stored = await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
+        answer = operator_pb2.OverrideRecord()
+        answer.CopyFrom(stored)
+        answer.warnings.extend(pin_warnings(request, self._controller.engine_infos()))
+        return answer
 
     async def ClearOverride(self, request: operator_pb2.ClearOverrideRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
+        await _check_scope(context, request.scope)
+        await _check_expiry_and_reason(context, 0.0, request.reason)
+        if request.kind not in (operator_pb2.OVERRIDE_KIND_DELTA, operator_pb2.OVERRIDE_KIND_PIN):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         "kind must be OVERRIDE_KIND_DELTA or OVERRIDE_KIND_PIN")
+        key = scope_key(request.scope)
+        in_force = await self._in_force(context)
+        if not any(r.kind == request.kind and scope_key(r.scope) == key for r in in_force):
+            kind = "delta" if request.kind == operator_pb2.OVERRIDE_KIND_DELTA else "pin"
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"no {kind} override in force at scope {bounded(key)}")
         return await self._change(context, self._controller.clear_override(
             request.scope, request.kind, actor=self._actor(context), reason=request.reason))
+
+    async def ListOverrides(self, request: operator_pb2.ListOverridesRequest,  # noqa: N802
+                            context: grpc.aio.ServicerContext) -> operator_pb2.ListOverridesResponse:
+        overrides = await self._in_force(context)
+        overrides.sort(key=lambda r: (r.kind, _SCOPE_RANK.get(r.scope.kind, 0), scope_key(r.scope)))
+        return operator_pb2.ListOverridesResponse(overrides=overrides)
+
+    async def ListAudit(self, request: operator_pb2.ListAuditRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> operator_pb2.ListAuditResponse:
+        limit = await _limit(context, request.limit)
+        try:
+            rows = await self._store.read_audit(limit)
+        except StoreUnavailable as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"audit not readable: {exc}")
+        return operator_pb2.ListAuditResponse(entries=[audit_entry(row) for row in rows])
+
+    async def ListHistory(self, request: operator_pb2.ListHistoryRequest,  # noqa: N802
+                          context: grpc.aio.ServicerContext) -> operator_pb2.ListHistoryResponse:
+        limit = await _limit(context, request.limit)
+        wanted_pool = ""
+        if request.pool.model or request.pool.accelerator:
+            wanted_pool = await _pool_key(context, request.pool)
+        filtered = bool(wanted_pool or request.engine_id)
+        try:
+            # A filter is applied to the newest MAX_LIST_LIMIT entries: the stream has no index by engine.
+            rows = await self._store.read_history(MAX_LIST_LIMIT if filtered else limit)
+        except StoreUnavailable as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"history not readable: {exc}")
+        entries = []
+        for row in rows:
+            if row.get("decision") is None:
+                continue
+            if (wanted_pool and row.get("pool") != wanted_pool) or (
+                    request.engine_id and row.get("engine_id") != request.engine_id):
+                continue
+            entries.append(history_entry(row))
+            if len(entries) == limit:
+                break
+        return operator_pb2.ListHistoryResponse(entries=entries)
 
     async def GetDecision(self, request: operator_pb2.GetDecisionRequest,  # noqa: N802
                           context: grpc.aio.ServicerContext) -> operator_pb2.DecisionView:
         view = self._controller.decision_view(request.engine_id)
         if view is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no decision for engine {request.engine_id!r}")
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"no decision for engine {bounded(request.engine_id)}")
         return view
 
     async def ListEngines(self, request: operator_pb2.ListEnginesRequest,  # noqa: N802
                           context: grpc.aio.ServicerContext) -> operator_pb2.ListEnginesResponse:
-        pool = request.pool if request.HasField("pool") else None
+        pool = None
+        if request.HasField("pool") and (request.pool.model or request.pool.accelerator):
+            await _pool_key(context, request.pool)
+            pool = request.pool
         return operator_pb2.ListEnginesResponse(engines=self._controller.engine_infos(pool))
 
     async def WatchDecisions(self, request: operator_pb2.WatchDecisionsRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> AsyncIterator[operator_pb2.DecisionView]:
-        wanted_pool = pool_key(request.pool) if request.pool.model or request.pool.accelerator else ""
+        wanted_pool = ""
+        if request.pool.model or request.pool.accelerator:
+            wanted_pool = await _pool_key(context, request.pool)
         queue = self._controller.watch()
         try:
             while True:
@@ -86,14 +182,133 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
 
     async def PutCalibration(self, request: operator_pb2.PutCalibrationRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> operator_pb2.Calibration:
-        return await self._change(context, self._controller.put_calibration(request.calibration))
+        await _pool_key(context, request.calibration.pool)
+        calibration = operator_pb2.Calibration()
+        calibration.CopyFrom(request.calibration)
+        calibration.set_by = self._actor(context)
+        calibration.set_at_s = self._controller.now_s()
+        return await self._change(context, self._controller.put_calibration(calibration, actor=calibration.set_by))
 
     async def GetCalibration(self, request: operator_pb2.GetCalibrationRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> operator_pb2.Calibration:
-        calibration = self._controller.calibration(request.pool)
+        key = await _pool_key(context, request.pool)
+        try:
+            calibration = await self._store.get_calibration(request.pool)  # carries source, set_by, set_at_s
+        except StoreUnavailable:
+            calibration = self._controller.calibration(request.pool)  # this replica's copy, costs only
         if calibration is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no calibration for pool {pool_key(request.pool)!r}")
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"no calibration for pool {bounded(key)}")
         return calibration
+
+    async def _in_force(self, context: grpc.aio.ServicerContext) -> list[operator_pb2.OverrideRecord]:
+        try:
+            return await self._store.list_overrides(self._controller.now_s())
+        except StoreUnavailable as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"overrides not readable: {exc}")
 
     def _expiry(self, expires_in_s: float) -> float:
         return self._controller.now_s() + expires_in_s if expires_in_s > 0 else 0.0
+
+
+def pin_warnings(request: operator_pb2.PinModeRequest, engines: list[operator_pb2.EngineInfo]) -> list[str]:
+    """What a pin will not do as asked on the engines (of this replica) in its scope.
+
+    A pinned n above an engine's max_num_seqs is ignored there (the decision is flagged pin_invalid) and a
+    pinned k is clamped to the N the engine runs with (at most its max_num_seqs). An engine or pool scope
+    that matches no engine known to this replica is reported too: its limits could not be checked.
+    """
+    scope = request.scope
+    if scope.kind == operator_pb2.SCOPE_KIND_ENGINE:
+        in_scope = [e for e in engines if e.engine_id == scope.engine_id]
+    elif scope.kind == operator_pb2.SCOPE_KIND_POOL:
+        in_scope = [e for e in engines if e.pool.model == scope.pool.model
+                    and e.pool.accelerator == scope.pool.accelerator]
+    else:
+        in_scope = list(engines)
+    warnings = []
+    for engine in in_scope:
+        max_num_seqs = engine.limits.max_num_seqs
+        engine_id = bounded(engine.engine_id)
+        if request.n > max_num_seqs:
+            warnings.append(f"n={request.n} exceeds max_num_seqs={max_num_seqs} of engine {engine_id}: the pin's n "
+                            f"is ignored there (flag pin_invalid)")
+        if request.k > max_num_seqs:
+            warnings.append(f"k={request.k} exceeds max_num_seqs={max_num_seqs} of engine {engine_id}: k is "
+                            f"clamped to the engine's N there (at most {max_num_seqs})")
+    if len(warnings) > MAX_WARNINGS:
+        warnings = [*warnings[:MAX_WARNINGS], f"… and {len(warnings) - MAX_WARNINGS} more"]
+    if not in_scope and (request.k or request.n) and scope.kind != operator_pb2.SCOPE_KIND_FLEET:
+        warnings.append(f"no engine in scope {bounded(scope_key(scope))} is connected to this controller: k and n "
+                        f"were not checked against engine limits")
+    return warnings
+
+
+def audit_entry(row: dict[str, str]) -> operator_pb2.AuditEntry:
+    """An audit stream entry (`RedisStore.read_audit`) as an AuditEntry."""
+    return operator_pb2.AuditEntry(
+        id=row.get("id", ""), at_s=_float(row.get("at_s", "")), actor=row.get("actor", ""),
+        action=row.get("action", ""), target=row.get("scope", ""), kind=row.get("kind", ""),
+        reason=row.get("reason", ""), old_json=row.get("old", ""), new_json=row.get("new", ""),
+    )
+
+
+def history_entry(row: dict) -> operator_pb2.HistoryEntry:
+    """A history stream entry (`RedisStore.read_history`, with a parsed decision) as a HistoryEntry."""
+    model, _, accelerator = str(row.get("pool", "")).partition("|")
+    decision: common_pb2.Decision = row["decision"]
+    return operator_pb2.HistoryEntry(
+        id=row.get("id", ""), engine_id=row.get("engine_id", ""),
+        pool=common_pb2.Pool(model=model, accelerator=accelerator),
+        decided_at_s=decision.decided_at_s or _float(row.get("decided_at_s", "")), decision=decision,
+    )
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) else 0.0
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    if len(message) > _MAX_MESSAGE_CHARS:
+        message = message[:_MAX_MESSAGE_CHARS] + "…"
+    await context.abort(code, message)
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+async def _check_scope(context: grpc.aio.ServicerContext, scope: operator_pb2.Scope) -> None:
+    if scope.kind == operator_pb2.SCOPE_KIND_UNSPECIFIED:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"scope: {_EXPLICIT_SCOPE}")
+    if scope.kind == operator_pb2.SCOPE_KIND_POOL:
+        await _pool_key(context, scope.pool, field="scope.pool")
+    elif scope.kind == operator_pb2.SCOPE_KIND_ENGINE and not is_valid_engine_id(scope.engine_id):
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                     f"scope.engine_id {bounded(scope.engine_id)} is not an engine id ([A-Za-z0-9._:-]{{1,128}})")
+    elif scope.kind not in _SCOPE_RANK:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                     f"scope.kind {scope.kind} is unknown: {_EXPLICIT_SCOPE}")
+
+
+async def _check_expiry_and_reason(context: grpc.aio.ServicerContext, expires_in_s: float, reason: str) -> None:
+    if not (math.isfinite(expires_in_s) and expires_in_s >= 0.0):
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                     f"expires_in_s must be a finite number ≥ 0 (0: never expires), got {expires_in_s}")
+    if len(reason) > MAX_REASON_CHARS:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                     f"reason is longer than {MAX_REASON_CHARS} characters ({len(reason)})")
+
+
+async def _pool_key(context: grpc.aio.ServicerContext, pool: common_pb2.Pool, *, field: str = "pool") -> str:
+    try:
+        make_pool_key(pool.model, pool.accelerator)
+        return pool_key(pool)
+    except ValueError as exc:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {exc}")
+
+
+async def _limit(context: grpc.aio.ServicerContext, limit: int) -> int:
+    if limit > MAX_LIST_LIMIT:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"limit must be ≤ {MAX_LIST_LIMIT}, got {limit}")
+    return limit or DEFAULT_LIST_LIMIT
