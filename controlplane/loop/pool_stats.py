@@ -30,6 +30,8 @@ from controlplane.core.types import CostModel
 from controlplane.loop.config import DecisionLoopConfig
 
 _MAGIC = b"CPB1"
+# Steps of one batch that enter the cost sums (evenly spaced when a batch carries more).
+MAX_STEPS_PER_BATCH = 64
 _HEADER = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
 
 
@@ -150,6 +152,13 @@ class PoolStatistics:
             bucket.prompt_count += int(prompts.size)
             bucket.prompt_sum_tokens += float(prompts.sum())
         if steps is not None and steps.duration_s.size:
+            size = steps.duration_s.size
+            if size > MAX_STEPS_PER_BATCH:
+                # A systematic subsample: a pool's cost fit needs thousands of steps, not the millions per
+                # second a large fleet reports (1,000 engines × 1,000 steps/s).
+                keep = np.linspace(0, size - 1, MAX_STEPS_PER_BATCH).astype(np.int64)
+                steps = StepColumns(steps.prefill_tokens[keep], steps.decode_tokens[keep],
+                                    steps.decode_requests[keep], steps.duration_s[keep])
             bucket.steps.append(steps)
         return closed
 
