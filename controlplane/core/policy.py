@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from controlplane.core.cost_model import cost_model_is_usable
 from controlplane.core.crossover import crossover_terms, instantaneous_mode, select_mode
 from controlplane.core.hazard import HazardFit, fit_hazard
 from controlplane.core.memory_guard import update_memory_guard
-from controlplane.core.threshold import clip_theta, delta_theta_ifr, solve_theta0
+from controlplane.core.threshold import bound_delta_theta, clip_theta, delta_theta_ifr, solve_theta0
 from controlplane.core.types import (
     DELTA_LIMIT_S_PER_TOKEN,
     CostModel,
@@ -41,6 +42,13 @@ from controlplane.core.types import (
     WorkloadStats,
 )
 
+
+# Pure functions of a pool's terms, memoised: every engine of a pool evaluates them with the same pool
+# estimate (and mostly the same limits), so one decision per pool pays for them and the rest hit the cache.
+_solve_theta0 = lru_cache(maxsize=4096)(solve_theta0)
+_batch_size = lru_cache(maxsize=4096)(memory_safe_batch_size)
+_usable = lru_cache(maxsize=1024)(cost_model_is_usable)
+_budget_policy = lru_cache(maxsize=1024)(select_budget_policy)
 
 def _finite(value: float) -> float:
     return float(value) if math.isfinite(value) else 0.0
@@ -103,13 +111,13 @@ def evaluate(
     elif eta < 0.0:
         flags.append(Flag.HAZARD_DFR_CLIPPED)
         eta = 0.0
-    if not cost_model_is_usable(costs):
+    if not _usable(costs):
         flags.append(Flag.ALPHA_D_NONPOSITIVE if not costs.alpha_d_s > 0.0 else Flag.COST_NONPOSITIVE)
     alpha_ok = math.isfinite(costs.alpha_d_s) and costs.alpha_d_s > 0.0 and math.isfinite(costs.alpha_p_s)
     gamma = p0 * costs.alpha_p_s / costs.alpha_d_s if alpha_ok else 0.0
     if math.isinf(gamma):
         flags.append(Flag.GAMMA_NONFINITE)
-    theta0 = solve_theta0(gamma)
+    theta0 = _solve_theta0(gamma)
 
     # Proposition 3.3 is derived for geometric outputs. A strongly IFR window (or a mixture after a
     # shift) fits a hazard intercept far below 1/μ_O, and the reserve ln(1/ε)/(p0²μ_L) then exceeds the
@@ -122,7 +130,7 @@ def evaluate(
         flags.append(Flag.MEMORY_RATE_FROM_MEAN)
 
     def batch(theta: float) -> int:
-        return memory_safe_batch_size(
+        return _batch_size(
             theta=theta, p0=p_mem, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
             oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
         ).n
@@ -131,13 +139,17 @@ def evaluate(
     n_for_rho = n_prev if n_prev > 0 else batch(theta0_clipped)
     beta_d = costs.beta_d_s_per_request if math.isfinite(costs.beta_d_s_per_request) else 0.0
     rho = beta_d * n_for_rho / costs.alpha_d_s if alpha_ok else 0.0
-    delta_theta = delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=max(rho, 0.0))
+    delta_theta, ifr_bounded = bound_delta_theta(
+        delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=max(rho, 0.0)), theta0=theta0, p0=p0, eta=eta
+    )
+    if ifr_bounded:
+        flags.append(Flag.IFR_CORRECTION_BOUNDED)
     theta_star, side = clip_theta(theta0 + delta_theta, theta_min=config.theta_min, theta_max=config.theta_max)
     if side < 0:
         flags.append(Flag.THETA_CLIPPED_LOW)
     elif side > 0:
         flags.append(Flag.THETA_CLIPPED_HIGH)
-    sizing = memory_safe_batch_size(
+    sizing = _batch_size(
         theta=theta_star, p0=p_mem, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
         oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
     )
@@ -156,7 +168,7 @@ def evaluate(
     if out_of_range:
         flags.append(Flag.DELTA_OUT_OF_RANGE)
     terms = None
-    if cost_model_is_usable(costs) and 0.0 < theta0 < 1.0:
+    if _usable(costs) and 0.0 < theta0 < 1.0:
         terms = crossover_terms(costs=costs, theta0=theta0, mu_l_tokens=mu_l, mu_o_tokens=mu_o, n_obs=n_obs)
     if terms is None:
         flags.append(Flag.CROSSOVER_NOT_EVALUATED)
@@ -238,9 +250,9 @@ def decide(
     flags: list[Flag] = []
     if observations.num_rejected_samples > 0:
         flags.append(Flag.SAMPLES_REJECTED)
-    budget, clamped = select_budget_policy(
+    budget, clamped = _budget_policy(
         max_num_batched_tokens=limits.max_num_batched_tokens,
-        sweep=budget_sweep,
+        sweep=tuple(budget_sweep),
         max_model_len_tokens=limits.max_model_len_tokens,
     )
     if clamped:
@@ -274,7 +286,7 @@ def decide(
     enough_data = fit is not None and fit.stats.num_samples >= config.min_samples
     if not enough_data:
         online_mode = Mode.MB
-    elif costs is None or not cost_model_is_usable(costs):
+    elif costs is None or not _usable(costs):
         online_mode, reason = Mode.MB, Reason.NO_COST_MODEL
         if costs is not None:
             flags.append(Flag.ALPHA_D_NONPOSITIVE if not costs.alpha_d_s > 0.0 else Flag.COST_NONPOSITIVE)

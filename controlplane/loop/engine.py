@@ -25,7 +25,7 @@ from controlplane.api.v1 import common_pb2
 from controlplane.core.budget import SweepPoint
 from controlplane.core.policy import decide, ema_update
 from controlplane.core.types import Decision, Observations, OperatorIntent, PolicyConfig, PolicyState
-from controlplane.loop.codec import decision_to_proto, same_instruction
+from controlplane.loop.codec import decision_to_proto
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.pool_stats import PoolEstimate
@@ -39,13 +39,14 @@ _SENT_VERSIONS_KEPT = 64
 class LoopOutcome:
     """The result of one computation.
 
-    decision: the core's decision (reason, flags, diagnostics). latest: it as a message (the version of the
-    instruction in force). push: the message to send now (a new version, or a keep-alive of the current
-    one), or None. changed: the instruction changed (a new version was issued).
+    decision: the core's decision (reason, flags, diagnostics). latest: the new instruction's message when
+    it changed, else None (`EngineLoop.latest` builds the message of an unchanged computation on demand).
+    push: the message to send now (a new version, or a keep-alive of the current one), or None. changed:
+    the instruction changed (a new version was issued).
     """
 
     decision: Decision
-    latest: common_pb2.Decision
+    latest: common_pb2.Decision | None
     push: common_pb2.Decision | None
     changed: bool
 
@@ -62,8 +63,7 @@ class EngineLoop:
     sequence: int = 0
     policy_state: PolicyState = field(default_factory=PolicyState)
     current: common_pb2.Decision | None = None
-    latest: common_pb2.Decision | None = None
-    latest_at_s: float = 0.0
+    latest_at_s: float = 0.0  # when the instruction in force was issued
     n_obs: float = 0.0
     n_obs_at_s: float = 0.0
     acked_version: int = 0
@@ -80,6 +80,9 @@ class EngineLoop:
     traceparent: str = ""
     excluded_from_pool: bool = False
     sent_versions: deque[int] = field(default_factory=lambda: deque(maxlen=_SENT_VERSIONS_KEPT))
+    _latest: tuple[Decision, float, str, PoolEstimate | None] | None = field(default=None, repr=False)
+    _latest_message: common_pb2.Decision | None = field(default=None, repr=False)
+    _current_instruction: tuple | None = field(default=None, repr=False)
 
     @property
     def version(self) -> int:
@@ -137,7 +140,8 @@ class EngineLoop:
         """Recompute the decision from the pool's estimate; issue a new version when the instruction changed.
 
         push is the new version, or — when nothing changed — the current one if a keep-alive is due or
-        force_push is set; else None.
+        force_push is set; else None. The message of an unchanged computation is only built when asked
+        for (`latest`), so the common case costs the core's decide() alone.
         """
         observations = Observations(
             output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
@@ -151,24 +155,45 @@ class EngineLoop:
         self.last_decided_s = now_s
         self.completions_since_decision = 0
         self.preemptions_since_decision = 0
-        next_version = self._next_version()
-        candidate = decision_to_proto(decision, version=next_version, ttl_s=self.config.ttl_s, decided_at_s=now_s,
-                                      trace_id="")
-        candidate.trigger_traceparent = trigger_traceparent
-        if estimate is not None:
-            candidate.diagnostics.pool_window_end_bucket = estimate.end_bucket
-            candidate.diagnostics.cost_source = estimate.cost_source
+        self._latest = (decision, now_s, trigger_traceparent, estimate)
+        self._latest_message = None
         current = self.current
-        if current is not None and same_instruction(current, candidate):
-            candidate.version = current.version
-            candidate.trace_id = current.trace_id
-            self.latest, self.latest_at_s = candidate, now_s
+        if current is not None and self._current_instruction == _instruction(decision):
             push = current if (force_push or self.keepalive_due(now_s)) else None
-            return LoopOutcome(decision=decision, latest=candidate, push=push, changed=False)
-        self.sequence = next_version % VERSION_EPOCH_FACTOR
-        self.current = candidate
-        self.latest, self.latest_at_s = candidate, now_s
-        return LoopOutcome(decision=decision, latest=candidate, push=candidate, changed=True)
+            return LoopOutcome(decision=decision, latest=None, push=push, changed=False)
+        version = self._next_version()
+        self.sequence = version % VERSION_EPOCH_FACTOR
+        self.current = self._message(decision, version=version, now_s=now_s, trigger=trigger_traceparent,
+                                     estimate=estimate)
+        self._current_instruction = _instruction(decision)
+        self._latest_message = self.current
+        self.latest_at_s = now_s
+        return LoopOutcome(decision=decision, latest=self.current, push=self.current, changed=True)
+
+    @property
+    def latest(self) -> common_pb2.Decision | None:
+        """The latest computation as a message (carrying the version of the instruction in force)."""
+        if self._latest_message is None and self._latest is not None:
+            decision, now_s, trigger, estimate = self._latest
+            message = self._message(decision, version=self.version, now_s=now_s, trigger=trigger, estimate=estimate)
+            if self.current is not None:
+                message.trace_id = self.current.trace_id
+            self._latest_message = message
+        return self._latest_message
+
+    @property
+    def latest_computed_at_s(self) -> float:
+        return self._latest[1] if self._latest is not None else 0.0
+
+    def _message(self, decision: Decision, *, version: int, now_s: float, trigger: str,
+                 estimate: PoolEstimate | None) -> common_pb2.Decision:
+        message = decision_to_proto(decision, version=version, ttl_s=self.config.ttl_s, decided_at_s=now_s,
+                                    trace_id="")
+        message.trigger_traceparent = trigger
+        if estimate is not None:
+            message.diagnostics.pool_window_end_bucket = estimate.end_bucket
+            message.diagnostics.cost_source = estimate.cost_source
+        return message
 
     def _next_version(self) -> int:
         sequence = self.sequence + 1
@@ -198,3 +223,8 @@ class EngineLoop:
             self.acked_version = max(self.acked_version, version)
             return "applied"
         return "rejected"
+
+
+def _instruction(decision: Decision) -> tuple:
+    """What the agent is told (`codec.same_instruction` on the core's decision): diagnostics and reason aside."""
+    return (decision.mode, decision.k, decision.n, decision.advisory, decision.delta_s_per_token, decision.budget)

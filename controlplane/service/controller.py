@@ -325,9 +325,7 @@ class Controller:
         outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
                               trigger_traceparent=trigger_traceparent)
         self._metrics.decision_latency.observe(time.perf_counter() - started)
-        if loop.excluded_from_pool:
-            outcome.latest.flags.append("engine_excluded_from_pool")
-        if outcome.changed:
+        if outcome.changed and outcome.latest is not None:
             decision = outcome.decision
             outcome.latest.trace_id = self._tracer.trace_decision(
                 decision, engine_id=hello.engine_id, pool=hello.pool_key, version=outcome.latest.version,
@@ -336,7 +334,7 @@ class Controller:
             self._set_engine_gauges(loop)
         if outcome.push is not None:
             self._push(record, outcome.push, now_s)
-        if outcome.changed:
+        if outcome.changed and outcome.latest is not None:
             self.writer.submit(hello.engine_id, pool_key=hello.pool_key, decision=outcome.latest)
 
     def _push(self, record: EngineRecord, decision: common_pb2.Decision, now_s: float) -> None:
@@ -562,9 +560,11 @@ class Controller:
             loop = record.loop
             view = operator_pb2.DecisionView(
                 engine_id=engine_id, pool=common_pb2.Pool(model=loop.hello.model, accelerator=loop.hello.accelerator),
-                decision=loop.current, acked_version=loop.acked_version, computed_at_s=loop.latest_at_s)
+                decision=loop.current, acked_version=loop.acked_version, computed_at_s=loop.latest_computed_at_s)
             if loop.latest is not None:
                 view.latest.CopyFrom(loop.latest)
+                if loop.excluded_from_pool:
+                    view.latest.flags.append("engine_excluded_from_pool")
             return view
         restored = self._restored.get(engine_id)
         if restored is not None:

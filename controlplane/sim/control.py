@@ -170,7 +170,7 @@ class OnlineControl:
         if not outcome.changed:
             engine.enforcer.touch(now_s)
             return
-        applied, reason = engine.enforcer.apply(outcome.latest, now_s=now_s)
+        applied, reason = engine.enforcer.apply(loop.current, now_s=now_s)
         if not applied:  # pragma: no cover - decide() guarantees 1 ≤ k ≤ N ≤ max_num_seqs
             raise RuntimeError(f"the engine refused the core's decision: {reason}")
-        self.timeline.append(record_of(outcome.latest, now_s))
+        self.timeline.append(record_of(loop.current, now_s))

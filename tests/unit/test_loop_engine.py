@@ -68,7 +68,7 @@ def test_versions_carry_the_epoch_and_increase_across_epochs() -> None:
     assert first.changed and split_version(first.latest.version) == (3, 1)
     loop.mark_sent(first.push, now_s=0.0)
     same = loop.decide(None, intent=INTENT, now_s=1.0)
-    assert not same.changed and same.push is None and same.latest.version == first.latest.version
+    assert not same.changed and same.push is None and loop.latest.version == first.latest.version
     loop.epoch, loop.sequence = 4, 0  # the stream reopened on another replica: a new epoch
     pinned = loop.decide(None, intent=OperatorIntent(delta_s_per_token=1e-4), now_s=2.0)
     assert pinned.changed and pinned.latest.version == 4 * VERSION_EPOCH_FACTOR + 1
@@ -98,4 +98,5 @@ def test_latest_computation_is_kept_when_the_instruction_does_not_change() -> No
     loop.decide(None, intent=INTENT, now_s=0.0)
     again = loop.decide(None, intent=INTENT, now_s=7.0)
     assert not again.changed
-    assert loop.latest_at_s == 7.0 and loop.latest.decided_at_s == 7.0
+    assert loop.latest_computed_at_s == 7.0 and loop.latest.decided_at_s == 7.0
+    assert loop.latest.version == loop.version
