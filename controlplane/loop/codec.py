@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.protocol import POOL_KEY_SEPARATOR
 from controlplane.core.types import CostModel, Decision, DeltaSource, Mode, ModePin, OperatorIntent
+from controlplane.protocol import POOL_KEY_SEPARATOR
 
 MODE_TO_PROTO = {Mode.MB: common_pb2.MODE_MB, Mode.EB: common_pb2.MODE_EB,
                  Mode.PASSTHROUGH: common_pb2.MODE_PASSTHROUGH}
@@ -63,7 +63,8 @@ def resolve_intent(records: list[operator_pb2.OverrideRecord], *, engine_id: str
         scope = record.scope
         if scope.kind == operator_pb2.SCOPE_KIND_ENGINE and scope.engine_id != engine_id:
             continue
-        if scope.kind == operator_pb2.SCOPE_KIND_POOL and POOL_KEY_SEPARATOR.join((scope.pool.model, scope.pool.accelerator)) != pool_key:
+        scope_pool = POOL_KEY_SEPARATOR.join((scope.pool.model, scope.pool.accelerator))
+        if scope.kind == operator_pb2.SCOPE_KIND_POOL and scope_pool != pool_key:
             continue
         current = best.get(record.kind)
         if current is None or rank.get(scope.kind, 0) > rank.get(current.scope.kind, 0):

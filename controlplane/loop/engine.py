@@ -204,6 +204,14 @@ class EngineLoop:
         version = compose_version(epoch, sequence)
         return max(version, self.version + 1)
 
+    def begin_epoch(self, epoch: int) -> None:
+        """Continue under a newer epoch (the engine's stream reopened, possibly on another replica, which may
+        have issued versions meanwhile): the next computation issues a new version even when the instruction
+        is unchanged, so the agent never sees a version below one it holds."""
+        if epoch > self.epoch:
+            self.epoch, self.sequence = epoch, 0
+            self._current_instruction = None
+
     def restore(self, decision: common_pb2.Decision) -> None:
         """Continue after a stored decision (a restart): versions stay above it."""
         epoch, sequence = divmod(decision.version, VERSION_EPOCH_FACTOR)

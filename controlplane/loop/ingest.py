@@ -75,10 +75,10 @@ def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
     if not is_valid_engine_id(hello.engine_id):
         raise TelemetryError("hello.engine_id", f"must match [A-Za-z0-9._:-]{{1,128}}, got {bounded(hello.engine_id)}",
                              cause="bad_hello")
-    for field, name in (("hello.pool.model", hello.pool.model), ("hello.pool.accelerator", hello.pool.accelerator)):
+    for path, name in (("hello.pool.model", hello.pool.model), ("hello.pool.accelerator", hello.pool.accelerator)):
         problem = pool_name_problem(name)
         if problem is not None:
-            raise TelemetryError(field, f"{bounded(name)} {problem}", cause="bad_hello")
+            raise TelemetryError(path, f"{bounded(name)} {problem}", cause="bad_hello")
     limits = hello.limits
     max_num_seqs = _limit("hello.limits.max_num_seqs", limits.max_num_seqs, low=1, high=MAX_NUM_SEQS)
     budget = _limit("hello.limits.max_num_batched_tokens", limits.max_num_batched_tokens, low=1,

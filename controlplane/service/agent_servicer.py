@@ -22,7 +22,7 @@ from controlplane.loop.ingest import TelemetryError, validate_batch, validate_he
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.service.auth import AGENT_PREFIX, Authenticator
 from controlplane.service.controller import Controller
-from controlplane.service.sessions import Session, StreamRefused
+from controlplane.service.sessions import Session, StreamRefusedError
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             return
-        except Exception as exc:  # noqa: BLE001 - an undecodable first message
+        except Exception as exc:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "undecodable",
                                f"the first message could not be decoded: {type(exc).__name__}")
         if not first.HasField("hello"):
@@ -58,7 +58,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         identity = self._auth.identity(context, AGENT_PREFIX)
         try:
             session = await self._controller.open_stream(hello, identity=identity)
-        except StreamRefused as exc:
+        except StreamRefusedError as exc:
             await self._reject(context, exc.code, "refused", str(exc))
         failure: list[TelemetryError] = []
         reader = asyncio.create_task(self._read(session, request_iterator, failure))
@@ -106,7 +106,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             pass
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - e.g. a message that cannot be decoded
+        except Exception as exc:
             failure.append(TelemetryError("message", f"could not be decoded: {type(exc).__name__}",
                                           cause="undecodable"))
         finally:

@@ -171,7 +171,7 @@ class ControllerApp:
                 logger.warning("the embedded redis-server is gone; restarting it from its append-only file")
                 try:
                     await asyncio.to_thread(self._embedded.restart)
-                except Exception as exc:  # noqa: BLE001 - logged, retried next round
+                except Exception as exc:
                     logger.error("could not restart the embedded redis-server: %s", exc)
             ok = await store.ping()
             controller.note_store_ping(ok)

@@ -32,7 +32,7 @@ from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
 from controlplane.protocol import MODE_CODES, VERSION_EPOCH_FACTOR
 from controlplane.service.config import ControllerConfig
-from controlplane.service.sessions import Session, StreamRefused, check_engine_allowed, resolve_takeover
+from controlplane.service.sessions import Session, StreamRefusedError, check_engine_allowed, resolve_takeover
 from controlplane.service.writer import DecisionWriter
 from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
 from controlplane.store.records import record_json
@@ -132,9 +132,11 @@ class Controller:
         self._update_override_metrics()
 
     async def reload_overrides(self) -> None:
-        """Re-read overrides (after a pub/sub notice from another replica) and re-decide affected engines."""
+        """Re-read overrides and calibrations (after a pub/sub notice from another replica) and re-decide."""
         try:
             self._overrides = await self._store.list_overrides(self._clock())
+            for calibration in (await self._store.list_calibrations()).values():
+                self._set_calibration(calibration)
             self._store_ok()
         except StoreUnavailable as exc:
             self.note_store_failure("list_overrides", exc)
@@ -171,7 +173,7 @@ class Controller:
     # ---- streams ----
 
     async def open_stream(self, hello: EngineHello, *, identity: str) -> Session:
-        """Bind a new stream to its engine id (raises StreamRefused), reserve a version epoch, push the
+        """Bind a new stream to its engine id (raises StreamRefusedError), reserve a version epoch, push the
         current decision. The losing stream of a takeover is closed with ABORTED."""
         check_engine_allowed(hello.engine_id, identity, self._config.security.agent_scopes)
         session = Session(hello=hello, identity=identity)
@@ -198,8 +200,7 @@ class Controller:
         loop.hello = hello
         loop.last_seq = 0
         loop.last_sent_s = float("-inf")
-        if epoch > loop.epoch:
-            loop.epoch, loop.sequence = epoch, 0
+        loop.begin_epoch(epoch)
         if hello.pool_key not in self._pools:
             self._pools[hello.pool_key] = PoolRecord(
                 stats=PoolStatistics(hello.pool_key, self._config.loop, replica_id=self._config.controller_id),
@@ -407,6 +408,12 @@ class Controller:
         now_s = self._clock() if now_s is None else now_s
         for key, pool in list(self._pools.items()):
             stats = pool.stats
+            closed = stats.close_due(now_s)
+            if closed is not None:
+                pool.unpublished.append((closed[1], closed[0]))
+            if pool.unpublished:
+                # Publish as soon as a bucket closes: other replicas read it settle_s later.
+                await self._publish_buckets(key, pool)
             end_bucket = stats.estimate_bucket(now_s)
             if pool.refreshed_bucket is not None and end_bucket <= pool.refreshed_bucket:
                 continue
@@ -422,16 +429,24 @@ class Controller:
             pool.refreshed_bucket = end_bucket
             self._set_pool_gauges(key, estimate)
 
-    async def _exchange_buckets(self, key: str, pool: PoolRecord, end_bucket: int) -> None:
-        stats = pool.stats
+    async def _publish_buckets(self, key: str, pool: PoolRecord) -> None:
         ttl_s = self._config.loop.max_window_s + 60.0
         try:
             for bucket_id, bucket in list(pool.unpublished):
-                await self._store.put_pool_contribution(key, bucket_start_s=bucket_id,
-                                                        replica_id=self._config.controller_id,
-                                                        payload=bucket.to_bytes(), ttl_s=ttl_s)
+                await asyncio.wait_for(self._store.put_pool_contribution(
+                    key, bucket_start_s=bucket_id, replica_id=self._config.controller_id, payload=bucket.to_bytes(),
+                    ttl_s=ttl_s), timeout=_EXCHANGE_TIMEOUT_S)
                 pool.unpublished.remove((bucket_id, bucket))
-            first = max(stats.oldest_bucket(end_bucket), pool.fetched_through - _RECENT_BUCKETS_REFETCHED + 1)
+        except (StoreUnavailable, TimeoutError) as exc:
+            self.note_store_failure("pool_statistics", exc)
+        # Buckets that could not be published for longer than a window are of no use to anyone.
+        oldest = pool.stats.oldest_bucket(pool.stats.estimate_bucket(self._clock()))
+        pool.unpublished = [(b, stats) for b, stats in pool.unpublished if b >= oldest]
+
+    async def _exchange_buckets(self, key: str, pool: PoolRecord, end_bucket: int) -> None:
+        stats = pool.stats
+        try:
+            first = max(0, stats.oldest_bucket(end_bucket), pool.fetched_through - _RECENT_BUCKETS_REFETCHED + 1)
             wanted = list(range(first, end_bucket + 1))
             remote = await self._store.get_pool_contributions(key, bucket_starts=wanted) if wanted else {}
             self._store_ok()
@@ -440,8 +455,8 @@ class Controller:
             return
         for bucket_id, by_replica in remote.items():
             for replica_id, payload in by_replica.items():
-                if replica_id == self._config.controller_id or stats.has_bucket(bucket_id, replica_id) \
-                        and bucket_id < end_bucket - _RECENT_BUCKETS_REFETCHED:
+                if replica_id == self._config.controller_id or (stats.has_bucket(bucket_id, replica_id) \
+                        and bucket_id < end_bucket - _RECENT_BUCKETS_REFETCHED):
                     continue
                 try:
                     stats.put_remote(bucket_id, replica_id, BucketStats.from_bytes(payload))
@@ -625,4 +640,4 @@ class Controller:
                 record.session.mailbox.close(grpc.StatusCode.UNAVAILABLE, message)
 
 
-__all__ = ["Controller", "EngineHello", "OverrideError", "Pushed", "StreamRefused"]
+__all__ = ["Controller", "EngineHello", "OverrideError", "Pushed", "StreamRefusedError"]

@@ -24,7 +24,7 @@ from controlplane.loop.ingest import EngineHello
 _MAILBOX_DEPTH = 8
 
 
-class StreamRefused(Exception):
+class StreamRefusedError(Exception):
     """A stream may not hold the engine id; `code` is the gRPC status to answer with."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -52,6 +52,10 @@ class Mailbox:
             self.closed = (code, message)
             self._ready.set()
 
+    def pending(self) -> int:
+        """Decisions waiting to be written."""
+        return len(self._items)
+
     async def get(self) -> common_pb2.Decision | None:
         """The next decision, or None once the mailbox is closed."""
         while True:
@@ -77,28 +81,28 @@ class Session:
 
 
 def check_engine_allowed(engine_id: str, identity: str, scopes: dict[str, tuple[str, ...]]) -> None:
-    """Raises StreamRefused(PERMISSION_DENIED) when the identity's engine-id patterns exclude engine_id.
+    """Raises StreamRefusedError(PERMISSION_DENIED) when the identity's engine-id patterns exclude engine_id.
 
     An identity without patterns may serve any engine id.
     """
     patterns = scopes.get(identity)
     if patterns and not any(fnmatch.fnmatchcase(engine_id, p) for p in patterns):
-        raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED,
+        raise StreamRefusedError(grpc.StatusCode.PERMISSION_DENIED,
                             f"identity {identity!r} may not serve engine id {engine_id!r}")
 
 
 def resolve_takeover(holder: Session, newcomer: Session) -> None:
     """Decide between a live holder and a newcomer for one engine id (see the module docstring).
 
-    Returns when the newcomer wins (the caller closes the holder); raises StreamRefused when it loses.
+    Returns when the newcomer wins (the caller closes the holder); raises StreamRefusedError when it loses.
     """
     if holder.identity != newcomer.identity:
-        raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED,
+        raise StreamRefusedError(grpc.StatusCode.PERMISSION_DENIED,
                             f"engine id {newcomer.engine_id!r} is held by another identity")
     old, new = holder.hello, newcomer.hello
     if not new.instance_id or new.instance_id == old.instance_id:
         return
     if new.instance_started_at_s < old.instance_started_at_s:
-        raise StreamRefused(grpc.StatusCode.ALREADY_EXISTS,
+        raise StreamRefusedError(grpc.StatusCode.ALREADY_EXISTS,
                             f"engine id {new.engine_id!r} is held by instance {old.instance_id!r}, which started "
                             f"after instance {new.instance_id!r}")

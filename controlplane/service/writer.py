@@ -12,6 +12,7 @@ decisions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -68,10 +69,8 @@ class DecisionWriter:
     async def run(self) -> None:
         """The writer task: flush on a short interval, back off while the store fails."""
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout=self._flush_interval_s)
-            except TimeoutError:
-                pass
             self._wakeup.clear()
             if self._pending and not await self.flush():
                 await asyncio.sleep(self._retry_s)

@@ -22,7 +22,7 @@ from controlplane.api.v1 import common_pb2
 from controlplane.core.budget import SweepPoint
 from controlplane.core.types import CostModel, EngineLimits, OperatorIntent, PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.engine import EngineLoop
+from controlplane.loop.engine import EngineLoop, LoopOutcome
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.sim.engine import SimEngine, SimStep
@@ -110,7 +110,6 @@ class OnlineControl:
         self._seq = 0
         self._prompts: list[np.ndarray] = []
         self._outputs: list[np.ndarray] = []
-        self._steps: list[tuple[float, float, float, float]] = []
         self.num_decisions = 0
         self.timeline: list[DecisionRecord] = []
 
@@ -119,14 +118,17 @@ class OnlineControl:
         limits = EngineLimits(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
                               kv_capacity_tokens=engine.kv_total_tokens,
                               max_model_len_tokens=shape.max_model_len_tokens)
-        hello = EngineHello(engine_id="twin", model="twin", accelerator="twin", vllm_version="", agent_version="",
-                            limits=limits, block_size_tokens=0)
+        self.start_with(EngineHello(engine_id="twin", model="twin", accelerator="twin", vllm_version="",
+                                    agent_version="", limits=limits, block_size_tokens=0))
+        self._apply(engine, self.connect(now_s=engine.now_s), engine.now_s)
+        self._next_telemetry_s = engine.now_s + self._settings.telemetry_interval_s
+
+    def start_with(self, hello: EngineHello) -> None:
+        """Set up the loop for an engine described by `hello` (a replay feeds `on_telemetry` itself)."""
         settings = self._settings
         self._loop = EngineLoop(hello=hello, config=settings.loop, policy=settings.policy,
                                 budget_sweep=settings.budget_sweep, epoch=0)
         self._pool = PoolStatistics(hello.pool_key, settings.loop, replica_id="twin")
-        self._next_telemetry_s = engine.now_s
-        self._telemetry(engine)
 
     def after_step(self, engine: SimEngine, step: SimStep) -> None:
         finished = step.finished
@@ -138,9 +140,6 @@ class OnlineControl:
             self._telemetry(engine)
 
     def _telemetry(self, engine: SimEngine) -> None:
-        loop, pool = self._loop, self._pool
-        if loop is None or pool is None:  # pragma: no cover - start() runs first
-            raise RuntimeError("OnlineControl.start() was not called")
         now_s = engine.now_s
         self._next_telemetry_s = max(self._next_telemetry_s + self._settings.telemetry_interval_s, now_s)
         prompts = np.concatenate(self._prompts) if self._prompts else _EMPTY
@@ -154,20 +153,37 @@ class OnlineControl:
             kv_total_tokens=engine.kv_total_tokens, num_running=int(engine.num_running), num_waiting=0,
             num_preemptions=int(engine.num_preemptions), num_events_dropped=0, traceparent="",
             running_lengths=_EMPTY.astype(np.int64), running_counts=_EMPTY.astype(np.int64))
-        loop.on_batch(batch, now_s=now_s)
-        pool.add(now_s, prompts=prompts, outputs=outputs, steps=None)
+        outcome = self.on_telemetry(batch, now_s=now_s)
+        if outcome is not None:
+            self._apply(engine, outcome, now_s)
+
+    def connect(self, *, now_s: float) -> LoopOutcome:
+        """The decision the controller computes when an engine's stream opens (before any telemetry)."""
+        loop, pool = self._loop, self._pool
+        if loop is None or pool is None:
+            raise RuntimeError("OnlineControl.start() was not called")
+        self.num_decisions += 1
+        return loop.decide(pool.estimate, intent=self._settings.intent, now_s=now_s, force_push=True)
+
+    def on_telemetry(self, batch: ValidatedBatch, *, now_s: float) -> LoopOutcome | None:
+        """The loop's work for one telemetry batch at now_s (what the controller does for one engine, in
+        the same order: the pool estimate is refreshed when its end bucket advanced, then the engine is
+        decided if due). Returns the computation, or None when nothing was due."""
+        loop, pool = self._loop, self._pool
+        if loop is None or pool is None:
+            raise RuntimeError("OnlineControl.start() was not called")
         if pool.estimate is None or pool.estimate_bucket(now_s) > pool.estimate.end_bucket:
             pool.refresh(now_s, calibration=self._costs)
-        if loop.is_due(now_s):
-            self._decide(engine, now_s)
-
-    def _decide(self, engine: SimEngine, now_s: float) -> None:
-        loop, pool = self._loop, self._pool
-        if loop is None or pool is None:  # pragma: no cover - start() runs first
-            raise RuntimeError("OnlineControl.start() was not called")
-        outcome = loop.decide(pool.estimate, intent=self._settings.intent, now_s=now_s)
+        loop.on_batch(batch, now_s=now_s)
+        pool.add(now_s, prompts=batch.prompt_tokens, outputs=batch.output_tokens, steps=None)
+        if not loop.is_due(now_s):
+            return None
         self.num_decisions += 1
-        if not outcome.changed:
+        return loop.decide(pool.estimate, intent=self._settings.intent, now_s=now_s)
+
+    def _apply(self, engine: SimEngine, outcome: LoopOutcome, now_s: float) -> None:
+        loop = self._loop
+        if not outcome.changed or loop is None or loop.current is None:
             engine.enforcer.touch(now_s)
             return
         applied, reason = engine.enforcer.apply(loop.current, now_s=now_s)

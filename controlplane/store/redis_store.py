@@ -466,7 +466,7 @@ class RedisStore(PoolStatisticsMixin):
         profile read just before): the profile is written and an audit entry appended with action and
         kind "calibration", scope = the pool key, actor = `actor` (calibration.set_by when ""),
         at_s = calibration.set_at_s (the wall clock when 0), reason, and old/new one-line JSON of the
-        profiles.
+        profiles; a notice (kind "calibration") is published on the override channel.
 
         Raises:
             ValueError: when the pool is incomplete (see `keys.pool_key`).
@@ -486,7 +486,11 @@ class RedisStore(PoolStatisticsMixin):
             return {"action": "calibration", "kind": "calibration", "scope": pool, "actor": actor or calibration.set_by,
                     "at_s": repr(at_s), "reason": reason, "old": record_json(old), "new": record_json(calibration)}
 
-        await self._compare_and_set(key, "payload", fields, audit, expire_at_ms=0, channel="", notice="",
+        # Announced on the override channel like an override change, so every replica reloads the profile.
+        notice = OverrideNotice(action="set", kind="calibration", scope=pool, actor=actor or calibration.set_by,
+                                at_s=at_s)
+        await self._compare_and_set(key, "payload", fields, audit, expire_at_ms=0,
+                                    channel=self._keys.overrides_channel, notice=encode_notice(notice),
                                     operation="put_calibration")
 
     async def get_calibration(self, pool: common_pb2.Pool) -> operator_pb2.Calibration | None:

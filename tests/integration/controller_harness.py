@@ -12,12 +12,12 @@ import grpc
 import numpy as np
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2_grpc
+from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.core.types import PolicyConfig
+from controlplane.loop.codec import cost_model_to_calibration
 from controlplane.observability.tracing import TracingSettings, create_tracer_provider
 from controlplane.service.app import ControllerApp
 from controlplane.service.config import ControllerConfig, DecisionLoopConfig, SecurityConfig
-from controlplane.loop.codec import cost_model_to_calibration
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
 
 RTX_PRO_6000 = cost_model_to_calibration(RTX_PRO_6000_QWEN3_8B, common_pb2.Pool(),
@@ -152,3 +152,23 @@ class AgentStream:
         """Wait until the server ended the stream (error recorded in `error`)."""
         assert self._reader is not None
         await asyncio.wait_for(self._reader, timeout_s)
+
+
+def calibration_for(pool: common_pb2.Pool) -> operator_pb2.Calibration:
+    calibration = operator_pb2.Calibration()
+    calibration.CopyFrom(RTX_PRO_6000)
+    calibration.pool.CopyFrom(pool)
+    return calibration
+
+
+async def warm_engine(channel: grpc.aio.Channel, engine_id: str, pool: common_pb2.Pool, *, seed: int,
+                       num_batches: int = 8) -> tuple[AgentStream, common_pb2.Decision]:
+    """Open a stream, send geometric completions until a data-driven decision arrives."""
+    agent = await AgentStream(channel, engine_id, pool).open()
+    first = await agent.next_decision()
+    assert first.reason == "insufficient_data" and first.mode == common_pb2.MODE_MB
+    rng = np.random.default_rng(seed)
+    for seq in range(1, num_batches + 1):
+        await agent.send_batch(geometric_batch(seq, rng, num=250))
+    decision = await agent.next_decision(where=lambda d: d.reason not in ("insufficient_data",))
+    return agent, decision

@@ -25,6 +25,12 @@ from tests.integration.controller_harness import (
     operator_stub,
     running_controller,
 )
+from tests.integration.controller_harness import (
+    calibration_for as _calibration,
+)
+from tests.integration.controller_harness import (
+    warm_engine as _warm_engine,
+)
 
 POOL_A = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
 POOL_B = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000 B")
@@ -42,26 +48,6 @@ async def _stored_decision(client: aioredis.Redis, engine_id: str, *, at_least: 
             break
         await asyncio.sleep(0.05)
     return stored
-
-
-def _calibration(pool: common_pb2.Pool) -> operator_pb2.Calibration:
-    calibration = operator_pb2.Calibration()
-    calibration.CopyFrom(RTX_PRO_6000)
-    calibration.pool.CopyFrom(pool)
-    return calibration
-
-
-async def _warm_engine(channel: grpc.aio.Channel, engine_id: str, pool: common_pb2.Pool, *, seed: int,
-                       num_batches: int = 8) -> tuple[AgentStream, common_pb2.Decision]:
-    """Open a stream, send geometric completions until a data-driven decision arrives."""
-    agent = await AgentStream(channel, engine_id, pool).open()
-    first = await agent.next_decision()
-    assert first.reason == "insufficient_data" and first.mode == common_pb2.MODE_MB
-    rng = np.random.default_rng(seed)
-    for seq in range(1, num_batches + 1):
-        await agent.send_batch(geometric_batch(seq, rng, num=250))
-    decision = await agent.next_decision(where=lambda d: d.reason not in ("insufficient_data",))
-    return agent, decision
 
 
 async def test_geometric_completions_give_the_plan_decision(redis_url: str, capsys: pytest.CaptureFixture[str],

@@ -1,0 +1,184 @@
+"""The controller at fleet scale, with real Redis and real gRPC: replicas that share pool statistics
+agree, an engine that moves between replicas keeps increasing versions, a store that hangs does not delay
+pushes, and the twin and the controller give the same decision sequence on one recorded telemetry stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
+from controlplane.core.types import EngineLimits, PolicyConfig
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.ingest import EngineHello, validate_batch
+from controlplane.observability.metrics import ControllerMetrics
+from controlplane.observability.tracing import DecisionTracer, TracingSettings, create_tracer_provider
+from controlplane.protocol import split_version
+from controlplane.service.controller import Controller
+from controlplane.service.sessions import Session
+from controlplane.sim.control import OnlineControl, OnlineSettings
+from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
+from controlplane.store import create_store
+from tests.e2e.tcp_proxy import TcpProxy
+from tests.integration.controller_harness import (
+    LIMITS,
+    AgentStream,
+    calibration_for,
+    geometric_batch,
+    make_config,
+    operator_stub,
+    running_controller,
+    warm_engine,
+)
+
+POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
+
+
+async def test_two_replicas_sharing_one_pool_compute_identical_pool_terms(redis_url: str) -> None:
+    async with running_controller(make_config(redis_url, controller_id="replica-a")) as a, \
+            running_controller(make_config(redis_url, controller_id="replica-b")) as b, \
+            grpc.aio.insecure_channel(a.address) as chan_a, grpc.aio.insecure_channel(b.address) as chan_b:
+        await operator_stub(chan_a).PutCalibration(
+            operator_pb2.PutCalibrationRequest(calibration=calibration_for(POOL)))
+        key = "Qwen/Qwen3-8B|RTX PRO 6000"
+        engines = [await AgentStream(chan, f"engine-{i}", POOL).open()
+                   for i, chan in enumerate((chan_a, chan_a, chan_b, chan_b))]
+        rng = np.random.default_rng(4)
+        seen: dict[str, dict[int, object]] = {"a": {}, "b": {}}
+        deadline = time.monotonic() + 12.0
+        seq = 0
+        while time.monotonic() < deadline:
+            seq += 1
+            for engine in engines:
+                await engine.send_batch(geometric_batch(seq, rng, num=60))
+            for name, ctl in (("a", a), ("b", b)):
+                estimate = ctl.app.controller.pool_estimate(key)
+                if estimate is not None and estimate.fit is not None:
+                    seen[name][estimate.end_bucket] = estimate
+            await asyncio.sleep(0.2)
+        common = sorted(set(seen["a"]) & set(seen["b"]))
+        both = [bucket for bucket in common if seen["a"][bucket].contributors == ("replica-a", "replica-b")]
+        assert len(both) >= 5, f"too few shared windows: {common}"
+        for bucket in both:
+            ea, eb = seen["a"][bucket], seen["b"][bucket]
+            assert ea.num_samples == eb.num_samples and ea.fit.stats == eb.fit.stats, bucket
+            assert ea.costs == eb.costs
+        # The shared windows hold both replicas' completions: more than either replica received alone.
+        last = seen["a"][both[-1]]
+        assert last.num_samples > 0 and set(last.contributors) == {"replica-a", "replica-b"}
+        for engine in engines:
+            await engine.close()
+
+
+async def test_an_engine_that_moves_between_replicas_keeps_increasing_versions(redis_url: str) -> None:
+    async with running_controller(make_config(redis_url, controller_id="replica-a")) as a, \
+            running_controller(make_config(redis_url, controller_id="replica-b")) as b, \
+            grpc.aio.insecure_channel(a.address) as chan_a, grpc.aio.insecure_channel(b.address) as chan_b:
+        versions = []
+        for channel in (chan_a, chan_b, chan_a, chan_b):
+            agent = await AgentStream(channel, "mover", POOL).open()
+            versions.append((await agent.next_decision()).version)
+            await agent.close()
+            await asyncio.sleep(0.1)
+        assert versions == sorted(versions) and len(set(versions)) == 4, versions
+        epochs = [split_version(v)[0] for v in versions]
+        assert epochs == sorted(epochs) and len(set(epochs)) == 4
+
+
+async def test_a_store_that_hangs_does_not_delay_pushes(redis_url: str) -> None:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy = TcpProxy(port).start()
+    try:
+        config = make_config(f"redis://127.0.0.1:{proxy.port}/0", policy=PolicyConfig(min_samples=400, cooldown_s=0.0))
+        async with running_controller(config) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+            stub = operator_stub(channel)
+            await stub.PutCalibration(operator_pb2.PutCalibrationRequest(calibration=calibration_for(POOL)))
+            agent, decision = await warm_engine(channel, "engine-p", POOL, seed=5)
+            assert decision.mode == common_pb2.MODE_EB
+            proxy.partition()  # every Redis call now hangs
+            rng = np.random.default_rng(6)
+            batch = geometric_batch(50, rng, num=250)
+            batch.counters.num_preemptions = 500  # the memory guard lowers N at once
+            sent = time.monotonic()
+            await agent.send_batch(batch)
+            guarded = await agent.next_decision(timeout_s=5.0, where=lambda d: d.n < decision.n)
+            latency_s = time.monotonic() - sent
+            assert "memory_guard" in guarded.flags
+            assert latency_s < 0.5, f"push took {latency_s:.3f} s with the store hanging"
+            assert ctl.app.controller.num_pending_writes >= 1
+            proxy.heal()
+            for _ in range(100):
+                if ctl.app.controller.num_pending_writes == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert ctl.app.controller.num_pending_writes == 0
+            await agent.close()
+    finally:
+        proxy.stop()
+
+
+def _recorded_stream(num_batches: int, seed: int) -> list[tuple[float, agent_pb2.TelemetryBatch]]:
+    """One engine's telemetry: a batch per second; outputs shift from geometric(1/256) to geometric(1/64)."""
+    rng = np.random.default_rng(seed)
+    stream = []
+    for seq in range(1, num_batches + 1):
+        p0 = 1 / 256 if seq < num_batches // 2 else 1 / 64
+        batch = geometric_batch(seq, rng, num=int(rng.integers(40, 120)), p0=p0,
+                                num_running=int(rng.integers(300, 900)))
+        batch.counters.num_preemptions = seq // 7
+        stream.append((1_000.0 + seq + 0.37, batch))
+    return stream
+
+
+async def test_the_twin_and_the_controller_decide_the_same_sequence_on_one_stream(redis_url: str) -> None:
+    loop_config = DecisionLoopConfig(recompute_completions=200, interval_s=3.0, ttl_s=30.0)
+    policy = PolicyConfig(min_samples=400, cooldown_s=0.0)
+    limits = EngineLimits(max_num_seqs=LIMITS.max_num_seqs, max_num_batched_tokens=LIMITS.max_num_batched_tokens,
+                          kv_capacity_tokens=LIMITS.kv_capacity_tokens,
+                          max_model_len_tokens=LIMITS.max_model_len_tokens)
+    hello = EngineHello(engine_id="replayed", model=POOL.model, accelerator=POOL.accelerator, vllm_version="0.32.0",
+                        agent_version="test", limits=limits, block_size_tokens=16)
+    stream = _recorded_stream(60, seed=11)
+
+    twin = OnlineControl(RTX_PRO_6000_QWEN3_8B, OnlineSettings(loop=loop_config, policy=policy))
+    twin.start_with(hello)
+    connect_s = stream[0][0] - 1.0
+    first_twin = twin.connect(now_s=connect_s).latest
+    twin_sequence = [(first_twin.mode, first_twin.k, first_twin.n, first_twin.reason,
+                      round(first_twin.diagnostics.theta_star, 12))]
+    for now_s, batch in stream:
+        outcome = twin.on_telemetry(validate_batch(batch, limits), now_s=now_s)
+        if outcome is not None and outcome.changed:
+            d = outcome.latest
+            twin_sequence.append((d.mode, d.k, d.n, d.reason, round(d.diagnostics.theta_star, 12)))
+
+    clock = [connect_s]
+    store = create_store(redis_url, prefix="replay")
+    controller = Controller(make_config(redis_url, loop=loop_config, policy=policy), store=store,
+                            tracer=DecisionTracer(create_tracer_provider(TracingSettings())),
+                            metrics=ControllerMetrics(), clock=lambda: clock[0])
+    await controller.put_calibration(calibration_for(POOL))
+    session: Session = await controller.open_stream(hello, identity="anonymous")
+    first = await session.mailbox.get()  # the connect push
+    assert first is not None and first.reason == "insufficient_data"
+    controller_sequence = [(first.mode, first.k, first.n, first.reason, round(first.diagnostics.theta_star, 12))]
+    for now_s, batch in stream:
+        clock[0] = now_s
+        await controller.sync_pools(now_s)
+        controller.ingest(session, validate_batch(batch, limits))
+        controller.tick(now_s)
+        while session.mailbox.pending():  # what was pushed for this batch
+            d = await session.mailbox.get()
+            controller_sequence.append((d.mode, d.k, d.n, d.reason, round(d.diagnostics.theta_star, 12)))
+    await store.close()
+    assert len(twin_sequence) >= 3, twin_sequence
+    assert controller_sequence == twin_sequence
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_tasks():
+    yield
