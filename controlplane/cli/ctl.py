@@ -1,7 +1,18 @@
 """`controlplane ctl`: operator commands against a running controller over gRPC.
 
-Scopes: `fleet`, `pool:MODEL|ACCELERATOR`, `engine:ENGINE_ID`. The operator token comes from --token or
-CP_OPERATOR_TOKEN; TLS from --tls-ca (server CA) and optionally --tls-cert/--tls-key (mutual TLS).
+Scopes: `fleet`, `pool:MODEL|ACCELERATOR`, `engine:ENGINE_ID`; commands that change an override require
+one (there is no default scope). Output: a table (default), or `-o json` / `-o yaml` with stable
+snake_case field names, units in the names, integers for versions and counts, every field present, and
+timestamps both as ISO-8601 UTC (`*_at`) and as Unix seconds (`*_at_s`). Errors go to stderr as one line
+naming the gRPC status, with exit code 1 (2 for a usage error, 130 when interrupted).
+
+Connection (each flag wins over its environment variable):
+  --address       CP_ADDRESS         controller host:port (default 127.0.0.1:50151, the port `serve` and
+                                     `demo` listen on by default)
+  --token         CP_OPERATOR_TOKEN  operator bearer token (one of the controller's CP_OPERATOR_TOKENS)
+  --tls-ca        CP_TLS_CA          CA certificate (PEM) of the controller; enables TLS
+  --tls-cert      CP_TLS_CERT        client certificate (PEM) for mutual TLS
+  --tls-key       CP_TLS_KEY         client private key (PEM) for mutual TLS
 """
 
 from __future__ import annotations
@@ -10,24 +21,41 @@ import argparse
 import asyncio
 import json
 import os
+import sys
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
+from controlplane.cli import output
+from controlplane.cli.args import MAX_REQUESTS, bounded_int, finite_float, nonnegative_float
+from controlplane.cli.explain import explain, explain_rows
+from controlplane.cli.report import render_report
 from controlplane.core.calibration import CalibrationError, CalibrationProfile, parse_calibration
-from controlplane.service.convert import cost_model_to_calibration
+from controlplane.loop.codec import cost_model_to_calibration
 
+DEFAULT_ADDRESS = "127.0.0.1:50151"
+ENVIRONMENT = {"address": "CP_ADDRESS", "token": "CP_OPERATOR_TOKEN", "tls_ca": "CP_TLS_CA",
+               "tls_cert": "CP_TLS_CERT", "tls_key": "CP_TLS_KEY"}
 _PINS = {"mb": operator_pb2.PINNED_MODE_MB, "eb": operator_pb2.PINNED_MODE_EB,
          "passthrough": operator_pb2.PINNED_MODE_PASSTHROUGH, "advisory": operator_pb2.PINNED_MODE_ADVISORY}
 _KINDS = {"delta": operator_pb2.OVERRIDE_KIND_DELTA, "pin": operator_pb2.OVERRIDE_KIND_PIN}
+_SCOPE_HELP = "fleet | pool:MODEL|ACCELERATOR | engine:ENGINE_ID (required)"
+_LIST_COLUMNS = ("ENGINE", "POOL", "CONNECTED", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION", "ACKED",
+                 "TELEMETRY AGE")
+
+
+class UsageError(Exception):
+    """A bad flag value found after parsing (e.g. an unreadable file); exit code 2."""
 
 
 def parse_pool(text: str) -> common_pb2.Pool:
     model, sep, accelerator = text.partition("|")
     if not sep or not model or not accelerator:
-        raise argparse.ArgumentTypeError(f"a pool is MODEL|ACCELERATOR, got {text!r}")
+        raise argparse.ArgumentTypeError(f"a pool is MODEL|ACCELERATOR, got {text[:64]!r}")
     return common_pb2.Pool(model=model, accelerator=accelerator)
 
 
@@ -39,116 +67,465 @@ def parse_scope(text: str) -> operator_pb2.Scope:
         return operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_POOL, pool=parse_pool(rest))
     if sep and kind == "engine" and rest:
         return operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id=rest)
-    raise argparse.ArgumentTypeError(f"scope must be fleet, pool:MODEL|ACCELERATOR or engine:ID, got {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"scope must be fleet, pool:MODEL|ACCELERATOR or engine:ENGINE_ID, got {text[:64]!r}")
+
+
+def _add_common_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """Connection and output options; accepted before the command and after it (the later one wins)."""
+    default = None if top else argparse.SUPPRESS
+    group = parser.add_argument_group("connection and output" + ("" if top else " (also accepted before COMMAND)"))
+    group.add_argument("--address", default=default, metavar="HOST:PORT",
+                       help=f"controller address (env CP_ADDRESS; default {DEFAULT_ADDRESS})")
+    group.add_argument("--token", default=default, help="operator bearer token (env CP_OPERATOR_TOKEN)")
+    group.add_argument("--tls-ca", type=Path, default=default, metavar="PEM",
+                       help="controller CA certificate; enables TLS (env CP_TLS_CA)")
+    group.add_argument("--tls-cert", type=Path, default=default, metavar="PEM",
+                       help="client certificate for mutual TLS (env CP_TLS_CERT)")
+    group.add_argument("--tls-key", type=Path, default=default, metavar="PEM",
+                       help="client private key for mutual TLS (env CP_TLS_KEY)")
+    group.add_argument("--timeout-s", type=nonnegative_float, default=default if not top else 10.0, metavar="S",
+                       help="deadline of each call, seconds (default 10; watch streams have none)")
+    group.add_argument("-o", "--output", choices=output.FORMATS, default=default if not top else "table",
+                       help="table (default), json or yaml")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("ctl", help="operator commands (delta, pins, explain, list, watch)",
+    parser = commands.add_parser("ctl", help="operator commands (list, explain, overrides, audit, watch, report)",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--address", default=os.environ.get("CP_ADDRESS", "127.0.0.1:50151"))
-    parser.add_argument("--token", default=os.environ.get("CP_OPERATOR_TOKEN", ""))
-    parser.add_argument("--tls-ca", type=Path)
-    parser.add_argument("--tls-cert", type=Path)
-    parser.add_argument("--tls-key", type=Path)
-    parser.add_argument("--timeout-s", type=float, default=10.0)
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    p = sub.add_parser("set-delta", help="set the margin δ (s/token) for a scope")
-    p.add_argument("delta", type=float)
-    p.add_argument("--scope", type=parse_scope, default=parse_scope("fleet"))
-    p.add_argument("--expires-in-s", type=float, default=0.0)
-    p.add_argument("--reason", default="")
-    p = sub.add_parser("pin", help="pin the mode (mb, eb, passthrough, advisory) for a scope")
+    _add_common_options(parser, top=True)
+    sub = parser.add_subparsers(dest="action", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_common_options(p, top=False)
+        return p
+
+    p = command("list", "engines: pool, connection, the decision in force (mode, k, N, budget, δ), versions, "
+                        "telemetry age")
+    p.add_argument("--pool", type=parse_pool, metavar="MODEL|ACCELERATOR", help="only this pool")
+    p = command("get", "one engine's decision view (decision, latest computation, ACKed version, engine info)")
+    p.add_argument("engine_id", metavar="ENGINE")
+    p = command("explain", "every term behind an engine's decision (p0, η, μ_L, μ_O, θ0, Δθ, θ̂*, N̂*, k̂*, "
+                           "LHS, RHS, δ), the crossover rule's verdict and the δ that would flip it")
+    p.add_argument("engine_id", metavar="ENGINE")
+    command("overrides", "the overrides in force (δ and pins), most specific scope last")
+    p = command("audit", "override and calibration changes, newest first")
+    p.add_argument("--limit", type=bounded_int(low=1, high=10_000), default=100,
+                   help="entries to show (default 100, at most 10000)")
+    p = command("set-delta", "set the margin δ for a scope: > 0 favours mixed batching (TTFT), < 0 exclusive "
+                             "batching (throughput)")
+    p.add_argument("delta", type=finite_float, metavar="DELTA_S_PER_TOKEN",
+                   help="δ in seconds per token, |δ| ≤ 0.01 (e.g. 2e-5 or -1e-5)")
+    p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
+    p.add_argument("--expires-in-s", type=nonnegative_float, default=0.0, metavar="S",
+                   help="seconds until the override lapses (default 0: never)")
+    p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
+    p = command("pin", "pin the mode for a scope (advisory: decide and report, do not apply)")
     p.add_argument("mode", choices=sorted(_PINS))
-    p.add_argument("--scope", type=parse_scope, default=parse_scope("fleet"))
-    p.add_argument("--k", type=int, default=0)
-    p.add_argument("--n", type=int, default=0)
-    p.add_argument("--expires-in-s", type=float, default=0.0)
-    p.add_argument("--reason", default="")
-    p = sub.add_parser("clear", help="remove a delta override or a pin")
+    p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
+    p.add_argument("--k", type=bounded_int(low=0, high=MAX_REQUESTS), default=0,
+                   help=f"phase-switch threshold, requests (default 0: computed; at most {MAX_REQUESTS})")
+    p.add_argument("--n", type=bounded_int(low=0, high=MAX_REQUESTS), default=0,
+                   help=f"batch size cap N, requests (default 0: computed; at most {MAX_REQUESTS}; above an "
+                        f"engine's max_num_seqs it is ignored there, with a warning)")
+    p.add_argument("--expires-in-s", type=nonnegative_float, default=0.0, metavar="S",
+                   help="seconds until the pin lapses (default 0: never)")
+    p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
+    p = command("clear", "remove the δ override or the pin of a scope (NOT_FOUND when there is none)")
     p.add_argument("kind", choices=sorted(_KINDS))
-    p.add_argument("--scope", type=parse_scope, default=parse_scope("fleet"))
-    p.add_argument("--reason", default="")
-    p = sub.add_parser("get", help="an engine's decision with its diagnostics (explain)")
-    p.add_argument("engine_id")
-    p = sub.add_parser("list", help="engines and the age of their telemetry")
-    p.add_argument("--pool", type=parse_pool)
-    p = sub.add_parser("watch", help="stream decisions as they are pushed")
-    p.add_argument("--pool", type=parse_pool)
-    p.add_argument("--engine-id", default="")
-    p = sub.add_parser("calibration", help="put or get a pool's cost profile")
+    p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
+    p.add_argument("--reason", default="", help="recorded in the audit")
+    p = command("watch", "the current decisions, then every decision as it is pushed (Ctrl-C stops)")
+    p.add_argument("--pool", type=parse_pool, metavar="MODEL|ACCELERATOR", help="only this pool")
+    p.add_argument("--engine-id", default="", metavar="ENGINE", help="only this engine")
+    p.add_argument("--max-events", type=bounded_int(low=0, high=2**31), default=0,
+                   help="stop after this many pushed decisions (default 0: run until interrupted)")
+    p = command("calibration", "put or get a pool's cost profile (eb-vllm calibration JSON files)")
     p.add_argument("verb", choices=("put", "get"))
-    p.add_argument("--pool", type=parse_pool, required=True)
-    p.add_argument("--file", type=Path, action="append", default=[], help="eb-vllm calibration JSON (put)")
+    p.add_argument("--pool", type=parse_pool, required=True, metavar="MODEL|ACCELERATOR")
+    p.add_argument("--file", type=Path, action="append", default=[], metavar="JSON",
+                   help="pd_calibration_*.json and/or beta_mb_*.json (put; may repeat, later files win)")
+    p = command("report", "write a self-contained HTML report: decision timelines per pool and engine, "
+                          "overrides, the explain view of every engine, the audit")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE.html", help="where to write the page")
+    p.add_argument("--history-limit", type=bounded_int(low=1, high=10_000), default=2_000,
+                   help="newest decisions of the history stream to draw (default 2000, at most 10000)")
     parser.set_defaults(run=run)
 
 
-def _channel(args: argparse.Namespace) -> grpc.aio.Channel:
-    if args.tls_ca is None:
-        return grpc.aio.insecure_channel(args.address)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=args.tls_ca.read_bytes(),
-        private_key=args.tls_key.read_bytes() if args.tls_key else None,
-        certificate_chain=args.tls_cert.read_bytes() if args.tls_cert else None,
-    )
-    return grpc.aio.secure_channel(args.address, credentials)
+def resolve_connection(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    """address, token and TLS paths: the flag, else its environment variable, else the default."""
+    def pick(name: str) -> Any:
+        value = getattr(args, name, None)
+        if value is None:
+            value = env.get(ENVIRONMENT[name]) or None
+        return value
+
+    return {"address": pick("address") or DEFAULT_ADDRESS, "token": pick("token") or "",
+            "tls_ca": pick("tls_ca"), "tls_cert": pick("tls_cert"), "tls_key": pick("tls_key")}
 
 
-def _print(message: object) -> None:
-    print(json_format.MessageToJson(message, preserving_proto_field_name=True))
+def _read_pem(path: Any, flag: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot read: {exc.strerror}") from None
 
 
-async def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
-    async with _channel(args) as channel:
-        stub = operator_pb2_grpc.OperatorServiceStub(channel)
-        kw = {"metadata": metadata, "timeout": args.timeout_s}
-        if args.action == "set-delta":
-            _print(await stub.SetDelta(operator_pb2.SetDeltaRequest(
-                scope=args.scope, delta_s_per_token=args.delta, expires_in_s=args.expires_in_s,
-                reason=args.reason), **kw))
-        elif args.action == "pin":
-            _print(await stub.PinMode(operator_pb2.PinModeRequest(
-                scope=args.scope, mode=_PINS[args.mode], k=args.k, n=args.n, expires_in_s=args.expires_in_s,
-                reason=args.reason), **kw))
-        elif args.action == "clear":
-            _print(await stub.ClearOverride(operator_pb2.ClearOverrideRequest(
-                scope=args.scope, kind=_KINDS[args.kind], reason=args.reason), **kw))
-        elif args.action == "get":
-            _print(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=args.engine_id), **kw))
-        elif args.action == "list":
-            request = operator_pb2.ListEnginesRequest()
-            if args.pool:
-                request.pool.CopyFrom(args.pool)
-            _print(await stub.ListEngines(request, **kw))
-        elif args.action == "watch":
-            request = operator_pb2.WatchDecisionsRequest(engine_id=args.engine_id)
-            if args.pool:
-                request.pool.CopyFrom(args.pool)
-            async for view in stub.WatchDecisions(request, metadata=metadata):
-                d = view.decision
-                print(json.dumps({"engine_id": view.engine_id, "version": d.version,
-                                  "mode": common_pb2.Mode.Name(d.mode), "k": d.k, "n": d.n, "reason": d.reason,
-                                  "delta": d.delta_s_per_token}), flush=True)
-        elif args.action == "calibration" and args.verb == "get":
-            _print(await stub.GetCalibration(operator_pb2.GetCalibrationRequest(pool=args.pool), **kw))
+def _channel(connection: dict[str, Any]) -> grpc.aio.Channel:
+    ca = _read_pem(connection["tls_ca"], "--tls-ca")
+    cert = _read_pem(connection["tls_cert"], "--tls-cert")
+    key = _read_pem(connection["tls_key"], "--tls-key")
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key go together (mutual TLS)")
+    if ca is None:
+        if cert is not None:
+            raise UsageError("--tls-cert/--tls-key need --tls-ca (TLS)")
+        return grpc.aio.insecure_channel(connection["address"])
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    return grpc.aio.secure_channel(connection["address"], credentials)
+
+
+class Ctl:
+    """One ctl invocation: a stub, call options and the output format."""
+
+    def __init__(self, stub: operator_pb2_grpc.OperatorServiceStub, *, metadata: tuple, timeout_s: float,
+                 fmt: str, address: str) -> None:
+        self.stub = stub
+        self.metadata = metadata
+        self.timeout_s = timeout_s or None
+        self.fmt = fmt
+        self.address = address
+
+    def kw(self) -> dict[str, Any]:
+        return {"metadata": self.metadata, "timeout": self.timeout_s}
+
+    def emit(self, data: Any, table) -> None:
+        if self.fmt == "table":
+            table()
         else:
-            profile = CalibrationProfile()
-            for path in args.file:
-                try:
-                    profile = profile.merged(parse_calibration(json.loads(path.read_text())))
-                except (OSError, ValueError, CalibrationError) as exc:
-                    parser.error(f"--file {path}: {exc}")
-            costs = profile.to_cost_model()
-            if costs is None:
-                parser.error("calibration put needs --file with alpha_p, beta_p, alpha_d, beta_d")
-            calibration = cost_model_to_calibration(costs, args.pool, source=",".join(p.name for p in args.file))
-            _print(await stub.PutCalibration(operator_pb2.PutCalibrationRequest(calibration=calibration), **kw))
-    return 0
+            output.print_data(data, self.fmt)
+
+    # ---- reads ----
+
+    async def engine_rows(self, pool: common_pb2.Pool | None = None) -> list[dict[str, Any]]:
+        request = operator_pb2.ListEnginesRequest()
+        if pool is not None:
+            request.pool.CopyFrom(pool)
+        infos = (await self.stub.ListEngines(request, **self.kw())).engines
+        views = await asyncio.gather(*(self.decision_view(info.engine_id) for info in infos))
+        return [engine_row(info, view) for info, view in zip(infos, views, strict=True)]
+
+    async def decision_view(self, engine_id: str) -> operator_pb2.DecisionView | None:
+        try:
+            return await self.stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id), **self.kw())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    async def list(self, args: argparse.Namespace) -> int:
+        rows = await self.engine_rows(args.pool)
+        self.emit({"engines": rows}, lambda: output.print_table(_LIST_COLUMNS, [list_cells(r) for r in rows]))
+        return 0
+
+    async def get(self, args: argparse.Namespace) -> int:
+        view = await self.stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=args.engine_id), **self.kw())
+        infos = (await self.stub.ListEngines(operator_pb2.ListEnginesRequest(), **self.kw())).engines
+        info = next((i for i in infos if i.engine_id == args.engine_id), None)
+        data = output.message_to_dict(view)
+        data["engine"] = engine_info_dict(info) if info is not None else None
+        self.emit(data, lambda: output.print_fields(get_fields(data)))
+        return 0
+
+    async def explain(self, args: argparse.Namespace) -> int:
+        view = await self.stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=args.engine_id), **self.kw())
+        data = explain(view)
+        title = (f"{data['engine_id']}  pool {data['pool']['model']}|{data['pool']['accelerator']}  "
+                 f"{data['source']} computation at {data['computed_at'] or '-'}  version {data['decision_version']}")
+        self.emit(data, lambda: output.print_table(("TERM", "VALUE", "UNIT", "MEANING"), explain_rows(data),
+                                                   title=title))
+        return 0
+
+    async def overrides(self, args: argparse.Namespace) -> int:
+        response = await self.stub.ListOverrides(operator_pb2.ListOverridesRequest(), **self.kw())
+        rows = [output.message_to_dict(r) for r in response.overrides]
+        self.emit({"overrides": rows}, lambda: output.print_table(
+            ("SCOPE", "KIND", "VALUE", "EXPIRES", "SET BY", "SET AT", "REASON"),
+            [(r["scope"], r["kind"], override_value(r), r["expires_at"] or "never", r["set_by"], r["set_at"],
+              r["reason"]) for r in rows]))
+        return 0
+
+    async def audit(self, args: argparse.Namespace) -> int:
+        response = await self.stub.ListAudit(operator_pb2.ListAuditRequest(limit=args.limit), **self.kw())
+        rows = [audit_dict(entry) for entry in response.entries]
+        self.emit({"entries": rows}, lambda: output.print_table(
+            ("AT", "ACTOR", "ACTION", "KIND", "TARGET", "REASON", "OLD", "NEW"),
+            [(r["at"], r["actor"], r["action"], r["kind"], r["target"], r["reason"], audit_summary(r["old"]),
+              audit_summary(r["new"])) for r in rows]))
+        return 0
+
+    # ---- changes ----
+
+    async def _record(self, record: operator_pb2.OverrideRecord) -> int:
+        data = output.message_to_dict(record)
+        for warning in record.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        self.emit(data, lambda: output.print_fields(
+            [(key, value) for key, value in data.items() if key not in ("warnings",)]))
+        return 0
+
+    async def set_delta(self, args: argparse.Namespace) -> int:
+        return await self._record(await self.stub.SetDelta(operator_pb2.SetDeltaRequest(
+            scope=args.scope, delta_s_per_token=args.delta, expires_in_s=args.expires_in_s, reason=args.reason),
+            **self.kw()))
+
+    async def pin(self, args: argparse.Namespace) -> int:
+        return await self._record(await self.stub.PinMode(operator_pb2.PinModeRequest(
+            scope=args.scope, mode=_PINS[args.mode], k=args.k, n=args.n, expires_in_s=args.expires_in_s,
+            reason=args.reason), **self.kw()))
+
+    async def clear(self, args: argparse.Namespace) -> int:
+        return await self._record(await self.stub.ClearOverride(operator_pb2.ClearOverrideRequest(
+            scope=args.scope, kind=_KINDS[args.kind], reason=args.reason), **self.kw()))
+
+    async def calibration(self, args: argparse.Namespace) -> int:
+        if args.verb == "get":
+            if args.file:
+                raise UsageError("calibration get takes no --file")
+            calibration = await self.stub.GetCalibration(operator_pb2.GetCalibrationRequest(pool=args.pool),
+                                                         **self.kw())
+        else:
+            calibration = await self.stub.PutCalibration(operator_pb2.PutCalibrationRequest(
+                calibration=calibration_from_files(args.file, args.pool)), **self.kw())
+        data = output.message_to_dict(calibration)
+        self.emit(data, lambda: output.print_fields(list(data.items())))
+        return 0
+
+    # ---- streams and reports ----
+
+    async def watch(self, args: argparse.Namespace) -> int:
+        request = operator_pb2.WatchDecisionsRequest(engine_id=args.engine_id)
+        if args.pool:
+            request.pool.CopyFrom(args.pool)
+        # Subscribe first, then take the snapshot: a decision pushed in between shows up in both and is
+        # printed once (by engine and version).
+        stream = self.stub.WatchDecisions(request, metadata=self.metadata)
+        printer = WatchPrinter(self.fmt)
+        for row in await self.engine_rows(args.pool):
+            if args.engine_id and row["engine_id"] != args.engine_id:
+                continue
+            printer.show(row, event="snapshot")
+        num_events = 0
+        async for view in stream:
+            if printer.seen(view.engine_id, view.decision.version):
+                continue
+            printer.show(engine_row(None, view), event="pushed")
+            num_events += 1
+            if args.max_events and num_events >= args.max_events:
+                stream.cancel()
+                break
+        return 0
+
+    async def report(self, args: argparse.Namespace) -> int:
+        engines = await self.engine_rows()
+        history = await self.stub.ListHistory(operator_pb2.ListHistoryRequest(limit=args.history_limit),
+                                              **self.kw())
+        overrides = await self.stub.ListOverrides(operator_pb2.ListOverridesRequest(), **self.kw())
+        audit = await self.stub.ListAudit(operator_pb2.ListAuditRequest(limit=50), **self.kw())
+        views = await asyncio.gather(*(self.decision_view(e["engine_id"]) for e in engines))
+        page = render_report(
+            generated_at_s=time.time(), address=self.address, engines=engines,
+            history=[output.message_to_dict(e) for e in history.entries],
+            overrides=[output.message_to_dict(r) for r in overrides.overrides],
+            explains=[explain(v) for v in views if v is not None],
+            audit=[audit_dict(a) for a in audit.entries],
+        )
+        try:
+            args.out.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: cannot write: {exc.strerror}") from None
+        print(f"wrote {args.out}: {len(engines)} engines, {len(history.entries)} decisions", file=sys.stderr)
+        return 0
+
+
+class WatchPrinter:
+    """Rows of `watch`: a fixed-width line per decision (table), or one JSON/YAML document per decision."""
+
+    _COLUMNS = ("EVENT", "ENGINE", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION", "REASON", "DECIDED AT")
+
+    def __init__(self, fmt: str) -> None:
+        self._fmt = fmt
+        self._versions: dict[str, int] = {}
+        self._header = False
+
+    def seen(self, engine_id: str, version: int) -> bool:
+        return version <= self._versions.get(engine_id, 0)
+
+    def show(self, row: dict[str, Any], *, event: str) -> None:
+        if row["decision_version"]:
+            self._versions[row["engine_id"]] = max(self._versions.get(row["engine_id"], 0), row["decision_version"])
+        data = {"event": event, **row}
+        if self._fmt == "json":
+            print(json.dumps(data, ensure_ascii=False), flush=True)
+            return
+        if self._fmt == "yaml":
+            print("---", flush=True)
+            output.print_data(data, "yaml")
+            return
+        cells = [event, row["engine_id"], row["mode"], row["k"], row["n"], row["b_max_tokens"], row["b_cap_tokens"],
+                 row["delta_s_per_token"], row["decision_version"], row["reason"], row["decided_at"]]
+        widths = (9, 34, 12, 6, 6, 7, 7, 10, 20, 20, 24)
+        if not self._header:
+            print("  ".join(f"{c:<{w}}" for c, w in zip(self._COLUMNS, widths, strict=True)).rstrip(), flush=True)
+            self._header = True
+        print("  ".join(f"{output.cell_text(c):<{w}}" for c, w in zip(cells, widths, strict=True)).rstrip(),
+              flush=True)
+
+
+def engine_info_dict(info: operator_pb2.EngineInfo) -> dict[str, Any]:
+    data = output.message_to_dict(info)
+    if data["telemetry_age_s"] < 0:
+        data["telemetry_age_s"] = None  # no telemetry yet
+    return data
+
+
+def engine_row(info: operator_pb2.EngineInfo | None, view: operator_pb2.DecisionView | None) -> dict[str, Any]:
+    """One `list` row: the engine (when known) and the decision in force (null fields when none)."""
+    row: dict[str, Any]
+    if info is not None:
+        row = engine_info_dict(info)
+    else:
+        assert view is not None
+        row = {"engine_id": view.engine_id, "pool": output.message_to_dict(view.pool), "decision_version":
+               view.decision.version, "acked_version": view.acked_version}
+    decision = view.decision if view is not None else None
+    budget = decision.budget if decision is not None else None
+    row.update({
+        "mode": output.enum_name(common_pb2.Mode.DESCRIPTOR, decision.mode) if decision else None,
+        "k": decision.k if decision else None,
+        "n": decision.n if decision else None,
+        "b_max_tokens": budget.b_max_tokens if budget else None,
+        "b_cap_tokens": budget.b_cap_tokens if budget else None,
+        "delta_s_per_token": decision.delta_s_per_token if decision else None,
+        "delta_source": decision.delta_source if decision else None,
+        "reason": decision.reason if decision else None,
+        "decided_at": output.iso_utc(decision.decided_at_s) if decision else None,
+        "decided_at_s": decision.decided_at_s if decision else None,
+    })
+    if decision is not None and info is None:
+        row["decision_version"] = decision.version
+    return row
+
+
+def list_cells(row: dict[str, Any]) -> list[Any]:
+    age = row.get("telemetry_age_s")
+    pool = row["pool"]
+    return [row["engine_id"], f"{pool['model']}|{pool['accelerator']}", row.get("connected"), row["mode"], row["k"],
+            row["n"], row["b_max_tokens"], row["b_cap_tokens"], row["delta_s_per_token"], row["decision_version"],
+            row.get("acked_version"), f"{age:.1f}s" if age is not None else None]
+
+
+def get_fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    decision = data["decision"] or {}
+    latest = data["latest"] or {}
+    budget = decision.get("budget") or {}
+    engine = data.get("engine") or {}
+    return [
+        ("engine", data["engine_id"]), ("pool", f"{data['pool']['model']}|{data['pool']['accelerator']}"),
+        ("connected", engine.get("connected")), ("mode", decision.get("mode")), ("k", decision.get("k")),
+        ("n", decision.get("n")), ("b_max_tokens", budget.get("b_max_tokens")),
+        ("b_cap_tokens", budget.get("b_cap_tokens")), ("delta_s_per_token", decision.get("delta_s_per_token")),
+        ("delta_source", decision.get("delta_source")), ("advisory", decision.get("advisory")),
+        ("reason", decision.get("reason")), ("flags", decision.get("flags")), ("version", decision.get("version")),
+        ("acked_version", data["acked_version"]), ("decided_at", decision.get("decided_at")),
+        ("ttl_s", decision.get("ttl_s")), ("trace_id", decision.get("trace_id")),
+        ("latest_reason", latest.get("reason")), ("latest_flags", latest.get("flags")),
+        ("computed_at", data.get("computed_at")),
+        ("telemetry_age_s", engine.get("telemetry_age_s")), ("vllm_version", engine.get("vllm_version")),
+        ("max_num_seqs", (engine.get("limits") or {}).get("max_num_seqs")),
+    ]
+
+
+def override_value(record: dict[str, Any]) -> str:
+    if record["kind"] == "delta":
+        return f"δ={record['delta_s_per_token']:.6g} s/token"
+    parts = [record["mode"]]
+    parts += [f"k={record['k']}"] if record["k"] else []
+    parts += [f"n={record['n']}"] if record["n"] else []
+    return " ".join(parts)
+
+
+def audit_dict(entry: operator_pb2.AuditEntry) -> dict[str, Any]:
+    """An audit entry with its old/new JSON parsed (null when empty or not JSON)."""
+    data = output.message_to_dict(entry)
+    for name in ("old", "new"):
+        text = data.pop(f"{name}_json")
+        try:
+            data[name] = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            data[name] = None
+    return data
+
+
+def audit_summary(value: dict[str, Any] | None) -> str | None:
+    if value is None:
+        return None
+    if "delta_s_per_token" in value and "mode" not in value:
+        return f"δ={value['delta_s_per_token']}"
+    if "mode" in value:
+        return " ".join(str(value.get(key)) for key in ("mode", "k", "n") if value.get(key))
+    if "alpha_p_s" in value:
+        return f"α_p={value['alpha_p_s']:.4g} α_d={value.get('alpha_d_s', 0):.4g}"
+    return json.dumps(value)[:60]
+
+
+def calibration_from_files(paths: list[Path], pool: common_pb2.Pool) -> operator_pb2.Calibration:
+    """The Calibration message of eb-vllm calibration files (later files win); UsageError naming the file."""
+    if not paths:
+        raise UsageError("calibration put needs --file (pd_calibration_*.json, optionally beta_mb_*.json)")
+    profile = CalibrationProfile()
+    for path in paths:
+        try:
+            profile = profile.merged(parse_calibration(json.loads(path.read_text())))
+        except OSError as exc:
+            raise UsageError(f"--file {path}: cannot read: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--file {path}: not JSON: {exc}") from None
+        except CalibrationError as exc:
+            raise UsageError(f"--file {path}: {exc}") from None
+    costs = profile.to_cost_model()
+    if costs is None:
+        raise UsageError("calibration put needs a pd_calibration file (alpha_p, beta_p, alpha_d, beta_d)")
+    return cost_model_to_calibration(costs, pool, source=",".join(p.name for p in paths))
+
+
+_COMMANDS = {"list": Ctl.list, "get": Ctl.get, "explain": Ctl.explain, "overrides": Ctl.overrides,
+             "audit": Ctl.audit, "set-delta": Ctl.set_delta, "pin": Ctl.pin, "clear": Ctl.clear,
+             "watch": Ctl.watch, "calibration": Ctl.calibration, "report": Ctl.report}
+
+
+async def _run(args: argparse.Namespace, connection: dict[str, Any]) -> int:
+    metadata = (("authorization", f"Bearer {connection['token']}"),) if connection["token"] else ()
+    async with _channel(connection) as channel:
+        ctl = Ctl(operator_pb2_grpc.OperatorServiceStub(channel), metadata=metadata, timeout_s=args.timeout_s,
+                  fmt=args.output, address=connection["address"])
+        return await _COMMANDS[args.action](ctl, args)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    connection = resolve_connection(args, os.environ)
     try:
-        return asyncio.run(_run(args, parser))
+        return asyncio.run(_run(args, connection))
     except grpc.aio.AioRpcError as exc:
-        print(f"error: {exc.code().name}: {exc.details()}")
+        details = " ".join((exc.details() or "").split())
+        print(f"error: {exc.code().name}: {details} ({connection['address']})", file=sys.stderr)
         return 1
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -17,6 +17,7 @@ import sys
 import time
 
 from controlplane.api.v1 import common_pb2
+from controlplane.cli.ctl import DEFAULT_ADDRESS
 from controlplane.cli.serve import add_server_arguments, config_from_args
 from controlplane.fleet import FleetPool, SyntheticFleet
 from controlplane.fleet.profiles import (
@@ -25,11 +26,12 @@ from controlplane.fleet.profiles import (
     RTX_PRO_6000_QWEN3_8B,
     RTX_PRO_6000_QWEN3_8B_SHAPE,
 )
+from controlplane.loop.codec import cost_model_to_calibration
 from controlplane.observability.tracing import create_tracer_provider, tracing_settings_from_env
 from controlplane.service.app import ControllerApp
-from controlplane.service.convert import cost_model_to_calibration
 
 MODEL = "Qwen/Qwen3-8B"
+DEMO_PORT = 50151  # the port `controlplane ctl` reaches by default
 POOLS = (
     FleetPool(model=MODEL, accelerator="NVIDIA H200", cost_model=H200_QWEN3_8B, shape=H200_QWEN3_8B_SHAPE),
     FleetPool(model=MODEL, accelerator="NVIDIA RTX PRO 6000", cost_model=RTX_PRO_6000_QWEN3_8B,
@@ -40,19 +42,32 @@ POOLS = (
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("demo", help="controller + synthetic fleet with a live view", description=__doc__)
     add_server_arguments(parser)
-    parser.add_argument("--engines", type=int, default=4, help="simulated engines, split over two pools (4)")
+    parser.add_argument("--engines", type=int, default=4,
+                        help="simulated engines, split over two pools (default %(default)s)")
     parser.add_argument("--workload", default="geometric:256/uniform:512/closed:192",
-                        help="output/prompt[/closed:concurrency] (default geometric:256/uniform:512/closed:192)")
-    parser.add_argument("--speed", type=float, default=40.0, help="simulated seconds per wall second (40)")
-    parser.add_argument("--duration-s", type=float, default=0.0, help="stop after this many seconds (0: Ctrl-C)")
-    parser.add_argument("--refresh-s", type=float, default=1.0, help="live view refresh period (1 s)")
-    parser.set_defaults(run=run, port=0, decision_interval_s=2.0, cooldown_s=10.0)
+                        help="output/prompt[/closed:concurrency] (default %(default)s)")
+    parser.add_argument("--speed", type=float, default=40.0,
+                        help="simulated seconds per wall second (default %(default)s)")
+    parser.add_argument("--duration-s", type=float, default=0.0,
+                        help="stop after this many seconds (default %(default)s: run until Ctrl-C)")
+    parser.add_argument("--refresh-s", type=float, default=1.0,
+                        help="live view refresh period, s (default %(default)s)")
+    # The server flags' help shows these defaults (argparse's %(default)s), so --help states what the demo uses.
+    parser.set_defaults(run=run, port=DEMO_PORT, decision_interval_s=2.0, cooldown_s=10.0)
+
+
+def listening_line(host: str, port: int) -> str:
+    """Where the demo's controller listens and the ctl command that reaches it."""
+    address = f"{host}:{port}"
+    ctl = "controlplane ctl list" if address == DEFAULT_ADDRESS else f"controlplane ctl --address {address} list"
+    return f"controller listening on {address} — try: {ctl}"
 
 
 def _view(app: ControllerApp, fleet: SyntheticFleet, started_s: float) -> str:
     assert app.controller is not None
     stats = fleet.stats()
-    lines = [f"controller on 127.0.0.1:{app.port}  redis {app.redis_url}  up {time.monotonic() - started_s:5.0f} s  "
+    lines = [listening_line(app.config.host, app.port),
+             f"redis {app.redis_url}  up {time.monotonic() - started_s:5.0f} s  "
              f"engines {stats.num_connected}/{stats.num_engines}  batches {stats.num_batches_sent}  "
              f"decisions applied {stats.num_decisions_applied}  completed {stats.num_completed}",
              f"{'engine':<34} {'mode':<5} {'k':>5} {'N':>5} {'B_max':>6} {'B_cap':>6} {'ver':>4} {'ack':>4} "
@@ -75,8 +90,14 @@ async def _demo(args: argparse.Namespace, app: ControllerApp) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with app:
+    try:
+        await app.start()
+    except BaseException:
+        await app.stop(grace_s=0.5)  # the embedded Redis may already run
+        raise
+    try:
         assert app.controller is not None
+        print(listening_line(app.config.host, app.port), flush=True)
         for pool in POOLS:
             await app.controller.put_calibration(cost_model_to_calibration(
                 pool.cost_model, common_pb2.Pool(model=pool.model, accelerator=pool.accelerator),
@@ -96,6 +117,8 @@ async def _demo(args: argparse.Namespace, app: ControllerApp) -> None:
                 print(("\x1b[H\x1b[2J" if tty else "\n") + text, flush=True)
         finally:
             await fleet.stop()
+    finally:
+        await app.stop()
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -106,5 +129,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     app = ControllerApp(config, tracer_provider=create_tracer_provider(tracing_settings_from_env(os.environ)))
-    asyncio.run(_demo(args, app))
+    try:
+        asyncio.run(_demo(args, app))
+    except RuntimeError as exc:
+        if "bind" not in str(exc).lower():
+            raise
+        print(f"error: cannot listen on {config.host}:{config.port} (in use?): pass --port N (0 picks a free "
+              f"port) — {exc}", file=sys.stderr)
+        return 1
     return 0

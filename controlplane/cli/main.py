@@ -10,10 +10,11 @@ import sys
 from collections.abc import Sequence
 
 from controlplane.cli import ctl, demo, plan, serve, sim
+from controlplane.cli.args import ArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="controlplane",
         description="Control plane for vLLM fleets: batching mode, threshold, batch size and token budget.",
     )

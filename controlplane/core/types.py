@@ -43,11 +43,15 @@ class Flag(enum.StrEnum):
 
     NONFINITE_INPUT = "nonfinite_input"
     HAZARD_INTERCEPT_NONPOSITIVE = "hazard_intercept_nonpositive"
+    HAZARD_INTERCEPT_CLIPPED = "hazard_intercept_clipped"  # p0 above 1 per token, clipped to 1
+    GAMMA_NONFINITE = "gamma_nonfinite"  # p0·α_p/α_d overflowed: θ0 taken at its limit (just below 1)
+    CROSSOVER_NOT_EVALUATED = "crossover_not_evaluated"  # LHS/RHS not computable: the rule reads MB (stock)
     HAZARD_DFR_CLIPPED = "hazard_dfr_clipped"
     ALPHA_D_NONPOSITIVE = "alpha_d_nonpositive"
     COST_NONPOSITIVE = "cost_nonpositive"
     THETA_CLIPPED_LOW = "theta_clipped_low"
     THETA_CLIPPED_HIGH = "theta_clipped_high"
+    IFR_CORRECTION_BOUNDED = "ifr_correction_bounded"  # Δθ cut: η/p0² > 1 and Δθ > θ0 (threshold.py)
     KV_BELOW_ONE_REQUEST = "kv_below_one_request"
     N_CAPPED_BY_MAX_NUM_SEQS = "n_capped_by_max_num_seqs"
     MEMORY_RATE_FROM_MEAN = "memory_rate_from_mean"
@@ -216,6 +220,10 @@ class Evaluation:
     n_obs: float
     mode_instant: Mode
     flags: tuple[Flag, ...] = ()
+    # The hazard terms and γ = p0·α_p/α_d as used (after clipping and fallbacks), per token / per token².
+    p0: float = 0.0
+    eta: float = 0.0
+    gamma: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

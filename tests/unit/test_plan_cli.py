@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from controlplane.cli.main import main
+from controlplane.cli.plan import FLAG_MEANINGS
+from controlplane.core.calibration import parse_calibration
 from controlplane.core.policy import evaluate
-from controlplane.core.types import CostModel, EngineLimits, Mode, PolicyConfig, WorkloadStats
+from controlplane.core.threshold import solve_theta0
+from controlplane.core.types import CostModel, EngineLimits, Flag, Mode, PolicyConfig, WorkloadStats
+from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANNER_FLAGS = {"p0_from_mu_o", "n_obs_from_n_star", "alpha_mb_from_alpha_p", "mb_coeffs_zero"}
 
 RTX = {"alpha_p": 0.004691170692443847, "beta_p": 5.007938367705191e-05,
        "alpha_d": 0.010375998928844651, "beta_d": 0.00010388105329650523,
@@ -73,7 +81,26 @@ def assert_report_matches(report: dict, expected) -> None:
     assert report["beta_mb_e"] == expected.beta_mb_e_s_per_token
     assert report["n_obs"] == expected.n_obs
     assert report["mode"] == expected.mode_instant.value
-    assert report["flags"] == [f.value for f in expected.flags]
+    assert report["p0"] == expected.p0 and report["eta"] == expected.eta and report["gamma"] == expected.gamma
+    assert report["delta_flip"] == expected.lhs_s_per_token - expected.rhs_s_per_token
+    core = [f.value for f in expected.flags]
+    assert report["flags"][:len(core)] == core
+    assert set(report["flags"][len(core):]) <= PLANNER_FLAGS
+
+
+def planner_flags(*, p0: float | None = None, n_obs: float = 0.0, alpha_mb: float | None = None,
+                  mb_coeffs: bool = True) -> list[str]:
+    """The flags the planner adds for the defaults it takes, in its order."""
+    flags = []
+    if p0 is None:
+        flags.append("p0_from_mu_o")
+    if alpha_mb is None:
+        flags.append("alpha_mb_from_alpha_p")
+    if not mb_coeffs:
+        flags.append("mb_coeffs_zero")
+    if n_obs == 0.0:
+        flags.append("n_obs_from_n_star")
+    return flags
 
 
 @pytest.mark.parametrize(
@@ -94,8 +121,10 @@ def test_json_equals_evaluate(values: dict, inputs: dict, mode: str | None, caps
     if mode is not None:
         assert report["mode"] == mode
     assert report["p0"] == inputs.get("p0", 1.0 / inputs.get("mu_o", 256.0))
-    assert report["gamma"] == pytest.approx(report["p0"] * values["alpha_p"] / values["alpha_d"], rel=1e-15)
+    assert report["gamma"] == report["p0"] * values["alpha_p"] / values["alpha_d"]
     assert report["eta"] == inputs.get("eta", 0.0)
+    assert report["flags"] == [f.value for f in expected.flags] + planner_flags(p0=inputs.get("p0"),
+                                                                               n_obs=inputs.get("n_obs", 0.0))
 
 
 def test_ifr_inputs_produce_a_correction(capsys) -> None:
@@ -138,6 +167,10 @@ def write_calibration(tmp_path: Path, values: dict, *, legacy: bool = True) -> l
 def test_calibration_files_equal_explicit_flags(tmp_path: Path, legacy: bool, capsys) -> None:
     from_files = run_plan([*write_calibration(tmp_path, RTX, legacy=legacy), *workload_flags(n_obs=128.0)], capsys)
     from_flags = run_plan([*cost_flags(RTX), *workload_flags(n_obs=128.0)], capsys)
+    sources = from_files["inputs"].pop("cost_sources")
+    assert from_flags["inputs"].pop("cost_sources")["alpha_p_s"] == "--alpha-p"
+    assert sources["alpha_p_s"] == f"--calibration {tmp_path / 'pd_calibration_Qwen3-8B_RTX.json'}"
+    assert sources["mb_coeffs_s_per_token"] == f"--calibration {tmp_path / 'beta_mb_Qwen3-8B_RTX.json'}"
     assert from_files == from_flags
     assert_report_matches(from_files, reference(RTX, n_obs=128.0))
 
@@ -154,14 +187,21 @@ def test_table_without_json(capsys) -> None:
     expected = reference(RTX, n_obs=512.0)
     with pytest.raises(json.JSONDecodeError):
         json.loads(table)
-    lines = {line.split("  ")[0].strip(): line.rsplit("  ", 1)[1].strip() for line in table.splitlines()}
+    lines = {line.split("  ")[0].strip(): line.split("  ")[-1].strip() for line in table.splitlines()
+             if not line.startswith("  ")}
     assert lines["θ0 (CFR threshold)"] == f"{expected.theta0:.6g}"
     assert lines["N* (memory-safe batch, requests)"] == str(expected.n_star)
     assert lines["k* (phase-switch threshold, requests)"] == str(expected.k_star)
     assert lines["LHS = β_MB^e − β_EB^w (s/token)"] == f"{expected.lhs_s_per_token:.6g}"
     assert lines["RHS (s/token)"] == f"{expected.rhs_s_per_token:.6g}"
     assert lines["mode (MB if LHS < RHS + δ)"] == "eb"
-    assert lines["flags"] == (", ".join(f.value for f in expected.flags) or "-")
+    flags = [f.value for f in expected.flags] + planner_flags(n_obs=512.0)
+    assert lines["flags"] == ", ".join(flags)
+    assert lines["γ = p0·α_p/α_d (θ0 solved with it)"] == f"{expected.gamma:.6g}"
+    # Every flag is explained on its own line.
+    explained = [line.strip().split(":")[0] for line in table.splitlines() if line.startswith("  ")]
+    assert explained == flags
+    assert lines["α_MB (s)"] == "(α_p (default))"
 
 
 def expect_usage_error(argv: list[str], capsys) -> str:
@@ -236,3 +276,137 @@ def test_module_entry_point_in_a_subprocess(tmp_path: Path, capsys) -> None:
     assert main(argv) == 0
     assert json.loads(completed.stdout) == json.loads(capsys.readouterr().out)
     assert json.loads(completed.stdout)["mode"] == "eb"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--alpha-d", "1e-320", "subnormal"),  # γ = p0·α_p/α_d would be inf
+        ("--alpha-p", "0", "must be > 0"),
+        ("--beta-d", "-1e-4", "must be > 0"),  # a negative number in exponent form parses, then is refused
+        ("--beta-p", "-.5", "must be > 0"),
+        ("--alpha-mb", "-1E-3", "must be > 0"),
+        ("--p0", "0", "must be > 0"),
+        ("--p0", "-0.1", "must be > 0"),
+        ("--mu-o", "0", "must be > 0"),
+        ("--mu-l", "inf", "finite"),
+        ("--eta", "nan", "finite"),
+        ("--delta", "-inf", "finite"),
+        ("--max-num-seqs", "1000000000000", "between 1 and 1048576"),
+        ("--max-num-seqs", "1e12", "between 1 and 1048576"),
+        ("--max-num-seqs", "2.5", "not an integer"),
+        ("--n-prev", "-1", "between 0 and 1048576"),
+        ("--kv-capacity-tokens", "0", "between 1 and"),
+        ("--kv-capacity-tokens", "1e17", "between 1 and"),
+    ],
+)
+def test_out_of_domain_inputs_are_errors_naming_the_flag(flag: str, value: str, message: str, capsys) -> None:
+    argv = [*cost_flags(H200), *workload_flags()]
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    err = expect_usage_error(argv, capsys)
+    assert f"argument {flag}: " in err and message in err, err
+    assert "expected one argument" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--n-obs", "0.5"], "--n-obs must be 0 (unobserved) or between 1 and 1048576"),
+        (["--n-obs", "-2e3"], "--n-obs must be 0"),
+        (["--n-obs", "1e7"], "--n-obs must be 0"),
+        # Each cost alone is a normal number, but their ratio γ = p0·α_p/α_d overflows.
+        (["--alpha-p", "1e300", "--alpha-d", "1e-300"], "γ = p0·α_p/α_d = inf is out of range"),
+    ],
+)
+def test_out_of_domain_combinations_are_errors(extra: list[str], message: str, capsys) -> None:
+    argv = [*cost_flags(H200), *workload_flags()]
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    assert message in expect_usage_error(argv, capsys)
+
+
+def test_negative_calibration_cost_is_an_error_naming_the_file(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "pd.json"
+    path.write_text(json.dumps({"alpha_p": 0.001, "beta_p": 1e-5, "alpha_d": 0.01, "beta_d": -1e-4}))
+    err = expect_usage_error(["--calibration", str(path), *workload_flags()], capsys)
+    assert f"beta_d_s_per_request from --calibration {path} must be > 0" in err
+
+
+def test_p0_above_one_is_clipped_flagged_and_gamma_is_the_one_used(capsys) -> None:
+    report = run_plan([*cost_flags(RTX), *workload_flags(p0=5.0, n_obs=64.0)], capsys)
+    assert report["p0"] == 1.0 and report["inputs"]["p0_per_token"] == 5.0
+    assert "hazard_intercept_clipped" in report["flags"]
+    assert report["gamma"] == 1.0 * RTX["alpha_p"] / RTX["alpha_d"]
+    assert report["theta0"] == solve_theta0(report["gamma"])
+    assert_report_matches(report, reference(RTX, p0=5.0, n_obs=64.0))
+
+
+def test_negative_numbers_in_exponent_form_parse(capsys) -> None:
+    report = run_plan([*cost_flags(H200), *workload_flags(n_obs=64.0), "--eta", "-1e-6", "--delta", "-2E-3"],
+                      capsys)
+    assert report["inputs"]["eta_per_token2"] == -1e-6 and report["eta"] == 0.0
+    assert "hazard_dfr_clipped" in report["flags"]
+    assert report["delta"] == -2e-3 and report["inputs"]["delta_s_per_token"] == -2e-3
+
+
+def test_defaults_taken_are_flagged(capsys) -> None:
+    argv = ["--alpha-p", "0.001", "--beta-p", "1e-5", "--alpha-d", "0.01", "--beta-d", "1e-4",
+            "--mu-l", "512", "--mu-o", "256", "--kv-capacity-tokens", "1000000"]
+    report = run_plan(argv, capsys)
+    assert report["flags"][-4:] == ["p0_from_mu_o", "alpha_mb_from_alpha_p", "mb_coeffs_zero", "n_obs_from_n_star"]
+    assert report["inputs"]["alpha_mb_s"] == 0.001 and report["inputs"]["mb_coeffs_s_per_token"] == [0.0, 0.0, 0.0]
+    assert report["n_obs"] == report["n_star"]
+
+
+def test_every_flag_has_a_meaning() -> None:
+    assert {f.value for f in Flag} | PLANNER_FLAGS <= set(FLAG_MEANINGS)
+
+
+def test_example_calibrations_are_the_published_profiles() -> None:
+    for gpu, costs in (("H200", H200_QWEN3_8B), ("RTX_PRO_6000", RTX_PRO_6000_QWEN3_8B)):
+        directory = ROOT / "examples" / "calibrations"
+        pd = json.loads((directory / f"pd_calibration_Qwen3-8B_{gpu}.json").read_text())
+        mb = json.loads((directory / f"beta_mb_Qwen3-8B_{gpu}.json").read_text())
+        profile = parse_calibration(pd).merged(parse_calibration(mb))
+        assert profile.to_cost_model() == costs
+        assert profile.model == "Qwen/Qwen3-8B"
+        # The same coefficients under the engine's environment variable names (strings, as eb-vllm writes).
+        env = mb["env_vars_for_pd_auto"]
+        assert tuple(float(env[f"VLLM_PD_MB_COST_{x}"]) for x in "ABC") == costs.mb_coeffs_s_per_token
+        # Nothing is made up: the measurement details that were not published are null.
+        for key in ("dtype", "timestamp", "prefill_r2", "decode_r2", "prefill_sizes", "decode_counts",
+                    "num_iterations"):
+            assert pd[key] is None
+
+
+def readme_commands(program: str) -> list[list[str]]:
+    """The README's `.venv/bin/controlplane PROGRAM ...` commands (continuation lines joined), as argv."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(f".venv/bin/controlplane {program} "):
+            argv = shlex.split(line, comments=True)
+            commands.append(argv[1:])
+    return commands
+
+
+def test_readme_plan_commands_run(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.chdir(ROOT)
+    commands = readme_commands("plan")
+    assert len(commands) == 2 and any("examples/calibrations/pd_calibration_Qwen3-8B_H200.json" in c
+                                      for c in commands[0])
+    for argv in commands:
+        assert main(argv) == 0
+        assert capsys.readouterr().out
+    assert main([*commands[0], "--json"]) == 0
+    from_files = json.loads(capsys.readouterr().out)
+    expected = reference(H200, mu_l=512.0, mu_o=256.0, kv=1_500_000, max_num_seqs=2048, n_obs=512.0)
+    assert_report_matches(from_files, expected)
+    assert from_files["inputs"]["cost_sources"]["alpha_p_s"].endswith("pd_calibration_Qwen3-8B_H200.json")

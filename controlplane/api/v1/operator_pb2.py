@@ -26,19 +26,19 @@ from controlplane.api.v1 import agent_pb2 as controlplane_dot_v1_dot_agent__pb2
 from controlplane.api.v1 import common_pb2 as controlplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ontrolplane/v1/operator.proto\x12\x0f\x63ontrolplane.v1\x1a\x1b\x63ontrolplane/v1/agent.proto\x1a\x1c\x63ontrolplane/v1/common.proto\"i\n\x05Scope\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.controlplane.v1.ScopeKind\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x11\n\tengine_id\x18\x03 \x01(\t\"y\n\x0fSetDeltaRequest\x12%\n\x05scope\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.Scope\x12\x19\n\x11\x64\x65lta_s_per_token\x18\x02 \x01(\x01\x12\x14\n\x0c\x65xpires_in_s\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x9e\x01\n\x0ePinModeRequest\x12%\n\x05scope\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.Scope\x12)\n\x04mode\x18\x02 \x01(\x0e\x32\x1b.controlplane.v1.PinnedMode\x12\t\n\x01k\x18\x03 \x01(\r\x12\t\n\x01n\x18\x04 \x01(\r\x12\x14\n\x0c\x65xpires_in_s\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\"z\n\x14\x43learOverrideRequest\x12%\n\x05scope\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.Scope\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.controlplane.v1.OverrideKind\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x99\x02\n\x0eOverrideRecord\x12%\n\x05scope\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.Scope\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.controlplane.v1.OverrideKind\x12\x19\n\x11\x64\x65lta_s_per_token\x18\x03 \x01(\x01\x12)\n\x04mode\x18\x04 \x01(\x0e\x32\x1b.controlplane.v1.PinnedMode\x12\t\n\x01k\x18\x05 \x01(\r\x12\t\n\x01n\x18\x06 \x01(\r\x12\x14\n\x0c\x65xpires_at_s\x18\x07 \x01(\x01\x12\x0e\n\x06set_by\x18\x08 \x01(\t\x12\x10\n\x08set_at_s\x18\t \x01(\x01\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x0f\n\x07\x63leared\x18\x0b \x01(\x08\"\'\n\x12GetDecisionRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\"\xcc\x01\n\x0c\x44\x65\x63isionView\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12+\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x19.controlplane.v1.Decision\x12\x15\n\racked_version\x18\x04 \x01(\x04\x12)\n\x06latest\x18\x05 \x01(\x0b\x32\x19.controlplane.v1.Decision\x12\x15\n\rcomputed_at_s\x18\x06 \x01(\x01\"9\n\x12ListEnginesRequest\x12#\n\x04pool\x18\x01 \x01(\x0b\x32\x15.controlplane.v1.Pool\"\x96\x03\n\nEngineInfo\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x14\n\x0cvllm_version\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12-\n\x06limits\x18\x05 \x01(\x0b\x32\x1d.controlplane.v1.EngineLimits\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12\x17\n\x0ftelemetry_age_s\x18\x07 \x01(\x01\x12\x18\n\x10\x64\x65\x63ision_version\x18\x08 \x01(\x04\x12\x15\n\racked_version\x18\t \x01(\x04\x12\x17\n\x0fnum_completions\x18\n \x01(\x04\x12\x1b\n\x13num_rejected_events\x18\x0b \x01(\x04\x12\x19\n\x11num_sequence_gaps\x18\x0c \x01(\x04\x12\x15\n\rcontroller_id\x18\r \x01(\t\x12\x13\n\x0binstance_id\x18\x0e \x01(\t\x12\x1a\n\x12\x65xcluded_from_pool\x18\x0f \x01(\x08\"C\n\x13ListEnginesResponse\x12,\n\x07\x65ngines\x18\x01 \x03(\x0b\x32\x1b.controlplane.v1.EngineInfo\"O\n\x15WatchDecisionsRequest\x12#\n\x04pool\x18\x01 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x11\n\tengine_id\x18\x02 \x01(\t\"\xd5\x01\n\x0b\x43\x61libration\x12#\n\x04pool\x18\x01 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x11\n\talpha_p_s\x18\x02 \x01(\x01\x12\x1a\n\x12\x62\x65ta_p_s_per_token\x18\x03 \x01(\x01\x12\x11\n\talpha_d_s\x18\x04 \x01(\x01\x12\x1c\n\x14\x62\x65ta_d_s_per_request\x18\x05 \x01(\x01\x12\x12\n\nalpha_mb_s\x18\x06 \x01(\x01\x12\x1d\n\x15mb_coeffs_s_per_token\x18\x07 \x03(\x01\x12\x0e\n\x06source\x18\x08 \x01(\t\"J\n\x15PutCalibrationRequest\x12\x31\n\x0b\x63\x61libration\x18\x01 \x01(\x0b\x32\x1c.controlplane.v1.Calibration\"<\n\x15GetCalibrationRequest\x12#\n\x04pool\x18\x01 \x01(\x0b\x32\x15.controlplane.v1.Pool\"\x16\n\x14ListOverridesRequest\"K\n\x15ListOverridesResponse\x12\x32\n\toverrides\x18\x01 \x03(\x0b\x32\x1f.controlplane.v1.OverrideRecord\"!\n\x10ListAuditRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"\x97\x01\n\nAuditEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04\x61t_s\x18\x02 \x01(\x01\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0e\n\x06target\x18\x05 \x01(\t\x12\x0c\n\x04kind\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x10\n\x08old_json\x18\x08 \x01(\t\x12\x10\n\x08new_json\x18\t \x01(\t\"A\n\x11ListAuditResponse\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.controlplane.v1.AuditEntry*i\n\tScopeKind\x12\x1a\n\x16SCOPE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10SCOPE_KIND_FLEET\x10\x01\x12\x13\n\x0fSCOPE_KIND_POOL\x10\x02\x12\x15\n\x11SCOPE_KIND_ENGINE\x10\x03*\x88\x01\n\nPinnedMode\x12\x1b\n\x17PINNED_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0ePINNED_MODE_MB\x10\x01\x12\x12\n\x0ePINNED_MODE_EB\x10\x02\x12\x1b\n\x17PINNED_MODE_PASSTHROUGH\x10\x03\x12\x18\n\x14PINNED_MODE_ADVISORY\x10\x04*]\n\x0cOverrideKind\x12\x1d\n\x19OVERRIDE_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13OVERRIDE_KIND_DELTA\x10\x01\x12\x15\n\x11OVERRIDE_KIND_PIN\x10\x02\x32\xf2\x06\n\x0fOperatorService\x12M\n\x08SetDelta\x12 .controlplane.v1.SetDeltaRequest\x1a\x1f.controlplane.v1.OverrideRecord\x12K\n\x07PinMode\x12\x1f.controlplane.v1.PinModeRequest\x1a\x1f.controlplane.v1.OverrideRecord\x12W\n\rClearOverride\x12%.controlplane.v1.ClearOverrideRequest\x1a\x1f.controlplane.v1.OverrideRecord\x12Q\n\x0bGetDecision\x12#.controlplane.v1.GetDecisionRequest\x1a\x1d.controlplane.v1.DecisionView\x12X\n\x0bListEngines\x12#.controlplane.v1.ListEnginesRequest\x1a$.controlplane.v1.ListEnginesResponse\x12Y\n\x0eWatchDecisions\x12&.controlplane.v1.WatchDecisionsRequest\x1a\x1d.controlplane.v1.DecisionView0\x01\x12V\n\x0ePutCalibration\x12&.controlplane.v1.PutCalibrationRequest\x1a\x1c.controlplane.v1.Calibration\x12V\n\x0eGetCalibration\x12&.controlplane.v1.GetCalibrationRequest\x1a\x1c.controlplane.v1.Calibration\x12^\n\rListOverrides\x12%.controlplane.v1.ListOverridesRequest\x1a&.controlplane.v1.ListOverridesResponse\x12R\n\tListAudit\x12!.controlplane.v1.ListAuditRequest\x1a\".controlplane.v1.ListAuditResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ontrolplane/v1/operator.proto\x12\x0f\x63ontrolplane.v1\x1a\x1b\x63ontrolplane/v1/agent.proto\x1a\x1c\x63ontrolplane/v1/common.proto\"i\n\x05Scope\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.controlplane.v1.ScopeKind\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x11\n\tengine_id\x18\x03 \x01(\t\"y\n\x0fSetDeltaRequest\x12%\n\x05scope\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.Scope\x12\x19\n\x11\x64\x65lta_s_per_token\x18\x02 \x01(\x01\x12\x14\n\x0c\x65xpires_in_s\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x9e\x01\n\x0ePinModeRequest\x12%\n\x05scope\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.Scope\x12)\n\x04mode\x18\x02 \x01(\x0e\x32\x1b.controlplane.v1.PinnedMode\x12\t\n\x01k\x18\x03 \x01(\r\x12\t\n\x01n\x18\x04 \x01(\r\x12\x14\n\x0c\x65xpires_in_s\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\"z\n\x14\x43learOverrideRequest\x12%\n\x05scope\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.Scope\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.controlplane.v1.OverrideKind\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xab\x02\n\x0eOverrideRecord\x12%\n\x05scope\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.Scope\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.controlplane.v1.OverrideKind\x12\x19\n\x11\x64\x65lta_s_per_token\x18\x03 \x01(\x01\x12)\n\x04mode\x18\x04 \x01(\x0e\x32\x1b.controlplane.v1.PinnedMode\x12\t\n\x01k\x18\x05 \x01(\r\x12\t\n\x01n\x18\x06 \x01(\r\x12\x14\n\x0c\x65xpires_at_s\x18\x07 \x01(\x01\x12\x0e\n\x06set_by\x18\x08 \x01(\t\x12\x10\n\x08set_at_s\x18\t \x01(\x01\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x0f\n\x07\x63leared\x18\x0b \x01(\x08\x12\x10\n\x08warnings\x18\x0c \x03(\t\"\'\n\x12GetDecisionRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\"\xcc\x01\n\x0c\x44\x65\x63isionView\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12+\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x19.controlplane.v1.Decision\x12\x15\n\racked_version\x18\x04 \x01(\x04\x12)\n\x06latest\x18\x05 \x01(\x0b\x32\x19.controlplane.v1.Decision\x12\x15\n\rcomputed_at_s\x18\x06 \x01(\x01\"9\n\x12ListEnginesRequest\x12#\n\x04pool\x18\x01 \x01(\x0b\x32\x15.controlplane.v1.Pool\"\x96\x03\n\nEngineInfo\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x14\n\x0cvllm_version\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12-\n\x06limits\x18\x05 \x01(\x0b\x32\x1d.controlplane.v1.EngineLimits\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12\x17\n\x0ftelemetry_age_s\x18\x07 \x01(\x01\x12\x18\n\x10\x64\x65\x63ision_version\x18\x08 \x01(\x04\x12\x15\n\racked_version\x18\t \x01(\x04\x12\x17\n\x0fnum_completions\x18\n \x01(\x04\x12\x1b\n\x13num_rejected_events\x18\x0b \x01(\x04\x12\x19\n\x11num_sequence_gaps\x18\x0c \x01(\x04\x12\x15\n\rcontroller_id\x18\r \x01(\t\x12\x13\n\x0binstance_id\x18\x0e \x01(\t\x12\x1a\n\x12\x65xcluded_from_pool\x18\x0f \x01(\x08\"C\n\x13ListEnginesResponse\x12,\n\x07\x65ngines\x18\x01 \x03(\x0b\x32\x1b.controlplane.v1.EngineInfo\"O\n\x15WatchDecisionsRequest\x12#\n\x04pool\x18\x01 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x11\n\tengine_id\x18\x02 \x01(\t\"\xf7\x01\n\x0b\x43\x61libration\x12#\n\x04pool\x18\x01 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x11\n\talpha_p_s\x18\x02 \x01(\x01\x12\x1a\n\x12\x62\x65ta_p_s_per_token\x18\x03 \x01(\x01\x12\x11\n\talpha_d_s\x18\x04 \x01(\x01\x12\x1c\n\x14\x62\x65ta_d_s_per_request\x18\x05 \x01(\x01\x12\x12\n\nalpha_mb_s\x18\x06 \x01(\x01\x12\x1d\n\x15mb_coeffs_s_per_token\x18\x07 \x03(\x01\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x0e\n\x06set_by\x18\t \x01(\t\x12\x10\n\x08set_at_s\x18\n \x01(\x01\"J\n\x15PutCalibrationRequest\x12\x31\n\x0b\x63\x61libration\x18\x01 \x01(\x0b\x32\x1c.controlplane.v1.Calibration\"<\n\x15GetCalibrationRequest\x12#\n\x04pool\x18\x01 \x01(\x0b\x32\x15.controlplane.v1.Pool\"\x16\n\x14ListOverridesRequest\"K\n\x15ListOverridesResponse\x12\x32\n\toverrides\x18\x01 \x03(\x0b\x32\x1f.controlplane.v1.OverrideRecord\"!\n\x10ListAuditRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"\x97\x01\n\nAuditEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04\x61t_s\x18\x02 \x01(\x01\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0e\n\x06target\x18\x05 \x01(\t\x12\x0c\n\x04kind\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x10\n\x08old_json\x18\x08 \x01(\t\x12\x10\n\x08new_json\x18\t \x01(\t\"A\n\x11ListAuditResponse\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.controlplane.v1.AuditEntry\"[\n\x12ListHistoryRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12#\n\x04pool\x18\x03 \x01(\x0b\x32\x15.controlplane.v1.Pool\"\x95\x01\n\x0cHistoryEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12#\n\x04pool\x18\x03 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x14\n\x0c\x64\x65\x63ided_at_s\x18\x04 \x01(\x01\x12+\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0b\x32\x19.controlplane.v1.Decision\"E\n\x13ListHistoryResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.controlplane.v1.HistoryEntry*i\n\tScopeKind\x12\x1a\n\x16SCOPE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10SCOPE_KIND_FLEET\x10\x01\x12\x13\n\x0fSCOPE_KIND_POOL\x10\x02\x12\x15\n\x11SCOPE_KIND_ENGINE\x10\x03*\x88\x01\n\nPinnedMode\x12\x1b\n\x17PINNED_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0ePINNED_MODE_MB\x10\x01\x12\x12\n\x0ePINNED_MODE_EB\x10\x02\x12\x1b\n\x17PINNED_MODE_PASSTHROUGH\x10\x03\x12\x18\n\x14PINNED_MODE_ADVISORY\x10\x04*]\n\x0cOverrideKind\x12\x1d\n\x19OVERRIDE_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13OVERRIDE_KIND_DELTA\x10\x01\x12\x15\n\x11OVERRIDE_KIND_PIN\x10\x02\x32\xcc\x07\n\x0fOperatorService\x12M\n\x08SetDelta\x12 .controlplane.v1.SetDeltaRequest\x1a\x1f.controlplane.v1.OverrideRecord\x12K\n\x07PinMode\x12\x1f.controlplane.v1.PinModeRequest\x1a\x1f.controlplane.v1.OverrideRecord\x12W\n\rClearOverride\x12%.controlplane.v1.ClearOverrideRequest\x1a\x1f.controlplane.v1.OverrideRecord\x12Q\n\x0bGetDecision\x12#.controlplane.v1.GetDecisionRequest\x1a\x1d.controlplane.v1.DecisionView\x12X\n\x0bListEngines\x12#.controlplane.v1.ListEnginesRequest\x1a$.controlplane.v1.ListEnginesResponse\x12Y\n\x0eWatchDecisions\x12&.controlplane.v1.WatchDecisionsRequest\x1a\x1d.controlplane.v1.DecisionView0\x01\x12V\n\x0ePutCalibration\x12&.controlplane.v1.PutCalibrationRequest\x1a\x1c.controlplane.v1.Calibration\x12V\n\x0eGetCalibration\x12&.controlplane.v1.GetCalibrationRequest\x1a\x1c.controlplane.v1.Calibration\x12^\n\rListOverrides\x12%.controlplane.v1.ListOverridesRequest\x1a&.controlplane.v1.ListOverridesResponse\x12R\n\tListAudit\x12!.controlplane.v1.ListAuditRequest\x1a\".controlplane.v1.ListAuditResponse\x12X\n\x0bListHistory\x12#.controlplane.v1.ListHistoryRequest\x1a$.controlplane.v1.ListHistoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'controlplane.v1.operator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SCOPEKIND']._serialized_start=2486
-  _globals['_SCOPEKIND']._serialized_end=2591
-  _globals['_PINNEDMODE']._serialized_start=2594
-  _globals['_PINNEDMODE']._serialized_end=2730
-  _globals['_OVERRIDEKIND']._serialized_start=2732
-  _globals['_OVERRIDEKIND']._serialized_end=2825
+  _globals['_SCOPEKIND']._serialized_start=2854
+  _globals['_SCOPEKIND']._serialized_end=2959
+  _globals['_PINNEDMODE']._serialized_start=2962
+  _globals['_PINNEDMODE']._serialized_end=3098
+  _globals['_OVERRIDEKIND']._serialized_start=3100
+  _globals['_OVERRIDEKIND']._serialized_end=3193
   _globals['_SCOPE']._serialized_start=110
   _globals['_SCOPE']._serialized_end=215
   _globals['_SETDELTAREQUEST']._serialized_start=217
@@ -48,35 +48,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLEAROVERRIDEREQUEST']._serialized_start=501
   _globals['_CLEAROVERRIDEREQUEST']._serialized_end=623
   _globals['_OVERRIDERECORD']._serialized_start=626
-  _globals['_OVERRIDERECORD']._serialized_end=907
-  _globals['_GETDECISIONREQUEST']._serialized_start=909
-  _globals['_GETDECISIONREQUEST']._serialized_end=948
-  _globals['_DECISIONVIEW']._serialized_start=951
-  _globals['_DECISIONVIEW']._serialized_end=1155
-  _globals['_LISTENGINESREQUEST']._serialized_start=1157
-  _globals['_LISTENGINESREQUEST']._serialized_end=1214
-  _globals['_ENGINEINFO']._serialized_start=1217
-  _globals['_ENGINEINFO']._serialized_end=1623
-  _globals['_LISTENGINESRESPONSE']._serialized_start=1625
-  _globals['_LISTENGINESRESPONSE']._serialized_end=1692
-  _globals['_WATCHDECISIONSREQUEST']._serialized_start=1694
-  _globals['_WATCHDECISIONSREQUEST']._serialized_end=1773
-  _globals['_CALIBRATION']._serialized_start=1776
-  _globals['_CALIBRATION']._serialized_end=1989
-  _globals['_PUTCALIBRATIONREQUEST']._serialized_start=1991
-  _globals['_PUTCALIBRATIONREQUEST']._serialized_end=2065
-  _globals['_GETCALIBRATIONREQUEST']._serialized_start=2067
-  _globals['_GETCALIBRATIONREQUEST']._serialized_end=2127
-  _globals['_LISTOVERRIDESREQUEST']._serialized_start=2129
-  _globals['_LISTOVERRIDESREQUEST']._serialized_end=2151
-  _globals['_LISTOVERRIDESRESPONSE']._serialized_start=2153
-  _globals['_LISTOVERRIDESRESPONSE']._serialized_end=2228
-  _globals['_LISTAUDITREQUEST']._serialized_start=2230
-  _globals['_LISTAUDITREQUEST']._serialized_end=2263
-  _globals['_AUDITENTRY']._serialized_start=2266
-  _globals['_AUDITENTRY']._serialized_end=2417
-  _globals['_LISTAUDITRESPONSE']._serialized_start=2419
-  _globals['_LISTAUDITRESPONSE']._serialized_end=2484
-  _globals['_OPERATORSERVICE']._serialized_start=2828
-  _globals['_OPERATORSERVICE']._serialized_end=3710
+  _globals['_OVERRIDERECORD']._serialized_end=925
+  _globals['_GETDECISIONREQUEST']._serialized_start=927
+  _globals['_GETDECISIONREQUEST']._serialized_end=966
+  _globals['_DECISIONVIEW']._serialized_start=969
+  _globals['_DECISIONVIEW']._serialized_end=1173
+  _globals['_LISTENGINESREQUEST']._serialized_start=1175
+  _globals['_LISTENGINESREQUEST']._serialized_end=1232
+  _globals['_ENGINEINFO']._serialized_start=1235
+  _globals['_ENGINEINFO']._serialized_end=1641
+  _globals['_LISTENGINESRESPONSE']._serialized_start=1643
+  _globals['_LISTENGINESRESPONSE']._serialized_end=1710
+  _globals['_WATCHDECISIONSREQUEST']._serialized_start=1712
+  _globals['_WATCHDECISIONSREQUEST']._serialized_end=1791
+  _globals['_CALIBRATION']._serialized_start=1794
+  _globals['_CALIBRATION']._serialized_end=2041
+  _globals['_PUTCALIBRATIONREQUEST']._serialized_start=2043
+  _globals['_PUTCALIBRATIONREQUEST']._serialized_end=2117
+  _globals['_GETCALIBRATIONREQUEST']._serialized_start=2119
+  _globals['_GETCALIBRATIONREQUEST']._serialized_end=2179
+  _globals['_LISTOVERRIDESREQUEST']._serialized_start=2181
+  _globals['_LISTOVERRIDESREQUEST']._serialized_end=2203
+  _globals['_LISTOVERRIDESRESPONSE']._serialized_start=2205
+  _globals['_LISTOVERRIDESRESPONSE']._serialized_end=2280
+  _globals['_LISTAUDITREQUEST']._serialized_start=2282
+  _globals['_LISTAUDITREQUEST']._serialized_end=2315
+  _globals['_AUDITENTRY']._serialized_start=2318
+  _globals['_AUDITENTRY']._serialized_end=2469
+  _globals['_LISTAUDITRESPONSE']._serialized_start=2471
+  _globals['_LISTAUDITRESPONSE']._serialized_end=2536
+  _globals['_LISTHISTORYREQUEST']._serialized_start=2538
+  _globals['_LISTHISTORYREQUEST']._serialized_end=2629
+  _globals['_HISTORYENTRY']._serialized_start=2632
+  _globals['_HISTORYENTRY']._serialized_end=2781
+  _globals['_LISTHISTORYRESPONSE']._serialized_start=2783
+  _globals['_LISTHISTORYRESPONSE']._serialized_end=2852
+  _globals['_OPERATORSERVICE']._serialized_start=3196
+  _globals['_OPERATORSERVICE']._serialized_end=4168
 # @@protoc_insertion_point(module_scope)

@@ -91,7 +91,7 @@ class ClearOverrideRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., kind: _Optional[_Union[OverrideKind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OverrideRecord(_message.Message):
-    __slots__ = ("scope", "kind", "delta_s_per_token", "mode", "k", "n", "expires_at_s", "set_by", "set_at_s", "reason", "cleared")
+    __slots__ = ("scope", "kind", "delta_s_per_token", "mode", "k", "n", "expires_at_s", "set_by", "set_at_s", "reason", "cleared", "warnings")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     DELTA_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class OverrideRecord(_message.Message):
     SET_AT_S_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CLEARED_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     kind: OverrideKind
     delta_s_per_token: float
@@ -114,7 +115,8 @@ class OverrideRecord(_message.Message):
     set_at_s: float
     reason: str
     cleared: bool
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., kind: _Optional[_Union[OverrideKind, str]] = ..., delta_s_per_token: _Optional[float] = ..., mode: _Optional[_Union[PinnedMode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., expires_at_s: _Optional[float] = ..., set_by: _Optional[str] = ..., set_at_s: _Optional[float] = ..., reason: _Optional[str] = ..., cleared: _Optional[bool] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., kind: _Optional[_Union[OverrideKind, str]] = ..., delta_s_per_token: _Optional[float] = ..., mode: _Optional[_Union[PinnedMode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., expires_at_s: _Optional[float] = ..., set_by: _Optional[str] = ..., set_at_s: _Optional[float] = ..., reason: _Optional[str] = ..., cleared: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetDecisionRequest(_message.Message):
     __slots__ = ("engine_id",)
@@ -193,7 +195,7 @@ class WatchDecisionsRequest(_message.Message):
     def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., engine_id: _Optional[str] = ...) -> None: ...
 
 class Calibration(_message.Message):
-    __slots__ = ("pool", "alpha_p_s", "beta_p_s_per_token", "alpha_d_s", "beta_d_s_per_request", "alpha_mb_s", "mb_coeffs_s_per_token", "source")
+    __slots__ = ("pool", "alpha_p_s", "beta_p_s_per_token", "alpha_d_s", "beta_d_s_per_request", "alpha_mb_s", "mb_coeffs_s_per_token", "source", "set_by", "set_at_s")
     POOL_FIELD_NUMBER: _ClassVar[int]
     ALPHA_P_S_FIELD_NUMBER: _ClassVar[int]
     BETA_P_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +204,8 @@ class Calibration(_message.Message):
     ALPHA_MB_S_FIELD_NUMBER: _ClassVar[int]
     MB_COEFFS_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SET_BY_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_S_FIELD_NUMBER: _ClassVar[int]
     pool: _common_pb2.Pool
     alpha_p_s: float
     beta_p_s_per_token: float
@@ -210,7 +214,9 @@ class Calibration(_message.Message):
     alpha_mb_s: float
     mb_coeffs_s_per_token: _containers.RepeatedScalarFieldContainer[float]
     source: str
-    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., alpha_p_s: _Optional[float] = ..., beta_p_s_per_token: _Optional[float] = ..., alpha_d_s: _Optional[float] = ..., beta_d_s_per_request: _Optional[float] = ..., alpha_mb_s: _Optional[float] = ..., mb_coeffs_s_per_token: _Optional[_Iterable[float]] = ..., source: _Optional[str] = ...) -> None: ...
+    set_by: str
+    set_at_s: float
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., alpha_p_s: _Optional[float] = ..., beta_p_s_per_token: _Optional[float] = ..., alpha_d_s: _Optional[float] = ..., beta_d_s_per_request: _Optional[float] = ..., alpha_mb_s: _Optional[float] = ..., mb_coeffs_s_per_token: _Optional[_Iterable[float]] = ..., source: _Optional[str] = ..., set_by: _Optional[str] = ..., set_at_s: _Optional[float] = ...) -> None: ...
 
 class PutCalibrationRequest(_message.Message):
     __slots__ = ("calibration",)
@@ -267,3 +273,33 @@ class ListAuditResponse(_message.Message):
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
     def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...
+
+class ListHistoryRequest(_message.Message):
+    __slots__ = ("limit", "engine_id", "pool")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    engine_id: str
+    pool: _common_pb2.Pool
+    def __init__(self, limit: _Optional[int] = ..., engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ...) -> None: ...
+
+class HistoryEntry(_message.Message):
+    __slots__ = ("id", "engine_id", "pool", "decided_at_s", "decision")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    engine_id: str
+    pool: _common_pb2.Pool
+    decided_at_s: float
+    decision: _common_pb2.Decision
+    def __init__(self, id: _Optional[str] = ..., engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., decided_at_s: _Optional[float] = ..., decision: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ...) -> None: ...
+
+class ListHistoryResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ...) -> None: ...

@@ -84,6 +84,11 @@ class OperatorServiceStub:
                 request_serializer=controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
                 _registered_method=True)
+        self.ListHistory = channel.unary_unary(
+                '/controlplane.v1.OperatorService/ListHistory',
+                request_serializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryRequest.SerializeToString,
+                response_deserializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -157,6 +162,13 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHistory(self, request, context):
+        """Decisions written to the history stream, the latest written first (optionally of one engine or pool).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -209,6 +221,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.FromString,
                     response_serializer=controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'ListHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHistory,
+                    request_deserializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryRequest.FromString,
+                    response_serializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -481,6 +498,33 @@ class OperatorService:
             '/controlplane.v1.OperatorService/ListAudit',
             controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
             controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.v1.OperatorService/ListHistory',
+            controlplane_dot_v1_dot_operator__pb2.ListHistoryRequest.SerializeToString,
+            controlplane_dot_v1_dot_operator__pb2.ListHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

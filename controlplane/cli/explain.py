@@ -1,0 +1,104 @@
+"""The explain view of one engine's decision: every term of the formulas, the crossover rule and its margin.
+
+Built from a `DecisionView`: its `latest` computation when present (the controller computes more often than
+it pushes), else the pushed `decision`. The rule (the EB paper's rule (8) with the operator margin δ) is
+"mixed batching (MB) when LHS < RHS + δ, else exclusive batching (EB)"; δ_flip = LHS − RHS is the margin at
+which the rule's verdict changes (MB for every δ > δ_flip). The mode in force can differ from the rule's
+verdict (hysteresis, cooldown, a pin, cold start); `reason` says why. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.cli.output import enum_name, iso_utc
+
+# (key in the terms dict, symbol, unit, meaning), in the order of the derivation.
+TERMS: tuple[tuple[str, str, str, str], ...] = (
+    ("p0_per_token", "p0", "1/token", "hazard intercept (probability a request ends at each token)"),
+    ("eta_per_token2", "η", "1/token²", "hazard slope (IFR when > 0)"),
+    ("mu_l_tokens", "μ_L", "tokens", "mean prompt length"),
+    ("mu_o_tokens", "μ_O", "tokens", "mean output length"),
+    ("num_samples", "samples", "completions", "completions in the fitted window"),
+    ("theta0", "θ0", "fraction", "CFR threshold: θ/(1−θ) + ln(1−θ) = p0·α_p/α_d"),
+    ("delta_theta", "Δθ", "fraction", "IFR correction"),
+    ("theta_star", "θ̂*", "fraction", "threshold used (θ0 + Δθ, clipped)"),
+    ("n_star_requests", "N̂*", "requests", "memory-safe batch size"),
+    ("k_star_requests", "k̂*", "requests", "phase-switch threshold ⌊θ̂*·N̂*⌋"),
+    ("n_obs_requests", "N_obs", "requests", "observed running requests (EMA)"),
+    ("lhs_s_per_token", "LHS", "s/token", "β_MB^e − β_EB^w"),
+    ("rhs_s_per_token", "RHS", "s/token", "right-hand side of the crossover rule"),
+    ("delta_s_per_token", "δ", "s/token", "operator margin in force (> 0 favours MB, < 0 EB)"),
+    ("delta_flip_s_per_token", "δ_flip", "s/token", "δ at which the rule flips: LHS − RHS (MB when δ > δ_flip)"),
+)
+
+
+def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
+    """The explain view of `view` as plain data (the `ctl explain -o json` schema).
+
+    Returns a dict with engine_id, pool, source ("latest" or "decision"), computed_at(_s), the decision's
+    version, mode, k, n, reason, flags, delta_source, a "terms" dict (keys of TERMS) and a "rule" dict:
+    evaluated (False before the formulas ran: cold start or no cost model), verdict ("mb" | "eb" | None),
+    lhs_s_per_token, rhs_plus_delta_s_per_token, delta_flip_s_per_token and a one-line text.
+    """
+    use_latest = view.HasField("latest")
+    decision = view.latest if use_latest else view.decision
+    diag = decision.diagnostics
+    computed_at_s = view.computed_at_s if use_latest else decision.decided_at_s
+    lhs, rhs, delta = diag.lhs_s_per_token, diag.rhs_s_per_token, decision.delta_s_per_token
+    evaluated = diag.theta0 > 0.0
+    terms = {
+        "p0_per_token": diag.p0, "eta_per_token2": diag.eta, "mu_l_tokens": diag.mu_l_tokens,
+        "mu_o_tokens": diag.mu_o_tokens, "num_samples": diag.num_samples, "theta0": diag.theta0,
+        "delta_theta": diag.delta_theta, "theta_star": diag.theta_star, "n_star_requests": diag.n_star,
+        "k_star_requests": diag.k_star, "n_obs_requests": diag.n_obs, "lhs_s_per_token": lhs,
+        "rhs_s_per_token": rhs, "delta_s_per_token": delta,
+        "delta_flip_s_per_token": lhs - rhs if evaluated else None,
+    }
+    if evaluated:
+        verdict = "mb" if lhs < rhs + delta else "eb"
+        relation = "<" if verdict == "mb" else "≥"
+        text = (f"LHS {lhs:.4g} {relation} RHS + δ = {rhs + delta:.4g} s/token → {verdict.upper()} "
+                f"(flips at δ = {lhs - rhs:.4g} s/token)")
+    else:
+        verdict = None
+        text = f"not evaluated ({decision.reason or 'no computation yet'})"
+    return {
+        "engine_id": view.engine_id,
+        "pool": {"model": view.pool.model, "accelerator": view.pool.accelerator},
+        "source": "latest" if use_latest else "decision",
+        "computed_at": iso_utc(computed_at_s),
+        "computed_at_s": computed_at_s,
+        "decision_version": decision.version,
+        "acked_version": view.acked_version,
+        "mode": enum_name(common_pb2.Mode.DESCRIPTOR, decision.mode),
+        "k": decision.k,
+        "n": decision.n,
+        "reason": decision.reason,
+        "flags": list(decision.flags),
+        "delta_source": decision.delta_source,
+        "advisory": decision.advisory,
+        "terms": terms,
+        "rule": {
+            "evaluated": evaluated,
+            "verdict": verdict,
+            "lhs_s_per_token": lhs,
+            "rhs_plus_delta_s_per_token": rhs + delta,
+            "delta_flip_s_per_token": lhs - rhs if evaluated else None,
+            "text": text,
+        },
+    }
+
+
+def explain_rows(data: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
+    """The explain view as (SYMBOL, VALUE, UNIT, MEANING) rows for a table."""
+    terms = data["terms"]
+    rows: list[tuple[str, Any, str, str]] = [
+        (symbol, terms[key], unit, meaning) for key, symbol, unit, meaning in TERMS
+    ]
+    rows.append(("rule", data["rule"]["text"], "", "MB when LHS < RHS + δ, else EB"))
+    rows.append(("mode", data["mode"], "", f"in force (k={data['k']}, N={data['n']}); reason {data['reason']}"))
+    rows.append(("δ source", data["delta_source"], "", "scope the margin comes from"))
+    rows.append(("flags", data["flags"], "", "degenerate inputs met (clipped, replaced, rejected)"))
+    return rows

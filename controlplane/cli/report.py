@@ -1,0 +1,187 @@
+"""`ctl report`: a self-contained HTML page of a controller's state — decision timelines per pool and engine
+(inline SVG drawn from the decision history), the engines, the overrides in force, the explain view of
+every engine and the recent audit.
+
+The page references nothing outside itself (no scripts, fonts or styles from the network) and needs no
+JavaScript. Element classes the tests and other tools may rely on: `section.pool[data-pool]`,
+`svg.timeline[data-engine-id][data-pool]`, `rect.mode-band.mode-<mode>`, `circle.decision[data-version]
+[data-mode][data-k][data-n][data-decided-at-s]`, `polyline.n-line`, `polyline.k-line`,
+`table.explain[data-engine-id]`, `table.overrides`, `table.audit`. Pure: takes plain data (the `ctl -o json`
+schema of `controlplane.cli.output`) and returns text; the caller writes the file.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from controlplane.cli.explain import explain_rows
+from controlplane.cli.output import cell_text, iso_utc
+
+MODE_COLOURS = {"mb": "#4e79a7", "eb": "#f28e2b", "passthrough": "#9d9d9d", "unspecified": "#d0d0d0"}
+_WIDTH, _HEIGHT = 960, 150
+_LEFT, _RIGHT, _TOP, _BOTTOM = 56, 12, 10, 26
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.2em; margin-top: 1.6em; } h3 { font-size: 1em; margin: 1em 0 .3em; }
+table { border-collapse: collapse; margin: .4em 0 1em; font-size: .85em; }
+th, td { border-bottom: 1px solid #ddd; padding: .2em .8em .2em 0; text-align: left; vertical-align: top; }
+th { font-weight: 600; }
+svg.timeline { display: block; background: #fafafa; border: 1px solid #e5e5e5; }
+svg text { font-size: 10px; fill: #444; }
+.legend span { display: inline-block; margin-right: 1.2em; font-size: .85em; }
+.legend i { display: inline-block; width: 1em; height: .8em; margin-right: .3em; vertical-align: middle; }
+.muted { color: #777; font-size: .85em; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(cell_text(value), quote=True)
+
+
+def _pool_key(pool: dict[str, str] | None) -> str:
+    pool = pool or {}
+    return f"{pool.get('model', '')}|{pool.get('accelerator', '')}"
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, css_class: str, attrs: str = "") -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    if not rows:
+        body = f'<tr><td colspan="{len(columns)}" class="muted">none</td></tr>'
+    return f'<table class="{css_class}"{attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def timeline_svg(engine_id: str, pool_key: str, entries: Sequence[dict[str, Any]], *, start_s: float,
+                 end_s: float, max_n: int) -> str:
+    """One engine's decisions over [start_s, end_s] (Unix seconds) as an SVG: a band per decision coloured
+    by its mode (each holds until the next), N (solid) and k (dashed) as step lines on 0..max_n requests,
+    and a marker per decision with its details as a tooltip. `entries` are sorted by decided_at_s."""
+    span_s = max(end_s - start_s, 1e-9)
+    plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
+    scale_n = max(max_n, 1)
+
+    def x(t: float) -> float:
+        return _LEFT + (min(max(t, start_s), end_s) - start_s) / span_s * plot_w
+
+    def y(requests: float) -> float:
+        return _TOP + plot_h - requests / scale_n * plot_h
+
+    bands, markers, n_points, k_points = [], [], [], []
+    for i, entry in enumerate(entries):
+        decision = entry["decision"]
+        t = entry["decided_at_s"]
+        t_next = entries[i + 1]["decided_at_s"] if i + 1 < len(entries) else end_s
+        mode = decision["mode"]
+        colour = MODE_COLOURS.get(mode, MODE_COLOURS["unspecified"])
+        x0, x1 = x(t), x(t_next)
+        tip = (f"v{decision['version']} {mode.upper()} k={decision['k']} N={decision['n']} "
+               f"reason {decision['reason']} at {iso_utc(t)}")
+        bands.append(f'<rect class="mode-band mode-{_e(mode)}" x="{x0:.2f}" y="{_TOP}" width="{max(x1 - x0, 0.5):.2f}" '
+                     f'height="{plot_h}" fill="{colour}" fill-opacity="0.35"><title>{_e(tip)}</title></rect>')
+        n_points += [f"{x0:.2f},{y(decision['n']):.2f}", f"{x1:.2f},{y(decision['n']):.2f}"]
+        k_points += [f"{x0:.2f},{y(decision['k']):.2f}", f"{x1:.2f},{y(decision['k']):.2f}"]
+        markers.append(
+            f'<circle class="decision" cx="{x0:.2f}" cy="{y(decision["n"]):.2f}" r="3" fill="{colour}" '
+            f'stroke="#333" stroke-width="0.6" data-version="{decision["version"]}" data-mode="{_e(mode)}" '
+            f'data-k="{decision["k"]}" data-n="{decision["n"]}" data-decided-at-s="{t!r}">'
+            f'<title>{_e(tip)}</title></circle>')
+    axis = (f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{_LEFT + plot_w}" y2="{_TOP + plot_h}" stroke="#999"/>'
+            f'<line x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{_TOP + plot_h}" stroke="#999"/>'
+            f'<text x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">N={scale_n}</text>'
+            f'<text x="{_LEFT - 4}" y="{_TOP + plot_h}" text-anchor="end">0</text>'
+            f'<text x="{_LEFT}" y="{_HEIGHT - 8}">{_e(iso_utc(start_s))}</text>'
+            f'<text x="{_LEFT + plot_w}" y="{_HEIGHT - 8}" text-anchor="end">{_e(iso_utc(end_s))}</text>')
+    lines = ""
+    if n_points:
+        lines = (f'<polyline class="n-line" points="{" ".join(n_points)}" fill="none" stroke="#222" '
+                 f'stroke-width="1.4"/>'
+                 f'<polyline class="k-line" points="{" ".join(k_points)}" fill="none" stroke="#222" '
+                 f'stroke-width="1" stroke-dasharray="4 3"/>')
+    return (f'<svg class="timeline" data-engine-id="{html.escape(engine_id, quote=True)}" '
+            f'data-pool="{html.escape(pool_key, quote=True)}" width="{_WIDTH}" height="{_HEIGHT}" '
+            f'viewBox="0 0 {_WIDTH} {_HEIGHT}" role="img" aria-label="decisions of {html.escape(engine_id)}">'
+            f'{"".join(bands)}{axis}{lines}{"".join(markers)}</svg>')
+
+
+def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict[str, Any]],
+                  history: Sequence[dict[str, Any]], overrides: Sequence[dict[str, Any]],
+                  explains: Sequence[dict[str, Any]], audit: Sequence[dict[str, Any]]) -> str:
+    """The report page.
+
+    Args:
+        generated_at_s: Unix seconds of the report (the timelines end there).
+        address: the controller's address, for the heading.
+        engines: `ctl list -o json` rows.
+        history: HistoryEntry dicts (engine_id, pool, decided_at_s, decision), any order.
+        overrides: OverrideRecord dicts in force.
+        explains: `explain()` dicts, one per engine with a decision.
+        audit: AuditEntry dicts, newest first.
+    """
+    by_pool: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for entry in history:
+        if entry.get("decision") is not None:
+            by_pool[_pool_key(entry.get("pool"))][entry["engine_id"]].append(entry)
+    for engine in engines:  # engines without history still get a (empty) timeline
+        by_pool[_pool_key(engine.get("pool"))].setdefault(engine["engine_id"], [])
+    explain_by_engine = {x["engine_id"]: x for x in explains}
+    sections = []
+    for pool_key in sorted(by_pool):
+        pool_engines = by_pool[pool_key]
+        times = [e["decided_at_s"] for entries in pool_engines.values() for e in entries]
+        start_s = min(times) if times else generated_at_s
+        end_s = max([generated_at_s, *times])
+        max_n = max([e["decision"]["n"] for entries in pool_engines.values() for e in entries] or [1])
+        parts = [f'<section class="pool" data-pool="{html.escape(pool_key, quote=True)}">'
+                 f"<h2>Pool {html.escape(pool_key)}</h2>"]
+        for engine_id in sorted(pool_engines):
+            entries = sorted(pool_engines[engine_id], key=lambda e: (e["decided_at_s"], e["decision"]["version"]))
+            parts.append(f"<h3>{html.escape(engine_id)} <span class=\"muted\">{len(entries)} decisions</span></h3>")
+            parts.append(timeline_svg(engine_id, pool_key, entries, start_s=start_s, end_s=end_s, max_n=max_n))
+            explained = explain_by_engine.get(engine_id)
+            if explained is not None:
+                parts.append(_table(("term", "value", "unit", "meaning"), explain_rows(explained), css_class="explain",
+                                    attrs=f' data-engine-id="{html.escape(engine_id, quote=True)}"'))
+        parts.append("</section>")
+        sections.append("".join(parts))
+    legend = "".join(f'<span><i style="background:{colour}"></i>{mode.upper()}</span>'
+                     for mode, colour in MODE_COLOURS.items())
+    engine_rows = [(e["engine_id"], _pool_key(e.get("pool")), e.get("connected"), e.get("mode"), e.get("k"),
+                    e.get("n"), e.get("decision_version"), e.get("acked_version"), e.get("telemetry_age_s"))
+                   for e in engines]
+    override_rows = [(o["scope"], o["kind"], _override_value(o), o.get("expires_at") or "never", o.get("set_by"),
+                      o.get("set_at"), o.get("reason")) for o in overrides]
+    audit_rows = [(a.get("at"), a.get("actor"), a.get("action"), a.get("kind"), a.get("target"), a.get("reason"))
+                  for a in audit]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>controlplane report {html.escape(address)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>Controller {html.escape(address)}</h1>"
+        f'<p class="muted">generated {_e(iso_utc(generated_at_s))}; {len(history)} decisions from the history '
+        f"stream; bands: the mode of each decision until the next; solid line N, dashed line k (requests).</p>"
+        f'<div class="legend">{legend}</div>'
+        "<h2>Engines</h2>"
+        + _table(("engine", "pool", "connected", "mode", "k", "N", "version", "acked", "telemetry age (s)"),
+                 engine_rows, css_class="engines")
+        + "<h2>Overrides in force</h2>"
+        + _table(("scope", "kind", "value", "expires", "set by", "set at", "reason"), override_rows,
+                 css_class="overrides")
+        + "".join(sections)
+        + "<h2>Audit (newest first)</h2>"
+        + _table(("at", "actor", "action", "kind", "target", "reason"), audit_rows, css_class="audit")
+        + "</body></html>\n"
+    )
+
+
+def _override_value(record: dict[str, Any]) -> str:
+    if record["kind"] == "delta":
+        return f"δ = {record['delta_s_per_token']:.6g} s/token"
+    parts = [record["mode"]]
+    if record.get("k"):
+        parts.append(f"k={record['k']}")
+    if record.get("n"):
+        parts.append(f"N={record['n']}")
+    return " ".join(parts)
