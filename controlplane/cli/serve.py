@@ -79,6 +79,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="completions before leaving cold start (default %(default)s)")
     parser.add_argument("--cooldown-s", type=float, default=30.0,
                         help="EB+ minimum time between switches, s (default %(default)s)")
+    parser.add_argument("--max-connection-age-s", type=float, default=0.0,
+                        help="end agent connections older than this with GOAWAY so they reconnect and spread over "
+                        "replicas, s (default %(default)s: never)")
     parser.add_argument("--engine-ttl-s", type=float, default=300.0,
                         help="a disconnected engine is forgotten after this long, s (default %(default)s)")
     parser.add_argument("--bucket-s", type=float, default=1.0,
@@ -116,6 +119,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Contro
     return ControllerConfig(
         host=args.host, port=args.port, controller_id=args.controller_id, redis_url=redis_url,
         data_dir=None if redis_url else data_dir, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        max_connection_age_s=args.max_connection_age_s,
         readiness_grace_s=args.readiness_grace_s,
         loop=DecisionLoopConfig(recompute_completions=args.recompute_completions,
                                 interval_s=args.decision_interval_s, ttl_s=args.ttl_s, engine_ttl_s=args.engine_ttl_s,

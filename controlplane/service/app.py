@@ -88,8 +88,11 @@ class ControllerApp:
                                      metrics=self.metrics, **kwargs)
         await self.controller.restore()
         authenticator = Authenticator(config.security)
-        server = grpc.aio.server(interceptors=[AuthInterceptor(authenticator)], options=[
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+        options: list[tuple[str, int]] = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
+        if config.max_connection_age_s > 0:
+            options += [("grpc.max_connection_age_ms", int(config.max_connection_age_s * 1000)),
+                        ("grpc.max_connection_age_grace_ms", 5000)]
+        server = grpc.aio.server(interceptors=[AuthInterceptor(authenticator)], options=options)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
             AgentServicer(self.controller, self.metrics, authenticator), server)
         operator_pb2_grpc.add_OperatorServiceServicer_to_server(

@@ -58,6 +58,9 @@ class ControllerConfig:
     data_dir: Path | None = None
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    # Streams older than this are ended with GOAWAY (agents reconnect, possibly to another replica, which
+    # rebalances streams after a scale-up); 0 keeps connections forever.
+    max_connection_age_s: float = 0.0
     readiness_grace_s: float = 15.0
     store_retry_s: float = 1.0
     registry_ttl_s: float = 30.0
@@ -71,6 +74,8 @@ class ControllerConfig:
         if self.loop.output_window < self.policy.min_samples:
             raise ValueError(f"the output window ({self.loop.output_window} completions) must hold at least "
                              f"min_samples ({self.policy.min_samples}), or no decision ever leaves cold start")
+        if not self.max_connection_age_s >= 0:
+            raise ValueError(f"max_connection_age_s must be ≥ 0, got {self.max_connection_age_s}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
         if not self.readiness_grace_s >= 0 or not self.store_retry_s > 0 or not self.registry_ttl_s > 0:
