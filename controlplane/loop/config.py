@@ -19,6 +19,8 @@ class DecisionLoopConfig:
     bucket_s: length of one statistics bucket, seconds (pool statistics are recomputed when one closes).
     max_window_s: no bucket older than this enters a window, seconds.
     engine_ttl_s: a disconnected engine is forgotten (memory, registry, metrics) after this long.
+    snapshot_interval_s / snapshot_ttl_s: how often a pool's window is persisted for a warm start, and how
+      long it is kept; a pool without buckets in force starts from it instead of a cold start.
     """
 
     recompute_completions: int = 256
@@ -31,11 +33,14 @@ class DecisionLoopConfig:
     bucket_s: float = 1.0
     max_window_s: float = 1800.0
     engine_ttl_s: float = 300.0
+    snapshot_interval_s: float = 60.0
+    snapshot_ttl_s: float = 7 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         if self.recompute_completions < 1:
             raise ValueError(f"recompute_completions must be ≥ 1, got {self.recompute_completions}")
-        for name in ("interval_s", "ttl_s", "n_obs_time_constant_s", "bucket_s", "max_window_s", "engine_ttl_s"):
+        for name in ("interval_s", "ttl_s", "n_obs_time_constant_s", "bucket_s", "max_window_s", "engine_ttl_s",
+                     "snapshot_interval_s", "snapshot_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("output_window", "prompt_window", "step_window"):

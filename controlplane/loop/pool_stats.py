@@ -30,6 +30,8 @@ from controlplane.core.types import CostModel
 from controlplane.loop.config import DecisionLoopConfig
 
 _MAGIC = b"CPB1"
+# Replica id of a persisted window seeded at start (warm start).
+SNAPSHOT_REPLICA = "snapshot"
 # Steps of one batch that enter the cost sums (evenly spaced when a batch carries more).
 MAX_STEPS_PER_BATCH = 64
 _HEADER = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
@@ -120,6 +122,7 @@ class PoolStatistics:
         self._open: _OpenBucket | None = None
         self._buckets: dict[int, dict[str, BucketStats]] = {}
         self.estimate: PoolEstimate | None = None
+        self.last_window: BucketStats | None = None
 
     # ---- time ----
 
@@ -177,6 +180,12 @@ class PoolStatistics:
         if replica_id != self.replica_id:
             self._buckets.setdefault(bucket_id, {})[replica_id] = stats
 
+    def seed(self, stats: BucketStats, *, now_s: float) -> None:
+        """Warm start: a persisted window of this pool (`last_window` of an earlier run) stands in as the
+        oldest bucket in force, under replica id SNAPSHOT_REPLICA. Newer buckets take precedence as they
+        fill the window, and it ages out after max_window_s like any bucket."""
+        self._buckets.setdefault(self.estimate_bucket(now_s), {})[SNAPSHOT_REPLICA] = stats
+
     def has_bucket(self, bucket_id: int, replica_id: str) -> bool:
         return replica_id in self._buckets.get(bucket_id, {})
 
@@ -228,6 +237,7 @@ class PoolStatistics:
         end_bucket = self.estimate_bucket(now_s)
         self.close_due(now_s)
         stats, used, replicas = self.window(end_bucket)
+        self.last_window = stats
         fit = None
         if stats.outputs.count and stats.prompt_count:
             fit = fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,

@@ -82,6 +82,8 @@ class PoolRecord:
     refreshed_bucket: int | None = None
     num_connected: int = 0
     num_excluded: int = 0
+    snapshot_checked: bool = False
+    last_snapshot_s: float = float("-inf")
 
 
 class Controller:
@@ -209,6 +211,12 @@ class Controller:
             self._pools[hello.pool_key].num_connected += 1
         record.session = session
         self._update_connected()
+        if self._pools[hello.pool_key].stats.estimate is None:
+            # A pool's first engine on this replica: take in the pool's shared buckets (or its persisted
+            # window) before the first decision, so a pool with history never starts cold.
+            await self.sync_pools(only=hello.pool_key)
+            if record.session is not session:  # taken over while waiting
+                return session
         self._decide(record, self._clock(), force_push=True)
         return session
 
@@ -402,11 +410,14 @@ class Controller:
         self._metrics.forget_engine(engine_id, record.loop.hello.pool_key)
         logger.info("engine %s evicted after %.0f s disconnected", engine_id, self._config.loop.engine_ttl_s)
 
-    async def sync_pools(self, now_s: float | None = None) -> None:
+    async def sync_pools(self, now_s: float | None = None, *, only: str | None = None) -> None:
         """Publish closed buckets, read the other replicas' and refresh each pool's estimate when its end
-        bucket advanced. Store failures leave the estimate on this replica's own buckets."""
+        bucket advanced (every pool, or `only` that one). Store failures leave the estimate on this
+        replica's own buckets."""
         now_s = self._clock() if now_s is None else now_s
         for key, pool in list(self._pools.items()):
+            if only is not None and key != only:
+                continue
             stats = pool.stats
             closed = stats.close_due(now_s)
             if closed is not None:
@@ -414,6 +425,8 @@ class Controller:
             if pool.unpublished:
                 # Publish as soon as a bucket closes: other replicas read it settle_s later.
                 await self._publish_buckets(key, pool)
+            if not pool.snapshot_checked:
+                await self._load_snapshot(key, pool, now_s)
             end_bucket = stats.estimate_bucket(now_s)
             if pool.refreshed_bucket is not None and end_bucket <= pool.refreshed_bucket:
                 continue
@@ -428,6 +441,34 @@ class Controller:
             stats.prune(now_s)
             pool.refreshed_bucket = end_bucket
             self._set_pool_gauges(key, estimate)
+            if (now_s - pool.last_snapshot_s >= self._config.loop.snapshot_interval_s
+                    and estimate.num_samples >= self._config.policy.min_samples and stats.last_window is not None):
+                await self._save_snapshot(key, pool, stats.last_window, now_s)
+
+    async def _load_snapshot(self, key: str, pool: PoolRecord, now_s: float) -> None:
+        """Warm start: seed a pool that has no buckets with its persisted window (once per pool)."""
+        try:
+            payload = await asyncio.wait_for(self._store.get_pool_snapshot(key), timeout=_EXCHANGE_TIMEOUT_S)
+        except (StoreUnavailable, TimeoutError) as exc:
+            self.note_store_failure("pool_snapshot", exc)
+            return
+        pool.snapshot_checked = True
+        if payload is None:
+            return
+        try:
+            pool.stats.seed(BucketStats.from_bytes(payload), now_s=now_s)
+            logger.info("pool %s: warm start from its persisted statistics", key)
+        except ValueError as exc:
+            logger.warning("pool %s: ignoring its persisted statistics: %s", key, exc)
+
+    async def _save_snapshot(self, key: str, pool: PoolRecord, window: BucketStats, now_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._store.put_pool_snapshot(key, window.to_bytes(),
+                                                                 ttl_s=self._config.loop.snapshot_ttl_s),
+                                   timeout=_EXCHANGE_TIMEOUT_S)
+            pool.last_snapshot_s = now_s
+        except (StoreUnavailable, TimeoutError) as exc:
+            self.note_store_failure("pool_snapshot", exc)
 
     async def _publish_buckets(self, key: str, pool: PoolRecord) -> None:
         ttl_s = self._config.loop.max_window_s + 60.0

@@ -24,7 +24,7 @@ from controlplane.core.types import CostModel, EngineLimits, OperatorIntent, Pol
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop, LoopOutcome
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
-from controlplane.loop.pool_stats import PoolStatistics
+from controlplane.loop.pool_stats import BucketStats, PoolStatistics
 from controlplane.sim.engine import SimEngine, SimStep
 
 
@@ -78,13 +78,15 @@ class StaticControl:
 @dataclass(frozen=True, slots=True)
 class OnlineSettings:
     """How the online loop runs: the controller's loop config, the policy config, the operator's intent,
-    the telemetry cadence (seconds of simulated time) and an optional P-PAS budget sweep."""
+    the telemetry cadence (seconds of simulated time), an optional P-PAS budget sweep, and an optional
+    persisted pool window to start from (warm start, as the controller seeds a pool from its snapshot)."""
 
     loop: DecisionLoopConfig = field(default_factory=DecisionLoopConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     intent: OperatorIntent = field(default_factory=OperatorIntent)
     telemetry_interval_s: float = 1.0
     budget_sweep: Sequence[SweepPoint] = ()
+    warm_start: BucketStats | None = None
 
 
 _EMPTY = np.zeros(0)
@@ -130,6 +132,11 @@ class OnlineControl:
                                 budget_sweep=settings.budget_sweep, epoch=0)
         self._pool = PoolStatistics(hello.pool_key, settings.loop, replica_id="twin")
 
+    @property
+    def pool(self) -> PoolStatistics | None:
+        """The pool statistics (its `last_window` is what a warm start of a later run would use)."""
+        return self._pool
+
     def after_step(self, engine: SimEngine, step: SimStep) -> None:
         finished = step.finished
         if finished.size:
@@ -162,6 +169,9 @@ class OnlineControl:
         loop, pool = self._loop, self._pool
         if loop is None or pool is None:
             raise RuntimeError("OnlineControl.start() was not called")
+        if self._settings.warm_start is not None and pool.estimate is None:
+            pool.seed(self._settings.warm_start, now_s=now_s)
+            pool.refresh(now_s, calibration=self._costs)
         self.num_decisions += 1
         return loop.decide(pool.estimate, intent=self._settings.intent, now_s=now_s, force_push=True)
 

@@ -182,3 +182,22 @@ async def test_the_twin_and_the_controller_decide_the_same_sequence_on_one_strea
 @pytest.fixture(autouse=True)
 def _no_leaked_tasks():
     yield
+
+
+async def test_a_pool_warm_starts_from_its_persisted_statistics(redis_url: str) -> None:
+    loop = DecisionLoopConfig(recompute_completions=200, interval_s=0.3, ttl_s=30.0, max_window_s=4.0,
+                              snapshot_interval_s=0.5)
+    config = make_config(redis_url, loop=loop)
+    async with running_controller(config) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        await operator_stub(channel).PutCalibration(
+            operator_pb2.PutCalibrationRequest(calibration=calibration_for(POOL)))
+        agent, decision = await warm_engine(channel, "engine-w", POOL, seed=12)
+        assert decision.mode == common_pb2.MODE_EB
+        await asyncio.sleep(1.5)  # a snapshot is written
+        await agent.close()
+    await asyncio.sleep(loop.max_window_s + 2.0)  # every bucket is now too old to enter a window
+    async with running_controller(config) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        agent = await AgentStream(channel, "engine-new", POOL).open()
+        first = await agent.next_decision()  # the very first decision is data-driven
+        assert first.mode == common_pb2.MODE_EB and first.diagnostics.num_samples >= 2000
+        await agent.close()

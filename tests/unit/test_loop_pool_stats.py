@@ -111,3 +111,22 @@ def test_cost_sums_recover_a_known_model_and_keep_stalls_out() -> None:
     assert restored.fit() == sums.fit()
     with pytest.raises(ValueError):
         CostSums.from_array(np.array([np.nan] * sums.to_array().size))
+
+
+def test_a_seeded_window_warm_starts_a_pool_and_newer_buckets_take_over() -> None:
+    rng = np.random.default_rng(5)
+    earlier = PoolStatistics("m|a", CONFIG, replica_id="r0")
+    prompts, outputs = _window(rng, "geometric", 4096)
+    earlier.add(10.2, prompts=prompts, outputs=outputs, steps=None)
+    earlier.refresh(13.0, calibration=COSTS)
+    snapshot = BucketStats.from_bytes(earlier.last_window.to_bytes())
+    fresh = PoolStatistics("m|a", CONFIG, replica_id="r1")
+    fresh.seed(snapshot, now_s=5000.0)
+    warm = fresh.refresh(5000.0, calibration=COSTS)
+    assert warm.num_samples == 4096 and warm.fit.stats == earlier.estimate.fit.stats
+    # New data in newer buckets replaces the snapshot once it fills the window.
+    for second in range(4):
+        p, o = _window(rng, "uniform", 1100)
+        fresh.add(5000.2 + second, prompts=p, outputs=o, steps=None)
+    later = fresh.refresh(5006.0, calibration=COSTS)
+    assert later.num_samples == 4400  # the four new buckets alone: the snapshot no longer counts
