@@ -81,16 +81,38 @@ def min_budget_tokens(max_num_batched_tokens: int) -> int:
     return max(1, min(int(max_num_batched_tokens), MIN_BUDGET_TOKENS))
 
 
+def _check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {bounded(value)}")
+    return value
+
+
 def compose_version(epoch: int, sequence: int) -> int:
-    """epoch · 10^9 + sequence; raises ValueError outside 0 ≤ sequence < 10^9 or beyond uint64."""
-    if epoch < 0 or not 0 <= sequence < VERSION_EPOCH_FACTOR:
-        raise ValueError(f"version parts out of range: epoch={epoch} sequence={sequence}")
+    """The version of decision `sequence` in `epoch`: epoch · 10^9 + sequence.
+
+    Raises:
+        ValueError: for a negative epoch, a sequence outside [0, 10^9), a non-int argument, or a version
+            above 2^64 − 1 (uint64 overflow).
+    """
+    _check_int("epoch", epoch)
+    _check_int("sequence", sequence)
+    if epoch < 0:
+        raise ValueError(f"epoch must not be negative, got {epoch}")
+    if not 0 <= sequence < VERSION_EPOCH_FACTOR:
+        raise ValueError(f"sequence must be in [0, {VERSION_EPOCH_FACTOR}), got {sequence}: take a new epoch")
     version = epoch * VERSION_EPOCH_FACTOR + sequence
     if version > UINT64_MAX:
-        raise ValueError(f"version {version} exceeds uint64")
+        raise ValueError(f"epoch {epoch} with sequence {sequence} gives version {version}, above uint64")
     return version
 
 
 def split_version(version: int) -> tuple[int, int]:
-    """(epoch, sequence) of a version."""
-    return divmod(int(version), VERSION_EPOCH_FACTOR)
+    """(epoch, sequence) of a version: the inverse of `compose_version`.
+
+    Raises:
+        ValueError: for a non-int, negative or above-uint64 version.
+    """
+    _check_int("version", version)
+    if not 0 <= version <= UINT64_MAX:
+        raise ValueError(f"version must be in [0, {UINT64_MAX}] (uint64), got {version}")
+    return divmod(version, VERSION_EPOCH_FACTOR)

@@ -90,12 +90,12 @@ def test_versions_compose_and_split() -> None:
 
 @pytest.mark.parametrize(("epoch", "seq", "message"), [
     (-1, 0, "epoch must not be negative"),
-    (1, -1, r"seq must be in \[0, 1000000000\)"),
-    (1, SEQUENCE_LIMIT, r"seq must be in \[0, 1000000000\)"),
+    (1, -1, r"sequence must be in \[0, 1000000000\)"),
+    (1, SEQUENCE_LIMIT, r"sequence must be in \[0, 1000000000\)"),
     (MAX_EPOCH, MAX_VERSION % SEQUENCE_LIMIT + 1, "above uint64"),
     (MAX_EPOCH + 1, 0, "above uint64"),
     (1.5, 0, "epoch must be an int"),
-    (1, True, "seq must be an int"),
+    (1, True, "sequence must be an int"),
 ])
 def test_out_of_range_version_parts_are_refused(epoch: object, seq: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
