@@ -3,18 +3,20 @@
 One span `controlplane.decide` per decision, with an attribute for every input and term; one span
 `controlplane.override` per override change. The agent's W3C trace context (traceparent) becomes the
 parent when present. The tracer provider is built from explicit settings (the entry point reads the
-standard OTEL_* variables); with no exporter configured nothing is exported.
+standard OTEL_* variables, `tracing_settings_from_env`) with the SDK's own exporters; with no exporter
+configured nothing is exported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from controlplane.core.types import Decision
@@ -24,42 +26,63 @@ OVERRIDE_SPAN = "controlplane.override"
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
+_EXPORTER_GROUP = "opentelemetry_traces_exporter"
+
+
 @dataclass(frozen=True, slots=True)
 class TracingSettings:
-    """otlp_endpoint: where to export spans (OTLP/gRPC); empty means no export."""
+    """exporters: names of the OpenTelemetry SDK's span exporters (the `opentelemetry_traces_exporter`
+    entry points: "otlp"/"otlp_proto_grpc", "otlp_proto_http", "console"); empty means no export. Each
+    exporter reads its own standard variables (endpoint, headers, TLS, timeout, compression)."""
 
     service_name: str = "vllm-controlplane"
-    otlp_endpoint: str = ""
-    otlp_insecure: bool = True
+    exporters: tuple[str, ...] = ()
 
 
 def tracing_settings_from_env(env: Mapping[str, str]) -> TracingSettings:
-    """Read the standard variables: OTEL_TRACES_EXPORTER (otlp|none), OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT,
-    OTEL_SERVICE_NAME. Export happens only when an endpoint is set and the exporter is not "none"."""
-    exporter = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    """OTEL_TRACES_EXPORTER as the SDK reads it: a comma-separated list of exporter names, "none" for none.
+
+    Unset, it means "otlp" when an OTLP endpoint is configured (OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT) and
+    nothing otherwise: the controller exports nothing unless asked. "otlp" follows
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL / OTEL_EXPORTER_OTLP_PROTOCOL ("grpc", the default, or
+    "http/protobuf"). OTEL_SERVICE_NAME names the service.
+
+    Raises:
+        ValueError: for an exporter name the installed SDK does not provide, or an unknown protocol.
+    """
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    if exporter == "none":
-        endpoint = ""
-    return TracingSettings(
-        service_name=env.get("OTEL_SERVICE_NAME", "vllm-controlplane"),
-        otlp_endpoint=endpoint,
-        otlp_insecure=env.get("OTEL_EXPORTER_OTLP_INSECURE", "true").lower() != "false",
-    )
+    raw = env.get("OTEL_TRACES_EXPORTER", "otlp" if endpoint else "none")
+    names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+    if "none" in names:
+        names = []
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "grpc").strip().lower()
+    if protocol not in ("grpc", "http/protobuf"):
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: expected grpc or http/protobuf, got {protocol!r}")
+    resolved = []
+    available = {e.name for e in entry_points(group=_EXPORTER_GROUP)}
+    for name in names:
+        if name == "otlp":
+            name = "otlp_proto_http" if protocol == "http/protobuf" else "otlp_proto_grpc"
+        if name not in available:
+            raise ValueError(f"OTEL_TRACES_EXPORTER: no span exporter {name!r} is installed "
+                             f"(available: {', '.join(sorted(available))})")
+        resolved.append(name)
+    return TracingSettings(service_name=env.get("OTEL_SERVICE_NAME", "vllm-controlplane"),
+                           exporters=tuple(dict.fromkeys(resolved)))
 
 
 def create_tracer_provider(settings: TracingSettings, *, exporter: SpanExporter | None = None) -> TracerProvider:
-    """A provider for the controller. `exporter` (e.g. the SDK's in-memory exporter in tests) wins over OTLP."""
+    """A provider for the controller. `exporter` (e.g. the SDK's in-memory exporter in tests) replaces the
+    configured exporters; each configured exporter is the SDK's own class, built with no arguments so it
+    reads its standard environment variables itself."""
     provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
     if exporter is not None:
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    elif settings.otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint, insecure=settings.otlp_insecure))
-        )
+        return provider
+    for name in settings.exporters:
+        (point,) = entry_points(group=_EXPORTER_GROUP, name=name)
+        provider.add_span_processor(BatchSpanProcessor(point.load()()))
     return provider
 
 
