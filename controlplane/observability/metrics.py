@@ -7,6 +7,8 @@ Numeric codes: `cp_engine_mode` is 1 = MB, 2 = EB, 3 = PASSTHROUGH (0: no decisi
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 ENGINE_LABELS = ("engine_id", "pool")
@@ -98,10 +100,8 @@ class ControllerMetrics:
         """Remove an evicted engine's series (keeps the label set bounded)."""
         for gauge in (self.engine_mode, self.engine_k, self.engine_n, self.engine_budget_max, self.engine_budget_cap,
                       self.engine_delta, self.engine_version, self.engine_acked_version, self.engine_telemetry_age):
-            try:
+            with contextlib.suppress(KeyError):
                 gauge.remove(engine_id, pool)
-            except KeyError:
-                pass
 
     def serve(self, port: int, *, addr: str = "127.0.0.1") -> None:
         """Expose /metrics on addr:port (a daemon thread)."""

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from controlplane.observability.tracing import create_tracer_provider, tracing_settings_from_env
+from controlplane.observability.tracing import tracing_settings_from_env
 
 
 def test_nothing_is_exported_unless_asked() -> None:
