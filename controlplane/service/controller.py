@@ -13,6 +13,7 @@ overrides are the exception and fail loudly (StoreUnavailable).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -45,6 +46,7 @@ _OUTLIER_RATIO = 2.0
 _MIN_POOL_ENGINES_FOR_OUTLIERS = 3
 _STALE_AFTER_S = 30.0
 _WATCH_QUEUE = 10_000
+_GAUGE_PERIOD_S = 1.0
 _RECENT_BUCKETS_REFETCHED = 3
 # A slow store must not hold a pool's estimate back: refresh from this replica's own buckets instead.
 _EXCHANGE_TIMEOUT_S = 0.5
@@ -72,6 +74,7 @@ class EngineRecord:
     disconnected_at_s: float = 0.0
     block_count: int = 0
     block_sum_tokens: float = 0.0
+    age_gauge: object | None = None  # the engine's telemetry-age gauge child, resolved once
 
 
 @dataclass(eq=False)
@@ -82,7 +85,7 @@ class PoolRecord:
     refreshed_bucket: int | None = None
     num_connected: int = 0
     num_excluded: int = 0
-    snapshot_checked: bool = False
+    first_sync: asyncio.Future | None = None
     last_snapshot_s: float = float("-inf")
 
 
@@ -105,6 +108,7 @@ class Controller:
         self.writer = DecisionWriter(store, on_failure=self.note_store_failure, on_success=self._store_ok)
         self.store_down_since_s: float | None = None
         self.store_answered = False
+        self._gauges_at_s = float("-inf")
         # Label children resolved once: the ingest path runs ~1,000 times per second per 1,000 engines.
         self._batches_accepted = metrics.batches.labels(result="accepted")
         self._completions_accepted = metrics.events.labels(kind="completion", result="accepted")
@@ -211,10 +215,15 @@ class Controller:
             self._pools[hello.pool_key].num_connected += 1
         record.session = session
         self._update_connected()
-        if self._pools[hello.pool_key].stats.estimate is None:
-            # A pool's first engine on this replica: take in the pool's shared buckets (or its persisted
-            # window) before the first decision, so a pool with history never starts cold.
-            await self.sync_pools(only=hello.pool_key)
+        pool = self._pools[hello.pool_key]
+        if pool.stats.estimate is None:
+            # A pool's first engines on this replica: take in the pool's shared buckets (or its persisted
+            # window) before the first decision, so a pool with history never starts cold. One sync per
+            # pool, however many engines connect at once.
+            if pool.first_sync is None:
+                pool.first_sync = asyncio.ensure_future(self._warm_pool(hello.pool_key, pool))
+            with contextlib.suppress(TimeoutError, StoreUnavailable):
+                await asyncio.wait_for(asyncio.shield(pool.first_sync), timeout=2 * _EXCHANGE_TIMEOUT_S)
             if record.session is not session:  # taken over while waiting
                 return session
         self._decide(record, self._clock(), force_push=True)
@@ -382,8 +391,14 @@ class Controller:
     # ---- the scheduler's work ----
 
     def tick(self, now_s: float | None = None) -> None:
-        """Keep-alives, interval recomputes, bucket closes and evictions (called by one scheduler task)."""
+        """Keep-alives, interval recomputes, bucket closes and evictions (called by one scheduler task).
+
+        Per-engine gauges (telemetry age, stale engines) are refreshed at most once per _GAUGE_PERIOD_S.
+        """
         now_s = self._clock() if now_s is None else now_s
+        gauges = now_s - self._gauges_at_s >= _GAUGE_PERIOD_S
+        if gauges:
+            self._gauges_at_s = now_s
         stale = 0
         for engine_id, record in list(self._engines.items()):
             loop = record.loop
@@ -395,15 +410,19 @@ class Controller:
                 self._decide(record, now_s)
             elif loop.keepalive_due(now_s):
                 self._push(record, loop.current, now_s)
-            age = now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0
-            self._metrics.engine_telemetry_age.labels(engine_id, loop.hello.pool_key).set(age)
-            stale += int(age > _STALE_AFTER_S)
-        self._metrics.stale_engines.set(stale)
+            if gauges:
+                age = now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0
+                if record.age_gauge is None:
+                    record.age_gauge = self._metrics.engine_telemetry_age.labels(engine_id, loop.hello.pool_key)
+                record.age_gauge.set(age)
+                stale += int(age > _STALE_AFTER_S)
+        if gauges:
+            self._metrics.stale_engines.set(stale)
+            self._metrics.store_pending_writes.set(self.writer.num_pending)
         for pool in self._pools.values():
             closed = pool.stats.close_due(now_s)
             if closed is not None:
                 pool.unpublished.append((closed[1], closed[0]))
-        self._metrics.store_pending_writes.set(self.writer.num_pending)
 
     def _evict(self, engine_id: str, record: EngineRecord) -> None:
         del self._engines[engine_id]
@@ -425,8 +444,6 @@ class Controller:
             if pool.unpublished:
                 # Publish as soon as a bucket closes: other replicas read it settle_s later.
                 await self._publish_buckets(key, pool)
-            if not pool.snapshot_checked:
-                await self._load_snapshot(key, pool, now_s)
             end_bucket = stats.estimate_bucket(now_s)
             if pool.refreshed_bucket is not None and end_bucket <= pool.refreshed_bucket:
                 continue
@@ -445,14 +462,19 @@ class Controller:
                     and estimate.num_samples >= self._config.policy.min_samples and stats.last_window is not None):
                 await self._save_snapshot(key, pool, stats.last_window, now_s)
 
+    async def _warm_pool(self, key: str, pool: PoolRecord) -> None:
+        """A pool new on this replica: seed it with its persisted window, then take in the shared buckets."""
+        await self._load_snapshot(key, pool, self._clock())
+        pool.refreshed_bucket = None
+        await self.sync_pools(only=key)
+
     async def _load_snapshot(self, key: str, pool: PoolRecord, now_s: float) -> None:
-        """Warm start: seed a pool that has no buckets with its persisted window (once per pool)."""
+        """Warm start: seed a new pool with its persisted window (tried once per pool, when it appears)."""
         try:
             payload = await asyncio.wait_for(self._store.get_pool_snapshot(key), timeout=_EXCHANGE_TIMEOUT_S)
         except (StoreUnavailable, TimeoutError) as exc:
             self.note_store_failure("pool_snapshot", exc)
             return
-        pool.snapshot_checked = True
         if payload is None:
             return
         try:
