@@ -175,7 +175,11 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
     finish = np.asarray(c.finish_time_s, dtype=np.float64)
     aborted = np.asarray(c.aborted, dtype=bool)
     good = ~aborted & (prompts >= 1) & (outputs >= 1) & np.isfinite(finish) & (prompts + outputs <= max_len)
-    dropped = int(np.count_nonzero(~aborted & ~good))
+    num_good = int(np.count_nonzero(good))
+    num_aborted = int(np.count_nonzero(aborted))
+    dropped = prompts.size - num_good - num_aborted
+    if num_good < prompts.size:
+        prompts, outputs = prompts[good], outputs[good]
 
     prefill = np.asarray(s.prefill_tokens, dtype=np.float64)
     decode_tok = np.asarray(s.decode_tokens, dtype=np.float64)
@@ -185,7 +189,11 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
     good_steps = np.isfinite(duration) & (duration > 0) & (duration <= MAX_STEP_DURATION_S) & (tokens > 0)
     good_steps &= (decode_req <= decode_tok) & (tokens <= limits.max_num_batched_tokens)
     good_steps &= decode_req <= limits.max_num_seqs
-    dropped += int(np.count_nonzero(~good_steps))
+    num_good_steps = int(np.count_nonzero(good_steps))
+    dropped += duration.size - num_good_steps
+    if num_good_steps < duration.size:  # the common case keeps every step and skips the copies
+        prefill, decode_tok = prefill[good_steps], decode_tok[good_steps]
+        decode_req, duration = decode_req[good_steps], duration[good_steps]
 
     scheduler = batch.scheduler
     num_running: int | None = scheduler.num_running_prefills + scheduler.num_running_decodes
@@ -197,13 +205,13 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
         run_lengths, run_counts, dropped = _EMPTY.astype(np.int64), _EMPTY.astype(np.int64), dropped + 1
     return ValidatedBatch(
         seq=batch.seq,
-        prompt_tokens=prompts[good] if prompts.size else _EMPTY,
-        output_tokens=outputs[good] if outputs.size else _EMPTY,
-        prefill_tokens=prefill[good_steps] if prefill.size else _EMPTY,
-        decode_tokens=decode_tok[good_steps] if prefill.size else _EMPTY,
-        decode_requests=decode_req[good_steps] if prefill.size else _EMPTY,
-        duration_s=duration[good_steps] if prefill.size else _EMPTY,
-        num_aborted=int(np.count_nonzero(aborted)),
+        prompt_tokens=prompts,
+        output_tokens=outputs,
+        prefill_tokens=prefill,
+        decode_tokens=decode_tok,
+        decode_requests=decode_req,
+        duration_s=duration,
+        num_aborted=num_aborted,
         num_dropped=dropped,
         kv_used_tokens=batch.kv_used_tokens,
         kv_total_tokens=batch.kv_total_tokens,

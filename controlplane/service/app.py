@@ -3,7 +3,7 @@
 start(): Redis (embedded redis-server in data_dir, or the given URL), restore overrides, calibrations
 and decisions, start the gRPC server (agent and operator services, health checking, reflection, auth
 and TLS) and the supervised background tasks:
-- scheduler: every `tick_s`, keep-alives, interval recomputes, bucket closes, evictions
+- scheduler: every 0.25 s, keep-alives, interval recomputes, bucket closes, evictions
   (`Controller.tick`: never waits on the store);
 - pools: pool estimate refreshes with the replicas' shared buckets (`Controller.sync_pools`);
 - writer: the coalescing, pipelined decision writer;
@@ -46,7 +46,7 @@ SERVICE_NAMES = (
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
     operator_pb2.DESCRIPTOR.services_by_name["OperatorService"].full_name,
 )
-_TICK_S = 0.1
+_TICK_S = 0.25
 _FAILURE_MEMORY_S = 10.0
 _RESTART_DELAY_S = 0.5
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
