@@ -47,6 +47,8 @@ SERVICE_NAMES = (
     operator_pb2.DESCRIPTOR.services_by_name["OperatorService"].full_name,
 )
 _TICK_S = 0.25
+# Pool buckets are published within this of closing (replicas read each other's 0.5 s after a close).
+_POOL_TICK_S = 0.1
 _FAILURE_MEMORY_S = 10.0
 _RESTART_DELAY_S = 0.5
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -161,7 +163,7 @@ class ControllerApp:
             return
         while True:
             await self.controller.sync_pools()
-            await asyncio.sleep(_TICK_S)
+            await asyncio.sleep(_POOL_TICK_S)
 
     async def _store_loop(self) -> None:
         """Supervise the store: ping, restart a dead embedded server, refresh the registry, readiness."""
