@@ -4,8 +4,18 @@ It sends Hello, then a TelemetryBatch every batch interval (an empty one is the 
 engine runs no scheduler code, so the link never depends on engine steps). Each Decision received is
 handed to the `on_decision` callback in this thread (the runtime validates it and holds it for the next
 step boundary under a short lock) and ACKed at once with the callback's verdict, so an idle engine
-still answers. A failed stream is retried with exponential backoff and jitter. Nothing here ever
-blocks the scheduler thread.
+still answers. Nothing here ever blocks the scheduler thread.
+
+Reconnects: a failed stream is retried after a delay that doubles from `backoff_initial_s` up to
+`backoff_max_s` (default 0.1 s → 1 s), each wait drawn uniformly in [delay/2, delay] (jitter, so a fleet
+does not reconnect in lockstep after a controller restart). The cap keeps the agent back on the controller's
+decision within about a second of the controller being reachable again; a refused connection costs the
+controller nothing. The first failure of a streak is logged at WARNING with the real wait, repeats at DEBUG.
+
+Fencing (Hello.instance_id / instance_started_at_s): the controller closes a stream superseded by a newer
+one of the same engine id with ABORTED, and refuses a stream of an older instance with ALREADY_EXISTS. Both
+are logged as such; the link keeps reconnecting with the normal backoff (the controller decides who holds
+the id).
 """
 
 from __future__ import annotations
@@ -38,9 +48,11 @@ class ControllerLink:
         on_decision: Callable[[common_pb2.Decision, float], tuple[bool, str]],
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
-        backoff_initial_s: float = 0.2,
-        backoff_max_s: float = 10.0,
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 1.0,
     ) -> None:
+        if not 0.0 < backoff_initial_s <= backoff_max_s:
+            raise ValueError(f"need 0 < backoff_initial_s ≤ backoff_max_s, got {backoff_initial_s}, {backoff_max_s}")
         self._config = config
         self._hello = hello
         self._recorder = recorder
@@ -86,23 +98,46 @@ class ControllerLink:
 
     def _run(self) -> None:
         delay_s = self._backoff_initial_s
+        last_code: object = None
         while not self._stop.is_set():
             heard_before = self.last_heard_s
+            code: object = None
+            details = ""
             try:
                 self._stream()
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code == grpc.StatusCode.CANCELLED and self._stop.is_set():
                     break
-                logger.warning("controller stream failed (%s); retrying in about %.1f s", code, delay_s)
+                details = exc.details() if hasattr(exc, "details") else ""
             except Exception:  # the link must never take the engine down
-                logger.exception("controller link error; retrying")
+                logger.exception("controller link error; reconnecting")
+                code, details = "error", ""
             self.connected = False
             if self.last_heard_s > heard_before:
                 delay_s = self._backoff_initial_s  # the stream had worked: start backoff afresh
-            self._stop.wait(delay_s * random.uniform(0.5, 1.5))
+                last_code = None
+            wait_s = delay_s * random.uniform(0.5, 1.0)
+            if code != "error":
+                self._log_stream_end(code, details, wait_s, repeated=code == last_code)
+            last_code = code
+            self._stop.wait(wait_s)
             delay_s = min(self._backoff_max_s, delay_s * 2.0)
             self.num_reconnects += 1
+
+    def _log_stream_end(self, code: object, details: str, wait_s: float, *, repeated: bool) -> None:
+        level = logging.DEBUG if repeated else logging.WARNING
+        engine_id = self._config.engine_id
+        if code == grpc.StatusCode.ABORTED:
+            logger.log(level, "controller closed the stream of engine %s: superseded by a newer stream of the same "
+                       "engine id (%s); reconnecting in %.2f s", engine_id, details, wait_s)
+        elif code == grpc.StatusCode.ALREADY_EXISTS:
+            logger.log(level, "controller refused the stream of engine %s: another agent instance holds this engine "
+                       "id (%s); reconnecting in %.2f s", engine_id, details, wait_s)
+        elif code is None:
+            logger.log(level, "controller ended the stream of engine %s; reconnecting in %.2f s", engine_id, wait_s)
+        else:
+            logger.log(level, "controller stream failed (%s: %s); reconnecting in %.2f s", code, details, wait_s)
 
     def _stream(self) -> None:
         metadata = (("authorization", f"Bearer {self._config.token}"),) if self._config.token else ()
@@ -160,5 +195,7 @@ class ControllerLink:
                                                num_running_decodes=s.num_running_decodes, num_waiting=s.num_waiting,
                                                largest_remaining_prefill_tokens=s.largest_remaining_prefill_tokens),
             counters=agent_pb2.Counters(num_preemptions=s.num_preemptions, num_events_dropped=s.num_events_dropped),
+            running=agent_pb2.RunningLengths(output_tokens=s.running_output_tokens,
+                                             num_requests=s.running_num_requests),
             sent_at_s=self._wall_clock(),
         )

@@ -70,12 +70,14 @@ class TelemetrySnapshot:
     largest_remaining_prefill_tokens: int
     num_preemptions: int
     num_events_dropped: int
+    running_output_tokens: list[int]
+    running_num_requests: list[int]
 
 
 class TelemetryRecorder:
     """Thread-safe single-producer (scheduler) / single-consumer (link) telemetry buffer."""
 
-    __slots__ = ("_completions", "_gauges", "_lock", "_steps", "num_preemptions")
+    __slots__ = ("_completions", "_gauges", "_lock", "_running", "_steps", "num_preemptions")
 
     def __init__(self, *, capacity: int = 65536) -> None:
         if capacity < 1:
@@ -84,6 +86,7 @@ class TelemetryRecorder:
         self._completions = _Ring(capacity, 4)
         self._steps = _Ring(capacity, 4)
         self._gauges = (0, 0, 0, 0, 0, 0)
+        self._running: tuple[list[int], list[int]] | None = None
         self.num_preemptions = 0
 
     def record_step(self, prefill_tokens: int, decode_tokens: int, decode_requests: int, duration_s: float) -> None:
@@ -99,6 +102,12 @@ class TelemetryRecorder:
         """Latest engine state (a tuple swap: atomic under the GIL, no lock needed)."""
         self._gauges = (kv_used_tokens, kv_total_tokens, num_running_prefills, num_running_decodes, num_waiting,
                         largest_remaining_prefill_tokens)
+
+    def set_running_lengths(self, output_tokens: list[int], num_requests: list[int]) -> None:
+        """The running requests' output-length histogram (see agents.running_lengths), handed over whole;
+        it replaces one not drained yet. The next `drain` takes it, so it is sent once."""
+        with self._lock:
+            self._running = (output_tokens, num_requests)
 
     def add_preemptions(self, count: int) -> None:
         self.num_preemptions += count
@@ -117,11 +126,14 @@ class TelemetryRecorder:
             prompts, outputs, finish, aborted = self._completions.take()
             prefill, decode_tok, decode_req, duration = self._steps.take()
             dropped = self.num_dropped
+            running, self._running = self._running, None
         kv_used, kv_total, running_prefills, running_decodes, waiting, largest = self._gauges
+        running_tokens, running_counts = running if running is not None else ([], [])
         return TelemetrySnapshot(
             prompt_tokens=prompts, output_tokens=outputs, finish_time_s=finish, aborted=[bool(a) for a in aborted],
             prefill_tokens=prefill, decode_tokens=decode_tok, decode_requests=decode_req, duration_s=duration,
             kv_used_tokens=kv_used, kv_total_tokens=kv_total, num_running_prefills=running_prefills,
             num_running_decodes=running_decodes, num_waiting=waiting, largest_remaining_prefill_tokens=largest,
             num_preemptions=self.num_preemptions, num_events_dropped=dropped,
+            running_output_tokens=running_tokens, running_num_requests=running_counts,
         )

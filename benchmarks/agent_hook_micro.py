@@ -29,13 +29,16 @@ STEPS = 20_000
 
 
 class _Request:
-    __slots__ = ("is_prefill_chunk", "next_decode_eligible_step", "num_computed_tokens", "num_prompt_tokens")
+    __slots__ = ("is_prefill_chunk", "next_decode_eligible_step", "num_computed_tokens", "num_output_tokens",
+                 "num_prompt_tokens", "request_id")
 
-    def __init__(self) -> None:
+    def __init__(self, request_id: str = "prefill") -> None:
+        self.request_id = request_id
         self.is_prefill_chunk = False
         self.next_decode_eligible_step = 0
         self.num_prompt_tokens = 300
         self.num_computed_tokens = 400
+        self.num_output_tokens = 100
 
 
 class _BlockPool:
@@ -78,14 +81,15 @@ def main() -> None:
         medians = []
         for batch in batches:
             scheduler = _scheduler(batch)
-            runtime = AgentRuntime(scheduler, config, env={})
+            runtime = AgentRuntime(scheduler, config)
             runtime.link.stop(timeout_s=0.5)
             runtime.enforcer.apply(common_pb2.Decision(
                 version=1, mode=mode, k=8, n=512, ttl_s=1e9,
                 budget=common_pb2.BudgetPolicy(b_max_tokens=4096, b_cap_tokens=2048, n_th=2)), now_s=time.monotonic())
             output = types.SimpleNamespace(num_scheduled_tokens={str(i): 1 for i in range(batch)},
                                            total_num_scheduled_tokens=batch + 500, preempted_req_ids=set(),
-                                           scheduled_new_reqs=[], scheduled_cached_reqs=None)
+                                           scheduled_new_reqs=[],
+                                           scheduled_cached_reqs=types.SimpleNamespace(resumed_req_ids=set()))
             medians.append(_measure(runtime, scheduler, output))
         slope, intercept = np.polyfit(batches, medians, 1)
         print(f"{name:<12}" + "".join(f"{m:>12.2f}" for m in medians) + f"{slope:>12.4f}{intercept:>10.2f}"

@@ -3,7 +3,7 @@
 PURE: no I/O, no clock reads (time is passed in), no grpc/vllm/asyncio/threading imports, no allocation
 proportional to the batch. Imports nothing of controlplane but the generated `controlplane.api`.
 
-- `policy`   EnforcedPolicy, policy_from_decision (validation, budgets only lowered), stock_policy
+- `policy`   EnforcedPolicy, policy_from_decision (validation, budgets only lowered, budget floor), stock_policy
 - `budget`   the P-PAS(+) per-step token budget rule
 - `phase`    the EB phase machine (decode-only / prefill-only steps, threshold k, cap N, KV gate)
 - `plan`     StepPlan / StepKind: the per-step instruction for the engine adapter
@@ -17,6 +17,7 @@ from agents.enforcement.plan import StepKind, StepPlan
 from agents.enforcement.policy import (
     EnforcedMode,
     EnforcedPolicy,
+    budget_floor_tokens,
     policy_from_decision,
     reject_reason,
     stock_policy,
@@ -31,6 +32,7 @@ __all__ = [
     "PhaseMachine",
     "StepKind",
     "StepPlan",
+    "budget_floor_tokens",
     "policy_from_decision",
     "reject_reason",
     "step_budget_tokens",

@@ -2,7 +2,9 @@
 
 Responsibility: version and TTL bookkeeping of the controller's decisions (fail-static, then fail-safe), and
 the per-step dispatch: MB → stock scheduling under the P-PAS(+) budget and the cap N; EB → the phase machine;
-PASSTHROUGH, advisory decisions and expired decisions → stock vLLM (start-up budget, N = max_num_seqs).
+PASSTHROUGH, advisory decisions and expired decisions → stock vLLM (start-up budget, N = the engine's own
+start-up admission cap: `max_num_active_reqs`, which is max_num_seqs unless `--max-num-active-seqs` lowered it).
+A decision's N is capped by that start-up admission cap too: the agent never admits more than stock would.
 It must not read a clock (time is passed in), do I/O, import grpc/vllm/asyncio/threading, or allocate
 anything proportional to the batch.
 
@@ -54,23 +56,31 @@ class Enforcer:
     """The decision in force on one engine, and its per-step plans (see the module docstring)."""
 
     __slots__ = ("_active", "_dispatch", "_expires_at_s", "_held", "_last_plan", "_machine",
-                 "_max_num_batched_tokens", "_max_num_seqs", "_mb_cap_plan", "_mb_max_plan", "_stock",
-                 "_stock_plan", "_version_floor", "_would_plan")
+                 "_max_num_active_reqs", "_max_num_batched_tokens", "_max_num_seqs", "_mb_cap_plan", "_mb_max_plan",
+                 "_stock", "_stock_plan", "_version_floor", "_would_plan")
 
-    def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_num_active_reqs: int | None = None) -> None:
         """
         Args:
             max_num_seqs: the engine's start-up slots, requests.
             max_num_batched_tokens: the engine's start-up token budget, tokens (the start-up
                 `max_num_scheduled_tokens` when smaller). Budgets are only ever lowered below it.
+            max_num_active_reqs: the engine's own start-up admission cap (vLLM's `max_num_active_reqs`,
+                set by `--max-num-active-seqs`), requests; None: max_num_seqs. Stock plans admit up to it and
+                no decision raises it.
 
         Raises:
             ValueError: a limit below 1.
         """
-        self._stock = stock_policy(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        active_cap = max_num_seqs if max_num_active_reqs is None else min(max_num_active_reqs, max_num_seqs)
+        if active_cap < 1:
+            raise ValueError(f"max_num_active_reqs must be ≥ 1, got {max_num_active_reqs}")
+        self._stock = stock_policy(max_num_seqs=active_cap, max_num_batched_tokens=max_num_batched_tokens)
         self._max_num_seqs = max_num_seqs
+        self._max_num_active_reqs = active_cap
         self._max_num_batched_tokens = max_num_batched_tokens
-        self._stock_plan = StepPlan(_STOCK, max_num_batched_tokens, max_num_seqs, max_num_seqs, max_num_seqs)
+        self._stock_plan = StepPlan(_STOCK, max_num_batched_tokens, active_cap, active_cap, active_cap)
         self._held = self._stock
         self._version_floor = 0
         self._expires_at_s = math.inf
@@ -88,6 +98,11 @@ class Enforcer:
     @property
     def max_num_batched_tokens(self) -> int:
         return self._max_num_batched_tokens
+
+    @property
+    def max_num_active_reqs(self) -> int:
+        """The engine's own start-up admission cap, requests (≤ max_num_seqs): no plan admits beyond it."""
+        return self._max_num_active_reqs
 
     # ------------------------------------------------------------------------------------ link side
 
@@ -128,7 +143,8 @@ class Enforcer:
             self._expires_at_s = now_s + held.ttl_s
             return True, ""
         policy, reason = policy_from_decision(decision, max_num_seqs=self._max_num_seqs,
-                                              max_num_batched_tokens=self._max_num_batched_tokens)
+                                              max_num_batched_tokens=self._max_num_batched_tokens,
+                                              max_num_active_reqs=self._max_num_active_reqs)
         if policy is None:
             return False, reason
         self._version_floor = version

@@ -7,12 +7,24 @@ Rules (budgets are only ever LOWERED: vLLM ignores a budget above its start-up v
 - b_max_tokens = 0 means the start-up budget; b_cap_tokens = 0 means no cap (= b_max). Both are clamped to
   the start-up budget (`max_num_batched_tokens`, or the start-up `max_num_scheduled_tokens` when smaller);
   b_cap is then clamped to b_max.
+- Budget floor: after that resolution, b_max and b_cap must be ≥ `budget_floor_tokens(start-up budget)`
+  = min(start-up budget, 256) (`controlplane.protocol.min_budget_tokens`, the one definition the controller
+  also keeps to), else the decision is refused (`budget_below_floor`). Why: below a few hundred tokens the
+  fixed per-step cost dominates (a 1-token budget ran the CPU engine at 300 steps/s of one token each), and
+  256 tokens keep a prefill chunk a useful size; the start-up budget bounds the floor so that an engine
+  started with a small budget can still take decisions. (A budget below N also stalls the running requests
+  at the tail of the queue within a step; N is the controller's to weigh, not a validity condition.)
+- Admission cap: N is validated against the engine's slots (`max_num_seqs`, else
+  `n_greater_than_max_num_seqs`) and then the cap in force is min(N, the engine's own start-up admission cap
+  `max_num_active_reqs`, i.e. `--max-num-active-seqs`); k is lowered to that cap when above it. A decision
+  never raises the engine's own admission cap.
 - PASSTHROUGH decisions are not checked for k, n or the budget (they are ignored: stock behaviour).
 - An advisory decision is validated like any other and yields a policy flagged `advisory`: the engine keeps
   stock behaviour and only reports what the policy would do.
 - Reject reasons are string codes (they travel in DecisionAck.reject_reason): mode_unspecified, mode_unknown,
-  n_zero, n_greater_than_max_num_seqs, k_zero, k_greater_than_n, b_cap_greater_than_b_max, ttl_invalid.
-  Versions are checked by the `Enforcer`, which knows the version it holds (stale_version).
+  n_zero, n_greater_than_max_num_seqs, k_zero, k_greater_than_n, b_cap_greater_than_b_max, ttl_invalid,
+  budget_below_floor. Versions are checked by the `Enforcer`, which knows the version it holds
+  (stale_version).
 
 Pure: no I/O, no clock. Built once per decision, never on the per-step path.
 """
@@ -25,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from agents.enforcement.budget import BudgetRule
 from controlplane.api.v1 import common_pb2
+from controlplane.protocol import min_budget_tokens
 
 
 class EnforcedMode(enum.Enum):
@@ -92,11 +105,18 @@ def stock_policy(*, max_num_seqs: int, max_num_batched_tokens: int, version: int
                           version=version, ttl_s=ttl_s)
 
 
-def reject_reason(decision: common_pb2.Decision, *, max_num_seqs: int) -> str:
+def budget_floor_tokens(*, max_num_batched_tokens: int) -> int:
+    """The smallest b_max/b_cap an engine with this start-up budget accepts, tokens: min(start-up, 256)."""
+    return min_budget_tokens(max_num_batched_tokens)
+
+
+def reject_reason(decision: common_pb2.Decision, *, max_num_seqs: int,
+                  max_num_batched_tokens: int | None = None) -> str:
     """Why `decision` cannot be held by an engine with `max_num_seqs` slots; "" when it can.
 
-    Checked in this order: mode, ttl, then (not for PASSTHROUGH) n, k and the budget ordering. Advisory
-    decisions are checked like the others. Versions are not checked here (see `Enforcer.apply`).
+    Checked in this order: mode, ttl, then (not for PASSTHROUGH) n, k, the budget ordering and, when
+    `max_num_batched_tokens` is given, the budget floor (see the module docstring). Advisory decisions are
+    checked like the others. Versions are not checked here (see `Enforcer.apply`).
     """
     mode = _MODE_FROM_PROTO.get(decision.mode)
     if mode is None:
@@ -116,11 +136,15 @@ def reject_reason(decision: common_pb2.Decision, *, max_num_seqs: int) -> str:
     budget = decision.budget
     if budget.b_max_tokens and budget.b_cap_tokens > budget.b_max_tokens:
         return "b_cap_greater_than_b_max"
+    if max_num_batched_tokens is not None:
+        _, b_cap = _resolved_budgets(budget, max_num_batched_tokens)
+        if b_cap < budget_floor_tokens(max_num_batched_tokens=max_num_batched_tokens):
+            return "budget_below_floor"
     return ""
 
 
-def policy_from_decision(decision: common_pb2.Decision, *, max_num_seqs: int,
-                         max_num_batched_tokens: int) -> tuple[EnforcedPolicy | None, str]:
+def policy_from_decision(decision: common_pb2.Decision, *, max_num_seqs: int, max_num_batched_tokens: int,
+                         max_num_active_reqs: int | None = None) -> tuple[EnforcedPolicy | None, str]:
     """Validate `decision` and convert it into the policy an engine with these start-up limits enforces.
 
     Args:
@@ -128,6 +152,8 @@ def policy_from_decision(decision: common_pb2.Decision, *, max_num_seqs: int,
         max_num_seqs: the engine's slots (start-up `max_num_seqs`), requests.
         max_num_batched_tokens: the engine's start-up token budget, tokens (pass the start-up
             `max_num_scheduled_tokens` when it is smaller, e.g. with speculative decoding).
+        max_num_active_reqs: the engine's own start-up admission cap (`--max-num-active-seqs`), requests;
+            None: max_num_seqs. The policy's N is min(decision.n, this), its k at most that N.
 
     Returns:
         (policy, "") or (None, reject_reason) with a code from `reject_reason`. Never raises for any decision.
@@ -136,22 +162,31 @@ def policy_from_decision(decision: common_pb2.Decision, *, max_num_seqs: int,
         ValueError: a limit below 1 (a programming error of the caller, not a bad decision).
     """
     _check_limits(max_num_seqs, max_num_batched_tokens)
-    reason = reject_reason(decision, max_num_seqs=max_num_seqs)
+    active_cap = max_num_seqs if max_num_active_reqs is None else min(max_num_active_reqs, max_num_seqs)
+    if active_cap < 1:
+        raise ValueError(f"max_num_active_reqs must be ≥ 1, got {max_num_active_reqs}")
+    reason = reject_reason(decision, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     if reason:
         return None, reason
     mode = _MODE_FROM_PROTO[decision.mode]
     if mode is EnforcedMode.PASSTHROUGH:
-        stock = stock_policy(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        stock = stock_policy(max_num_seqs=active_cap, max_num_batched_tokens=max_num_batched_tokens,
                              version=decision.version, ttl_s=decision.ttl_s)
         return (replace(stock, advisory=True) if decision.advisory else stock), ""
     budget = decision.budget
-    b_max = min(budget.b_max_tokens or max_num_batched_tokens, max_num_batched_tokens)
-    b_cap = min(budget.b_cap_tokens or b_max, b_max)
+    b_max, b_cap = _resolved_budgets(budget, max_num_batched_tokens)
     rule = BudgetRule(b_max_tokens=b_max, b_cap_tokens=b_cap, n_th=budget.n_th,
                       t_large_tokens=budget.t_large_tokens, n_d_large=budget.n_d_large)
-    policy = EnforcedPolicy(mode=mode, k=decision.k, n=decision.n, budget=rule, advisory=decision.advisory,
+    n = min(decision.n, active_cap)
+    policy = EnforcedPolicy(mode=mode, k=min(decision.k, n), n=n, budget=rule, advisory=decision.advisory,
                             version=decision.version, ttl_s=decision.ttl_s)
     return policy, ""
+
+
+def _resolved_budgets(budget: common_pb2.BudgetPolicy, max_num_batched_tokens: int) -> tuple[int, int]:
+    """(b_max, b_cap) after the 0 defaults and the clamp to the start-up budget (b_cap ≤ b_max)."""
+    b_max = min(budget.b_max_tokens or max_num_batched_tokens, max_num_batched_tokens)
+    return b_max, min(budget.b_cap_tokens or b_max, b_max)
 
 
 def _check_limits(max_num_seqs: int, max_num_batched_tokens: int) -> None:

@@ -3,25 +3,37 @@
 `AgentRuntime` is created by the scheduler subclass (agents/vllm/scheduler.py) and called from the
 scheduler thread only: `before_schedule` (apply a newly received decision at the step boundary, plan
 the step, set the scheduler's knobs), `after_schedule` (step composition), `after_update` (step
-duration, KV usage) and `record_finish` (finished requests). Each hook is O(1) plus, at most, a C-level
-pass over the step's scheduled-token counts; the network lives in the link thread.
+duration) and `record_finish` (finished requests). The network lives in the link thread, the report
+file in its own thread (agents/report.py).
 
-Knobs (shared/VLLM_NOTES.md): `max_num_scheduled_tokens` (only lowered), `max_num_active_reqs`
-(admission gate), decode-only steps through `schedule(throttle_prefills=True)` with
+Knobs (docs/ARCHITECTURE.md, "The agent"): `max_num_scheduled_tokens` (only lowered), `max_num_active_reqs`
+(admission gate; never above the engine's own start-up value, so "stock until the first decision" holds
+even with `--max-num-active-seqs`), decode-only steps through `schedule(throttle_prefills=True)` with
 `prefill_capacity_bound = False`, prefill-only steps by pushing `next_decode_eligible_step` of the
-decoding requests past this step.
+decoding requests past this step. Every internal is checked once at start (`agents.vllm.probe`); when one
+is missing the runtime is not created and the engine is stock for its whole life.
+
+Step composition (what the controller's cost fit gets): a scheduled request is decoding when its prompt was
+fully computed before the step, whatever its token count (speculative tokens included); new requests and
+prompt chunks are prefill work. The hook stays O(1) + O(prefills): only the requests that can be prefilling
+are looked at (new, resumed, and the running prefills snapshotted at the step boundary from
+`_inflight_prefills`); every other scheduled request has computed its prompt (vLLM drops a request from
+`_inflight_prefills` once its prompt is computed), so decode tokens are the step's total minus the prefill
+tokens.
+
+Running-length histogram: at most once per batch interval (a clock check per step), the hook reads the
+running requests' output lengths (O(running)) and hands the histogram to the link through the recorder.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
-import json
 import logging
 import math
-import os
 import threading
 import time
-from pathlib import Path
+import uuid
 from typing import Any
 
 from agents import __version__
@@ -30,13 +42,17 @@ from agents.enforcement.enforcer import Enforcer
 from agents.enforcement.plan import StepKind
 from agents.link import ControllerLink
 from agents.recorder import TelemetryRecorder
+from agents.report import ReportWriter
+from agents.running_lengths import running_length_histogram
+from agents.vllm.probe import probe_scheduler
 from controlplane.api.v1 import agent_pb2, common_pb2
 
 logger = logging.getLogger(__name__)
 _PREFILL_ONLY = StepKind.PREFILL_ONLY
 _DECODE_ONLY = StepKind.DECODE_ONLY
-_REPORT_EVERY_STEPS = 512
 _HOOK_SAMPLES = 4096
+_NO_REQUESTS: tuple[Any, ...] = ()
+_NO_IDS: frozenset[str] = frozenset()
 
 
 def _vllm_version() -> str:
@@ -51,23 +67,36 @@ def _vllm_version() -> str:
 class AgentRuntime:
     """Per-engine agent state; lives in the EngineCore process, driven by the scheduler thread."""
 
-    def __init__(self, scheduler: Any, config: AgentConfig, *, env: dict[str, str] | None = None) -> None:
-        env = dict(os.environ) if env is None else env
+    def __init__(self, scheduler: Any, config: AgentConfig) -> None:
+        """Read the engine's start-up limits once, start the link (and the report timer when configured).
+
+        Args:
+            scheduler: the constructed vLLM scheduler (already probed, see `create`).
+            config: the agent's validated configuration.
+        """
         self._config = config
+        self.instance_id = uuid.uuid4().hex
+        self.started_at_s = time.time()
         self._start_budget_tokens = int(scheduler.max_num_scheduled_tokens)
         self._max_num_seqs = int(scheduler.max_num_running_reqs)
+        # The engine's own admission cap (--max-num-active-seqs), read once: no plan ever admits beyond it.
+        self._start_active_reqs_raw = int(scheduler.max_num_active_reqs)
+        self._start_active_reqs = max(1, min(self._start_active_reqs_raw, self._max_num_seqs))
         self._block_size = int(scheduler.block_size)
         block_pool = scheduler.kv_cache_manager.block_pool
         self._block_pool = block_pool
         # num_gpu_blocks includes the null block.
         self.kv_capacity_tokens = max(0, int(block_pool.num_gpu_blocks) - 1) * self._block_size
-        self.enforcer = Enforcer(max_num_seqs=self._max_num_seqs, max_num_batched_tokens=self._start_budget_tokens)
+        self.enforcer = Enforcer(max_num_seqs=self._max_num_seqs, max_num_batched_tokens=self._start_budget_tokens,
+                                 max_num_active_reqs=self._start_active_reqs)
         self.recorder = TelemetryRecorder(capacity=config.buffer_events)
         # Guards the enforcer's held decision: the link thread applies and refreshes it, the scheduler
         # thread expires it. Held for microseconds; the scheduler takes it only when an expiry is due.
         self._decision_lock = threading.Lock()
-        self._pending_steps: collections.deque[tuple[int, int, float]] = collections.deque()
+        self._pending_steps: collections.deque[tuple[int, int, int, float]] = collections.deque()
+        self._prefilling: Any = _NO_REQUESTS  # the running prefills at this step's boundary
         self._last_update_s = 0.0
+        self._next_running_lengths_s = 0.0
         self._prompt_tokens_ema = 0.0
         self._aborted_status: Any = None
         self.num_steps = 0
@@ -80,28 +109,42 @@ class AgentRuntime:
         self.num_expired = 0
         self.num_applied = 0
         self.num_rejected = 0
-        self._report_path = Path(env["CP_AGENT_REPORT"]) if env.get("CP_AGENT_REPORT") else None
-        trace = self._report_path is not None and env.get("CP_STEP_TRACE", "") not in ("", "0")
-        self._step_trace: list[dict[str, Any]] | None = [] if trace else None
+        self.disabled_reason = ""
+        self._step_trace: list[dict[str, Any]] | None = [] if config.step_trace else None
         self._trace_awaiting_duration: collections.deque[dict[str, Any]] = collections.deque()
         model_config = scheduler.vllm_config.model_config
         hello = agent_pb2.Hello(
             engine_id=config.engine_id,
             pool=common_pb2.Pool(model=config.pool_model, accelerator=config.pool_accelerator),
             vllm_version=_vllm_version(), agent_version=__version__,
+            # max_num_seqs: the admission slots the controller may fill (the engine's own active cap).
             limits=agent_pb2.EngineLimits(
-                max_num_seqs=self._max_num_seqs, max_num_batched_tokens=self._start_budget_tokens,
+                max_num_seqs=self._start_active_reqs, max_num_batched_tokens=self._start_budget_tokens,
                 kv_capacity_tokens=self.kv_capacity_tokens, block_size_tokens=self._block_size,
                 max_model_len_tokens=int(model_config.max_model_len)),
+            instance_id=self.instance_id, instance_started_at_s=self.started_at_s,
         )
         self.link = ControllerLink(config, hello=hello, recorder=self.recorder, on_decision=self._on_decision)
+        self._report: ReportWriter | None = None
+        if config.report_path is not None:
+            self._report = ReportWriter(config.report_path, interval_s=config.report_interval_s,
+                                        snapshot=self.report)
         self.link.start()
-        logger.info("control-plane agent %s on for engine %s (pool %s|%s), controller %s", __version__,
-                    config.engine_id, config.pool_model, config.pool_accelerator, config.controller_address)
+        if self._report is not None:
+            self._report.start()
+            atexit.register(self._report.write)
+        logger.info("control-plane agent %s on for engine %s (pool %s|%s, instance %s), controller %s", __version__,
+                    config.engine_id, config.pool_model, config.pool_accelerator, self.instance_id,
+                    config.controller_address)
 
     @classmethod
-    def create(cls, scheduler: Any) -> AgentRuntime | None:
-        """The runtime, or None when CP_CONTROLLER_ADDRESS is unset (stock engine).
+    def create(cls, scheduler: Any, *, vllm_class: type | None = None) -> AgentRuntime | None:
+        """The runtime, or None: CP_CONTROLLER_ADDRESS unset (stock engine), or a vLLM internal the agent needs
+        is missing or changed (one ERROR naming every problem; the engine stays stock for its whole life).
+
+        Args:
+            scheduler: the constructed scheduler.
+            vllm_class: the vLLM scheduler class the agent's hooks wrap (default: the scheduler's class).
 
         Raises:
             AgentConfigError: the environment is malformed (the engine refuses to start with a clear
@@ -115,10 +158,22 @@ class AgentRuntime:
         config = load_agent_config(default_model=str(served), default_accelerator=_accelerator_name())
         if config is None:
             return None
+        problems = probe_scheduler(scheduler, vllm_class=vllm_class or type(scheduler))
+        if problems:
+            reason = "vLLM internals missing or changed: " + "; ".join(problems)
+            logger.error("control-plane agent OFF for engine %s (vLLM %s, agent %s): %s. This engine runs stock "
+                         "vLLM scheduling for its whole life.", config.engine_id, _vllm_version(), __version__, reason)
+            if config.report_path is not None:
+                ReportWriter(config.report_path, interval_s=config.report_interval_s, snapshot=lambda: {
+                    "engine_id": config.engine_id, "agent_state": "stock", "disabled_reason": reason,
+                    "written_at_s": time.time()}).write()
+            return None
         return cls(scheduler, config)
 
     def _on_decision(self, decision: common_pb2.Decision, now_s: float) -> tuple[bool, str]:
         """Link thread: validate and hold a decision for the next step boundary; the verdict is ACKed."""
+        if self.disabled_reason:
+            return False, "agent_disabled"
         with self._decision_lock:
             applied, reason = self.enforcer.apply(decision, now_s=now_s)
             self.enforcer.touch(now_s)
@@ -149,12 +204,17 @@ class AgentRuntime:
         running = s.running
         num_running = len(running)
         inflight = s._inflight_prefills
-        num_prefills = len(inflight)
         largest_remaining = 0
-        for request in inflight:
-            remaining = request.num_prompt_tokens - request.num_computed_tokens
-            if remaining > largest_remaining:
-                largest_remaining = remaining
+        if inflight:
+            prefilling = list(inflight)
+            for request in prefilling:
+                remaining = request.num_prompt_tokens - request.num_computed_tokens
+                if remaining > largest_remaining:
+                    largest_remaining = remaining
+        else:
+            prefilling = _NO_REQUESTS
+        self._prefilling = prefilling
+        num_prefills = len(prefilling)
         num_waiting = len(s.waiting)
         free_kv_tokens = self._block_pool.get_num_free_blocks() * self._block_size
         plan = enforcer.plan_step(
@@ -176,16 +236,44 @@ class AgentRuntime:
             s.prefill_capacity_bound = False
         self.recorder.set_gauges(self.kv_capacity_tokens - free_kv_tokens, self.kv_capacity_tokens, num_prefills,
                                  num_running - num_prefills, num_waiting, largest_remaining)
+        if now_s >= self._next_running_lengths_s:
+            self._next_running_lengths_s = now_s + self._config.batch_interval_s
+            self.recorder.set_running_lengths(*running_length_histogram([r.num_output_tokens for r in running]))
         self._step_hook_s = time.perf_counter() - started
         return kind is _DECODE_ONLY
 
     def after_schedule(self, s: Any, output: Any) -> None:
-        """Record the step's composition (a single-token entry counts as a decode)."""
+        """Record the step's composition: prefill tokens of the requests that were prefilling, the rest decode."""
         started = time.perf_counter()
         counts = output.num_scheduled_tokens
-        num_decodes = list(counts.values()).count(1)
         total = output.total_num_scheduled_tokens
-        self._pending_steps.append((total - num_decodes, num_decodes, started))
+        new_reqs = output.scheduled_new_reqs
+        prefill_tokens = 0
+        for new in new_reqs:
+            prefill_tokens += counts[new.req_id]
+        num_prefill_reqs = len(new_reqs)
+        resumed = output.scheduled_cached_reqs.resumed_req_ids
+        prefilling = self._prefilling
+        if resumed or prefilling:
+            requests = s.requests
+            for req_id in resumed:
+                num = counts.get(req_id, 0)
+                request = requests.get(req_id)
+                if num and (request is None or request.num_computed_tokens - num < request.num_prompt_tokens):
+                    prefill_tokens += num
+                    num_prefill_reqs += 1
+            if prefilling:
+                new_ids = {new.req_id for new in new_reqs} if new_reqs else _NO_IDS
+                for request in prefilling:
+                    req_id = request.request_id
+                    num = counts.get(req_id, 0)
+                    if (num and request.num_computed_tokens - num < request.num_prompt_tokens
+                            and req_id not in new_ids and req_id not in resumed):
+                        prefill_tokens += num
+                        num_prefill_reqs += 1
+        decode_tokens = total - prefill_tokens
+        num_decode_reqs = len(counts) - num_prefill_reqs
+        self._pending_steps.append((prefill_tokens, decode_tokens, num_decode_reqs, started))
         preempted = output.preempted_req_ids
         if preempted:
             self.recorder.add_preemptions(len(preempted))
@@ -193,15 +281,16 @@ class AgentRuntime:
         self.num_scheduled_requests += len(counts)
         self._step_hook_s += time.perf_counter() - started
         if self._step_trace is not None:  # audit mode, outside the measured hook time
-            self._trace_step(s, output)
+            self._trace_step(s, output, (prefill_tokens, decode_tokens, num_decode_reqs))
 
-    def _trace_step(self, s: Any, output: Any) -> None:
+    def _trace_step(self, s: Any, output: Any, recorded: tuple[int, int, int]) -> None:
         """Audit record of one step with an exact prefill/decode split (CP_STEP_TRACE only: O(batch)).
 
-        A scheduled request decodes when it had computed its whole prompt before this step; new and
-        resumed requests, and prompt chunks, are prefill work. `prefill_attention_pairs` counts the causal
-        query-key pairs of the prefill chunks: a chunk of c tokens after p computed ones attends
-        c·p + c·(c+1)/2 pairs (the attention work that grows with the prefix, not with the chunk alone).
+        A scheduled request decodes when it had computed its whole prompt before this step; new requests
+        and prompt chunks are prefill work. `recorded_*` are the hook's own figures (what the controller
+        gets); they must equal the exact split. `prefill_attention_pairs` counts the causal query-key pairs
+        of the prefill chunks: a chunk of c tokens after p computed ones attends c·p + c·(c+1)/2 pairs (the
+        attention work that grows with the prefix, not with the chunk alone).
         """
         plan = self.enforcer.last_plan
         new_ids = {r.req_id for r in output.scheduled_new_reqs}
@@ -221,14 +310,17 @@ class AgentRuntime:
         entry = {
             "step": self.num_steps, "plan": plan.kind.value if plan else "stock",
             "mode": self.enforcer.active_policy.mode.value, "budget_tokens": plan.token_budget_tokens if plan else 0,
-            "n_cap": plan.num_seqs_cap if plan else 0, "prefill_tokens": prefill_tokens,
+            "n_cap": plan.num_seqs_cap if plan else 0, "max_num_active_reqs": s.max_num_active_reqs,
+            "prefill_tokens": prefill_tokens,
             "decode_tokens": decode_tokens, "num_prefill_reqs": num_prefill_reqs, "num_decode_reqs": num_decode_reqs,
             "num_running": len(s.running), "num_waiting": len(s.waiting),
             "total_tokens": output.total_num_scheduled_tokens,
             "resumed": len(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()),
             "preempted": len(output.preempted_req_ids or ()),
             "decode_requests": num_decode_reqs, "decode_context_tokens": decode_context_tokens,
-            "prefill_attention_pairs": prefill_attention_pairs, "duration_s": None,
+            "prefill_attention_pairs": prefill_attention_pairs,
+            "recorded_prefill_tokens": recorded[0], "recorded_decode_tokens": recorded[1],
+            "recorded_decode_requests": recorded[2], "duration_s": None,
         }
         self._step_trace.append(entry)
         self._trace_awaiting_duration.append(entry)
@@ -238,10 +330,10 @@ class AgentRuntime:
         engine schedules ahead) to this update."""
         now = time.perf_counter()
         if self._pending_steps:
-            prefill, decode, scheduled_at = self._pending_steps.popleft()
+            prefill, decode, decode_requests, scheduled_at = self._pending_steps.popleft()
             duration_s = now - max(scheduled_at, self._last_update_s)
             if prefill + decode > 0:
-                self.recorder.record_step(prefill, decode, decode, duration_s)
+                self.recorder.record_step(prefill, decode, decode_requests, duration_s)
             if self._trace_awaiting_duration:
                 self._trace_awaiting_duration.popleft()["duration_s"] = duration_s
         self._last_update_s = now
@@ -249,8 +341,6 @@ class AgentRuntime:
         self.hook_time_s += step_hook_s
         self._hook_samples_s[self.num_steps % _HOOK_SAMPLES] = step_hook_s
         self.num_steps += 1
-        if self._report_path is not None and self.num_steps % _REPORT_EVERY_STEPS == 0:
-            self.write_report()
 
     def record_finish(self, request: Any) -> None:
         """A request left the engine (finished, stopped, aborted or failed)."""
@@ -264,27 +354,55 @@ class AgentRuntime:
         if not aborted:
             self._prompt_tokens_ema += 0.05 * (prompt_tokens - self._prompt_tokens_ema)
 
-    def write_report(self) -> None:
-        """Write the agent's counters (and, with CP_STEP_TRACE=1, every step) to CP_AGENT_REPORT."""
-        if self._report_path is None:
-            return
-        samples = sorted(self._hook_samples_s[: min(self.num_steps, _HOOK_SAMPLES)])
-        report = {
-            "engine_id": self._config.engine_id, "num_steps": self.num_steps, "hook_time_s": self.hook_time_s,
+    # ---- failure, report, shutdown ----
+
+    def disable(self, scheduler: Any, reason: str) -> None:
+        """Switch this engine to stock scheduling for good (scheduler thread; never raises, never blocks).
+
+        Restores the knobs the agent lowers (token budget, admission cap) to their start-up values, refuses
+        further decisions, stops the link and writes the report with the reason. A pushed
+        `next_decode_eligible_step` lapses by itself after one step.
+        """
+        self.disabled_reason = reason or "disabled"
+        for name, value in (("max_num_scheduled_tokens", self._start_budget_tokens),
+                            ("max_num_active_reqs", self._start_active_reqs_raw)):
+            try:
+                setattr(scheduler, name, value)
+            except Exception:
+                logger.exception("could not restore scheduler.%s", name)
+        self.link.stop(timeout_s=0.0)
+        if self._report is not None:
+            self._report.stop(timeout_s=0.0)
+
+    def report(self) -> dict[str, Any]:
+        """The agent's counters as JSON-ready data (read by the report thread: plain reads and list copies)."""
+        num_samples = min(self.num_steps, _HOOK_SAMPLES)
+        samples = sorted(self._hook_samples_s[:num_samples])
+        trace = self._step_trace
+        return {
+            "engine_id": self._config.engine_id, "instance_id": self.instance_id,
+            "agent_state": "stock" if self.disabled_reason else "on", "disabled_reason": self.disabled_reason,
+            "written_at_s": time.time(), "num_steps": self.num_steps, "hook_time_s": self.hook_time_s,
             "hook_us_median": 1e6 * _quantile(samples, 0.5), "hook_us_p90": 1e6 * _quantile(samples, 0.9),
             "num_scheduled_requests": self.num_scheduled_requests, "num_applied": self.num_applied,
             "num_rejected": self.num_rejected, "num_expired": self.num_expired,
             "decision_version": self.enforcer.version_floor, "mode": self.enforcer.active_policy.mode.value,
+            "max_num_active_reqs_startup": self._start_active_reqs_raw,
             "num_events_dropped": self.recorder.num_dropped, "link_reconnects": self.link.num_reconnects,
             "link_batch_cpu_s": self.link.cpu_time_s, "num_preemptions": self.recorder.num_preemptions,
-            "steps": self._step_trace,
+            "steps": list(trace) if trace is not None else None,
         }
-        tmp = self._report_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report))
-        tmp.replace(self._report_path)
+
+    def write_report(self) -> None:
+        """Write CP_AGENT_REPORT now (no-op without it)."""
+        if self._report is not None:
+            self._report.write()
 
     def close(self) -> None:
-        self.write_report()
+        """Engine shutdown: final report, link stopped."""
+        if self._report is not None:
+            atexit.unregister(self._report.write)
+            self._report.stop()
         self.link.stop(timeout_s=2.0)
 
 

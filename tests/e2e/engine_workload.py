@@ -56,6 +56,9 @@ def main() -> int:
     parser.add_argument("--log-stats", action="store_true", help="per-request timings (TTFT, TPOT)")
     parser.add_argument("--num-kv-blocks", type=int, default=0,
                         help="KV cache size in blocks (vLLM's num_gpu_blocks_override; 0: from the memory budget)")
+    parser.add_argument("--max-num-active-seqs", type=int, default=0,
+                        help="vLLM's own admission cap (--max-num-active-seqs; 0: max_num_seqs)")
+    parser.add_argument("--report-interval-s", default="", help="CP_AGENT_REPORT_INTERVAL_S (default: the agent's)")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -69,6 +72,8 @@ def main() -> int:
             os.environ["CP_AGENT_REPORT"] = str(args.report)
             if args.step_trace:
                 os.environ["CP_STEP_TRACE"] = "1"
+            if args.report_interval_s:
+                os.environ["CP_AGENT_REPORT_INTERVAL_S"] = args.report_interval_s
     if args.async_scheduling:
         _force_async_scheduling()
 
@@ -79,6 +84,8 @@ def main() -> int:
     extra: dict[str, object] = {} if args.stock else {"scheduler_cls": "agents.vllm.ControlledScheduler"}
     if args.num_kv_blocks:
         extra["num_gpu_blocks_override"] = args.num_kv_blocks
+    if args.max_num_active_seqs:
+        extra["max_num_active_seqs"] = args.max_num_active_seqs
     llm = LLM(model=str(args.model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.3,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, dtype="bfloat16", seed=args.seed,

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import time
+import uuid
 
 import grpc
+import pytest
 
 from agents.config import AgentConfig
 from agents.link import ControllerLink
 from agents.recorder import TelemetryRecorder
-from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
+from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2
 from tests.integration.controller_harness import LIMITS, make_config, operator_stub, running_controller
 
 POOL = common_pb2.Pool(model="tiny", accelerator="cpu")
@@ -90,3 +94,137 @@ async def test_link_streams_telemetry_acks_and_reconnects(redis_url: str) -> Non
             assert link.num_reconnects >= 1
     finally:
         await asyncio.to_thread(link.stop)
+
+
+def _link(port: int, *, engine_id: str = "engine-link", instance_id: str = "", started_at_s: float = 0.0,
+          on_decision=None, recorder: TelemetryRecorder | None = None) -> ControllerLink:
+    """A link with the production backoff defaults."""
+    config = AgentConfig(controller_address=f"127.0.0.1:{port}", engine_id=engine_id, pool_model="tiny",
+                         pool_accelerator="cpu", batch_interval_s=0.1)
+    hello = agent_pb2.Hello(engine_id=engine_id, pool=POOL, vllm_version="0.32.0", agent_version="test",
+                            limits=LIMITS, instance_id=instance_id, instance_started_at_s=started_at_s)
+    return ControllerLink(config, hello=hello, recorder=recorder or TelemetryRecorder(capacity=64),
+                          on_decision=on_decision or (lambda decision, now_s: (True, "")))
+
+
+async def test_link_is_back_on_the_controller_within_2_s_of_a_restart(redis_url: str) -> None:
+    """The controller is down for 5 s (the backoff would have grown to several seconds uncapped), then
+    restarted on the same port: the agent's stream is back, with a decision, within 2 s."""
+    port = _free_port()
+    config = make_config(redis_url, port=port)
+    heard_s: list[float] = []
+
+    def on_decision(decision: common_pb2.Decision, now_s: float) -> tuple[bool, str]:
+        heard_s.append(time.monotonic())
+        return True, ""
+
+    link = _link(port, on_decision=on_decision)
+    try:
+        async with running_controller(config):
+            link.start()
+            await _until(lambda: bool(heard_s))
+        await _until(lambda: not link.connected)
+        await asyncio.sleep(5.0)
+        async with running_controller(config):
+            restarted_s = time.monotonic()
+            heard_before = len(heard_s)
+            await _until(lambda: len(heard_s) > heard_before, timeout_s=10.0)
+            resync_s = heard_s[heard_before] - restarted_s
+            print(f"resync after a 5 s outage: {resync_s:.2f} s")
+            assert resync_s <= 2.0
+    finally:
+        await asyncio.to_thread(link.stop)
+
+
+async def test_fencing_outcomes_are_logged_and_the_loser_keeps_retrying(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Two agent instances claim one engine id: the newer takes the stream (the older one is told ABORTED:
+    superseded), the older one's reconnects are refused (ALREADY_EXISTS); each logged clearly, once."""
+    caplog.set_level(logging.DEBUG, logger="agents.link")
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        older_id, newer_id = uuid.uuid4().hex, uuid.uuid4().hex
+        older = _link(ctl.app.port, engine_id="twin-id", instance_id=older_id, started_at_s=time.time() - 60)
+        newer = _link(ctl.app.port, engine_id="twin-id", instance_id=newer_id, started_at_s=time.time())
+        stub = operator_stub(channel)
+
+        async def holder() -> str:
+            engines = (await stub.ListEngines(operator_pb2.ListEnginesRequest())).engines
+            return engines[0].instance_id if engines and engines[0].connected else ""
+
+        try:
+            older.start()
+            await _until(lambda: older.connected)
+            assert await holder() == older_id
+            newer.start()
+            await _until(lambda: newer.connected)
+            reconnects = older.num_reconnects
+            await _until(lambda: older.num_reconnects >= reconnects + 2)  # it keeps trying, with the backoff
+            assert await holder() == newer_id
+        finally:
+            await asyncio.to_thread(older.stop)
+            await asyncio.to_thread(newer.stop)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len([m for m in warnings if "superseded by a newer stream of the same engine id" in m]) == 1
+    assert len([m for m in warnings if "another agent instance holds this engine id" in m]) == 1
+
+
+class _RecordingAgentService(agent_pb2_grpc.AgentServiceServicer):
+    """A stand-in controller on real gRPC: records what the agent sends, answers Hello with one decision."""
+
+    def __init__(self) -> None:
+        self.hellos: list[agent_pb2.Hello] = []
+        self.batches: list[agent_pb2.TelemetryBatch] = []
+
+    async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        async for message in request_iterator:
+            if message.HasField("hello"):
+                self.hellos.append(message.hello)
+                yield agent_pb2.ControllerMessage(decision=common_pb2.Decision(
+                    version=1, mode=common_pb2.MODE_PASSTHROUGH, ttl_s=30.0))
+            elif message.HasField("telemetry"):
+                self.batches.append(message.telemetry)
+
+
+async def test_hello_fencing_fields_and_the_running_histogram_are_sent() -> None:
+    service = _RecordingAgentService()
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    recorder = TelemetryRecorder(capacity=64)
+    link = _link(port, instance_id="a" * 32, started_at_s=1.7e9, recorder=recorder)
+    try:
+        link.start()
+        await _until(lambda: bool(service.batches))
+        recorder.set_running_lengths([3, 40, 512], [5, 1, 2])
+        await _until(lambda: any(b.running.output_tokens for b in service.batches))
+        [hello] = service.hellos
+        assert (hello.instance_id, hello.instance_started_at_s) == ("a" * 32, 1.7e9)
+        sent = [b.running for b in service.batches if b.running.output_tokens]
+        assert len(sent) == 1
+        assert (list(sent[0].output_tokens), list(sent[0].num_requests)) == ([3, 40, 512], [5, 1, 2])
+    finally:
+        await asyncio.to_thread(link.stop)
+        await server.stop(0)
+
+
+def test_reconnect_waits_are_capped_jittered_and_logged_as_they_are(caplog: pytest.LogCaptureFixture) -> None:
+    """Against a closed port: waits grow from 0.1 s and never exceed 1 s; the warning names the real wait."""
+    caplog.set_level(logging.DEBUG, logger="agents.link")
+    link = _link(_free_port())
+    started = time.monotonic()
+    link.start()
+    deadline = started + 10
+    while link.num_reconnects < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    link.stop()
+    messages = [r.getMessage() for r in caplog.records if "reconnecting in" in r.getMessage()]
+    waits = [float(m.rsplit("reconnecting in ", 1)[1].split()[0]) for m in messages]
+    assert len(waits) >= 8 and all(0.05 <= w <= 1.0 for w in waits), waits
+    assert max(waits) > 0.5 and waits[0] <= 0.1  # it grew, from the initial delay
+    assert [r.levelno for r in caplog.records if "reconnecting in" in r.getMessage()][:2] == [
+        logging.WARNING, logging.DEBUG]  # one warning per streak, repeats at DEBUG
+    config = AgentConfig(controller_address="127.0.0.1:1", engine_id="e", pool_model="m", pool_accelerator="cpu")
+    with pytest.raises(ValueError, match="backoff"):
+        ControllerLink(config, hello=agent_pb2.Hello(), recorder=TelemetryRecorder(capacity=16),
+                       on_decision=lambda d, t: (True, ""), backoff_initial_s=2.0, backoff_max_s=1.0)

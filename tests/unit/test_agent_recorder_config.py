@@ -71,7 +71,36 @@ def test_config_off_without_address_and_validated_with_one(tmp_path: Path) -> No
         ({"CP_CONTROLLER_ADDRESS": "h:1", "CP_TLS_CA": str(tmp_path / "missing.pem")}, "CP_TLS_CA"),
         ({"CP_CONTROLLER_ADDRESS": "h:1", "CP_POOL_MODEL": "a|b"}, "CP_POOL_MODEL"),
         ({"CP_CONTROLLER_ADDRESS": "h:1", "CP_BUFFER_EVENTS": "3"}, "CP_BUFFER_EVENTS"),
+        ({"CP_CONTROLLER_ADDRESS": "h:1", "CP_AGENT_REPORT_INTERVAL_S": "0"}, "CP_AGENT_REPORT_INTERVAL_S"),
+        ({"CP_CONTROLLER_ADDRESS": "h:1", "CP_AGENT_REPORT_INTERVAL_S": "often"}, "CP_AGENT_REPORT_INTERVAL_S"),
+        ({"CP_CONTROLLER_ADDRESS": "h:1", "CP_AGENT_REPORT": str(tmp_path / "no" / "r.json")}, "CP_AGENT_REPORT"),
+        ({"CP_CONTROLLER_ADDRESS": "h:1", "CP_STEP_TRACE": "yes please"}, "CP_STEP_TRACE"),
     ]
     for env, name in bad:
         with pytest.raises(AgentConfigError, match=name):
             load_agent_config(env, default_model="m", default_accelerator="cpu")
+
+
+def test_report_settings(tmp_path: Path) -> None:
+    base = {"CP_CONTROLLER_ADDRESS": "h:1"}
+    config = load_agent_config(base, default_model="m", default_accelerator="cpu")
+    assert config is not None and config.report_path is None and config.report_interval_s == 5.0
+    assert not config.step_trace
+    report = tmp_path / "r.json"
+    config = load_agent_config({**base, "CP_AGENT_REPORT": str(report), "CP_AGENT_REPORT_INTERVAL_S": "0.5",
+                                "CP_STEP_TRACE": "1"}, default_model="m", default_accelerator="cpu")
+    assert config is not None and (config.report_path, config.report_interval_s, config.step_trace) == (
+        report, 0.5, True)
+    # The step trace lives in the report: without a report path there is none.
+    config = load_agent_config({**base, "CP_STEP_TRACE": "1"}, default_model="m", default_accelerator="cpu")
+    assert config is not None and not config.step_trace
+
+
+def test_recorder_hands_the_running_lengths_over_once() -> None:
+    recorder = TelemetryRecorder(capacity=8)
+    assert recorder.drain().running_output_tokens == []
+    recorder.set_running_lengths([1, 9], [2, 3])
+    recorder.set_running_lengths([4, 9], [1, 5])  # a newer one replaces one not drained yet
+    snapshot = recorder.drain()
+    assert (snapshot.running_output_tokens, snapshot.running_num_requests) == ([4, 9], [1, 5])
+    assert recorder.drain().running_output_tokens == []

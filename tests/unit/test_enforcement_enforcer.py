@@ -118,7 +118,7 @@ def test_after_expiry_the_same_version_is_applied_again_but_older_ones_stay_stal
 @pytest.mark.parametrize("mode", [common_pb2.MODE_MB, common_pb2.MODE_EB])
 def test_advisory_runs_stock_and_reports_what_it_would_do(mode: int) -> None:
     e = enforcer()
-    assert e.apply(decision(mode, advisory=True, k=2, n=8, b_max=1024, b_cap=128), now_s=0.0) == (True, "")
+    assert e.apply(decision(mode, advisory=True, k=2, n=8, b_max=1024, b_cap=384), now_s=0.0) == (True, "")
     assert e.policy.advisory
     p = step(e, running=4, prefills=1, waiting=10)
     assert p == STOCK_PLAN
@@ -126,7 +126,7 @@ def test_advisory_runs_stock_and_reports_what_it_would_do(mode: int) -> None:
     assert would is not None and would != p
     assert would.num_seqs_cap == 8
     if mode == common_pb2.MODE_MB:
-        assert (would.kind, would.token_budget_tokens) == (StepKind.STOCK, 128)  # 1 + 4 admissible ≥ n_th
+        assert (would.kind, would.token_budget_tokens) == (StepKind.STOCK, 384)  # 1 + 4 admissible ≥ n_th
     else:
         assert would.kind is StepKind.PREFILL_ONLY  # a partial prefill to continue
         assert e.phase is Phase.PREFILL
@@ -262,3 +262,41 @@ def test_held_version_never_decreases_and_expiry_matches_the_ttl(versions, gaps,
         assert e.expires_at_s == expiry
         step(e)
         assert e.active_policy is e.policy
+
+
+def test_the_engines_own_admission_cap_bounds_stock_and_every_decision() -> None:
+    """`--max-num-active-seqs 2` on an engine with 8 slots: stock admits 2, and no decision raises it."""
+    e = Enforcer(max_num_seqs=8, max_num_batched_tokens=STARTUP_BUDGET, max_num_active_reqs=2)
+    assert e.max_num_active_reqs == 2
+    stock = step(e, running=0, waiting=10)
+    assert (stock.kind, stock.max_num_active_reqs, stock.num_seqs_cap) == (StepKind.STOCK, 2, 2)
+    assert e.apply(decision(common_pb2.MODE_MB, n=8, k=1), now_s=0.0) == (True, "")
+    mb = step(e, running=0, waiting=10)
+    assert (mb.max_num_active_reqs, mb.num_seqs_cap, e.policy.n) == (2, 2, 2)
+    assert e.apply(decision(version=2, k=6, n=8), now_s=0.0) == (True, "")  # k lowered to the cap in force
+    assert (e.policy.k, e.policy.n) == (2, 2)
+    eb = step(e, running=0, waiting=10)
+    assert eb.kind is StepKind.PREFILL_ONLY and eb.max_num_active_reqs <= 2
+    assert e.apply(decision(version=3, n=9), now_s=0.0) == (False, "n_greater_than_max_num_seqs")
+    assert e.apply(decision(common_pb2.MODE_PASSTHROUGH, version=4), now_s=0.0) == (True, "")
+    assert step(e, running=1, waiting=10).max_num_active_reqs == 2
+    assert e.expire(1e9)
+    assert step(e, running=0, waiting=10) == stock
+
+
+def test_degenerate_budgets_are_refused_below_the_floor() -> None:
+    e = Enforcer(max_num_seqs=512, max_num_batched_tokens=8192)
+    before = e.policy
+    for b_max, b_cap in ((1, 1), (1024, 1), (255, 0), (0, 255)):
+        assert e.apply(decision(common_pb2.MODE_MB, n=16, b_max=b_max, b_cap=b_cap), now_s=0.0) == (
+            False, "budget_below_floor"), (b_max, b_cap)
+        assert e.apply(decision(n=16, b_max=b_max, b_cap=b_cap), now_s=0.0) == (False, "budget_below_floor")
+        assert e.policy is before
+    assert e.apply(decision(common_pb2.MODE_MB, n=300, b_max=1024, b_cap=256), now_s=0.0) == (True, "")
+    assert e.apply(decision(version=2, n=16, b_max=256, b_cap=0), now_s=0.0) == (True, "")  # EB: b_max 256
+    assert e.apply(decision(common_pb2.MODE_PASSTHROUGH, version=3, b_max=1, b_cap=1), now_s=0.0) == (True, "")
+    # An engine started with a budget below 256 accepts its own start-up budget.
+    small = Enforcer(max_num_seqs=8, max_num_batched_tokens=64)
+    assert small.apply(decision(common_pb2.MODE_MB, n=8, k=1, b_max=64, b_cap=64), now_s=0.0) == (True, "")
+    assert small.apply(decision(common_pb2.MODE_MB, version=2, n=8, k=1, b_max=64, b_cap=63), now_s=0.0) == (
+        False, "budget_below_floor")

@@ -10,8 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.enforcement.policy import EnforcedMode, policy_from_decision, reject_reason, stock_policy
+from agents.enforcement.policy import (
+    EnforcedMode,
+    budget_floor_tokens,
+    policy_from_decision,
+    reject_reason,
+    stock_policy,
+)
 from controlplane.api.v1 import common_pb2
+from controlplane.protocol import min_budget_tokens
 
 MAX_NUM_SEQS = 64
 STARTUP_BUDGET = 4096
@@ -47,11 +54,14 @@ def convert(d: common_pb2.Decision):
         (decision(b_max=256, b_cap=257), "b_cap_greater_than_b_max"),
         (decision(common_pb2.MODE_MB, k=17, n=16), "k_greater_than_n"),
         (decision(advisory=True, k=17, n=16), "k_greater_than_n"),
+        (decision(b_max=2048, b_cap=1), "budget_below_floor"),
+        (decision(common_pb2.MODE_MB, b_max=255, b_cap=0), "budget_below_floor"),
+        (decision(advisory=True, b_max=0, b_cap=100), "budget_below_floor"),
     ],
 )
 def test_invalid_decisions_are_rejected_with_their_reason(d: common_pb2.Decision, reason: str) -> None:
     assert convert(d) == (None, reason)
-    assert reject_reason(d, max_num_seqs=MAX_NUM_SEQS) == reason
+    assert reject_reason(d, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=STARTUP_BUDGET) == reason
 
 
 def test_valid_eb_decision_converts_field_by_field() -> None:
@@ -74,13 +84,30 @@ def test_valid_eb_decision_converts_field_by_field() -> None:
         (0, 1024, (STARTUP_BUDGET, 1024)),  # b_max 0: the start-up budget
         (0, 9000, (STARTUP_BUDGET, STARTUP_BUDGET)),  # b_max 0 and b_cap above start-up: clamped to b_max
         (2048, 0, (2048, 2048)),  # b_cap 0: no cap
-        (100, 100, (100, 100)),
+        (300, 300, (300, 300)),
+        (256, 0, (256, 256)),
     ],
 )
 def test_budgets_are_only_lowered(b_max: int, b_cap: int, expected: tuple[int, int]) -> None:
     policy, _ = convert(decision(common_pb2.MODE_MB, b_max=b_max, b_cap=b_cap))
     assert policy is not None
     assert (policy.budget.b_max_tokens, policy.budget.b_cap_tokens) == expected
+
+
+def test_budget_floor_is_the_protocols_min_of_startup_and_256() -> None:
+    assert budget_floor_tokens(max_num_batched_tokens=4096) == 256 == min_budget_tokens(4096)
+    assert budget_floor_tokens(max_num_batched_tokens=256) == 256
+    assert budget_floor_tokens(max_num_batched_tokens=100) == 100
+
+
+def test_n_above_the_engines_admission_cap_is_lowered_not_raised() -> None:
+    d = decision(common_pb2.MODE_EB, k=12, n=40)
+    policy, reason = policy_from_decision(d, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=STARTUP_BUDGET,
+                                          max_num_active_reqs=10)
+    assert reason == "" and policy is not None and (policy.n, policy.k) == (10, 10)
+    stock, _ = policy_from_decision(decision(common_pb2.MODE_PASSTHROUGH), max_num_seqs=MAX_NUM_SEQS,
+                                    max_num_batched_tokens=STARTUP_BUDGET, max_num_active_reqs=10)
+    assert stock is not None and stock.n == 10
 
 
 def test_passthrough_ignores_k_n_and_budget_and_is_stock() -> None:
@@ -127,6 +154,8 @@ def test_any_decision_is_either_rejected_or_within_the_engine_limits(mode, k, n,
         return
     assert 1 <= policy.k <= policy.n <= max_num_seqs
     assert 1 <= policy.budget.b_cap_tokens <= policy.budget.b_max_tokens <= startup
+    floor = budget_floor_tokens(max_num_batched_tokens=startup)
+    assert policy.mode is EnforcedMode.PASSTHROUGH or policy.budget.b_cap_tokens >= floor
     assert math.isfinite(policy.ttl_s) and policy.ttl_s > 0
     assert policy.advisory == advisory
 
@@ -151,5 +180,5 @@ def test_the_package_imports_nothing_impure() -> None:
             for name in names:
                 root = name.split(".")[0]
                 assert root not in FORBIDDEN_IMPORTS, f"{path.name} imports {name}"
-                if root == "controlplane":
-                    assert name.startswith("controlplane.api"), f"{path.name} imports {name}"
+                if root == "controlplane":  # the generated code and the wire constants (which import only it)
+                    assert name.startswith(("controlplane.api", "controlplane.protocol")), f"{path.name} imports {name}"

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.enforcement import EnforcedMode, Enforcer, StepKind, StepPlan
+from agents.enforcement import EnforcedMode, Enforcer, StepKind, StepPlan, budget_floor_tokens
 from controlplane.api.v1 import common_pb2
 
 DECODE_ONLY = StepKind.DECODE_ONLY
@@ -206,8 +206,9 @@ class Controller:
     def random_decision(self, version: int) -> common_pb2.Decision:
         rng = self.rng
         n = rng.randint(1, self.max_num_seqs)
-        b_max = rng.choice([0, rng.randint(1, 2 * self.budget_tokens)])
-        b_cap = rng.randint(0, b_max) if b_max else rng.randint(0, self.budget_tokens)
+        floor = budget_floor_tokens(max_num_batched_tokens=self.budget_tokens)
+        b_max = rng.choice([0, rng.randint(floor, 2 * self.budget_tokens)])
+        b_cap = rng.choice([0, rng.randint(floor, b_max or self.budget_tokens)])
         return common_pb2.Decision(
             version=version, mode=rng.choice(self.modes), k=rng.randint(1, n), n=n, ttl_s=self.ttl_s,
             advisory=rng.random() < 0.15,
@@ -235,6 +236,16 @@ class Controller:
             d.mode = rng.choice([common_pb2.MODE_EB, common_pb2.MODE_MB])  # PASSTHROUGH ignores k and n
             assert enforcer.apply(d, now_s=now_s) == (False, "k_greater_than_n")
             assert enforcer.policy is held
+        elif roll < 0.028:
+            held = enforcer.policy
+            d = self.random_decision(self.version + 1)
+            d.mode = rng.choice([common_pb2.MODE_EB, common_pb2.MODE_MB])
+            floor = budget_floor_tokens(max_num_batched_tokens=self.budget_tokens)
+            if floor > 1:  # a degenerate budget (below the floor) is refused
+                d.budget.b_max_tokens = rng.randint(1, floor - 1)
+                d.budget.b_cap_tokens = rng.randint(0, d.budget.b_max_tokens)
+                assert enforcer.apply(d, now_s=now_s) == (False, "budget_below_floor")
+                assert enforcer.policy is held
         elif roll < 0.03:
             self.silent_until_s = now_s + rng.uniform(0.0, 3.0)  # the controller goes away for a while
         elif roll < 0.2:
