@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controlplane.core.types import BudgetPolicy, SchedulerSnapshot
+from controlplane.protocol import min_budget_tokens
 
 DEFAULT_B_MAX_TOKENS = 16384
 DEFAULT_B_CAP_TOKENS = 2048
@@ -64,21 +65,26 @@ def select_budget_policy(
 
     B_max = argmin of low-pressure latency and B_cap = argmin of high-pressure latency over the sweep
     (ties → the smaller budget; rows with a non-finite latency or a budget ≤ 0 are ignored); without a
-    usable sweep, the paper's defaults 16384 / 2048. Both are clamped to [1, max_num_batched_tokens]
+    usable sweep, the paper's defaults 16384 / 2048. Both are clamped to [floor, max_num_batched_tokens]
+    with floor = `controlplane.protocol.min_budget_tokens` (the smallest budget an agent accepts)
     (the agent can only lower the engine's start-up budget), and B_cap ≤ B_max is enforced (a sweep
     whose high-pressure optimum is the larger budget yields B_cap = B_max: no cap helps).
     T_large defaults to half of max_model_len (P-PAS paper §7: half the largest prompt), 0 (P-PAS+ off)
     when max_model_len is unknown.
 
     Returns:
-        (policy, clamped) where clamped says an endpoint was lowered to fit the engine.
+        (policy, clamped) where clamped says an endpoint was moved to fit the engine or the floor.
     """
     limit = max(1, int(max_num_batched_tokens))
     b_max = _argmin_budget(sweep, "low_pressure_latency_s") or DEFAULT_B_MAX_TOKENS
     b_cap = _argmin_budget(sweep, "high_pressure_latency_s") or DEFAULT_B_CAP_TOKENS
     clamped = b_max > limit or b_cap > limit
-    b_max = min(b_max, limit)
-    b_cap = min(b_cap, b_max)
+    # Never below the floor the agent enforces (`protocol.min_budget_tokens`): a sweep whose optimum is a
+    # tiny budget would only be refused (budget_below_floor) by every engine.
+    floor = min_budget_tokens(limit)
+    clamped = clamped or b_max < floor or b_cap < floor
+    b_max = max(min(b_max, limit), floor)
+    b_cap = max(min(b_cap, b_max), floor)
     if t_large_tokens is None:
         t_large_tokens = max(0, int(max_model_len_tokens)) // 2
     policy = BudgetPolicy(

@@ -18,6 +18,7 @@ from controlplane.core.budget import (
     under_pressure,
 )
 from controlplane.core.types import BudgetPolicy, SchedulerSnapshot
+from controlplane.protocol import min_budget_tokens
 
 POLICY = BudgetPolicy(b_max_tokens=16384, b_cap_tokens=2048, n_th=2, t_large_tokens=32768, n_d_large=2)
 
@@ -185,6 +186,7 @@ def test_selected_policy_is_always_ordered_and_within_the_limit(rows, limit: int
     assert policy.t_large_tokens == max_model_len // 2
     b_max = argmin_budget(rows, "low_pressure_latency_s", DEFAULT_B_MAX_TOKENS)
     b_cap = argmin_budget(rows, "high_pressure_latency_s", DEFAULT_B_CAP_TOKENS)
-    assert policy.b_max_tokens == min(b_max, limit)
-    assert policy.b_cap_tokens == min(b_cap, b_max, limit)
-    assert clamped == (b_max > limit or b_cap > limit)
+    floor = min_budget_tokens(limit)  # the smallest budget an agent accepts
+    assert policy.b_max_tokens == max(min(b_max, limit), floor)
+    assert policy.b_cap_tokens == max(min(b_cap, b_max, limit), floor)
+    assert clamped == (b_max > limit or b_cap > limit or b_max < floor or b_cap < floor)
