@@ -14,6 +14,7 @@ from controlplane.fleet.engine import FakeEngine
 from controlplane.fleet.profiles import H200_QWEN3_8B, EngineShape
 from controlplane.fleet.settings import EngineSettings
 from controlplane.fleet.workload import WorkloadSpec
+from controlplane.protocol import MIN_BUDGET_TOKENS
 
 # Small KV (4096 tokens) against long requests: forces preemptions.
 TIGHT = EngineShape(max_num_seqs=32, max_num_batched_tokens=1024, kv_capacity_tokens=4096, block_size_tokens=16,
@@ -99,7 +100,7 @@ def test_lengths_are_truncated_to_max_model_len() -> None:
     mode=st.sampled_from([common_pb2.MODE_MB, common_pb2.MODE_EB]),
     n=st.integers(1, 32),
     k_fraction=st.floats(0.0, 1.0),
-    b_max=st.integers(1, 1024),
+    b_max=st.integers(MIN_BUDGET_TOKENS, 1024),  # below the floor a decision is refused (budget_below_floor)
     b_cap_fraction=st.floats(0.0, 1.0),
     n_th=st.integers(0, 4),
     concurrency=st.integers(1, 48),
@@ -108,7 +109,7 @@ def test_lengths_are_truncated_to_max_model_len() -> None:
 def test_invariants_hold_for_any_valid_decision(mode, n, k_fraction, b_max, b_cap_fraction, n_th, concurrency,
                                                seed) -> None:
     k = max(1, round(k_fraction * n))
-    b_cap = max(1, round(b_cap_fraction * b_max))
+    b_cap = max(MIN_BUDGET_TOKENS, round(b_cap_fraction * b_max))
     engine = FakeEngine(workload=WorkloadSpec.parse(f"geometric:60/uniform:400/closed:{concurrency}"),
                         shape=TIGHT, seed=seed)
     assert engine.apply(decision(mode, k=k, n=n, b_max=b_max, b_cap=b_cap, n_th=n_th)) == (True, "")
@@ -140,7 +141,7 @@ def test_invariants_hold_for_any_valid_decision(mode, n, k_fraction, b_max, b_ca
 
 def test_mb_uses_b_cap_under_prefill_pressure_and_b_max_otherwise() -> None:
     engine = FakeEngine(workload=WorkloadSpec.parse("geometric:100/fixed:3000/closed:12"), shape=ROOMY, seed=1)
-    engine.apply(decision(common_pb2.MODE_MB, k=1, n=8, b_max=2048, b_cap=100, n_th=2))
+    assert engine.apply(decision(common_pb2.MODE_MB, k=1, n=8, b_max=2048, b_cap=300, n_th=2)) == (True, "")
     num_capped = num_large = 0
     for _ in range(2000):
         state = engine.scheduler_state()
@@ -148,9 +149,9 @@ def test_mb_uses_b_cap_under_prefill_pressure_and_b_max_otherwise() -> None:
         record = engine.step()
         tokens = record.prefill_tokens + record.decode_tokens
         if state.num_running_prefills + admissible >= 2 and state.num_running_decodes > 0:
-            assert tokens <= 100
+            assert tokens <= 300
             num_capped += 1
-        num_large += tokens > 100
+        num_large += tokens > 300
     assert num_capped > 0
     assert num_large > 0
 
