@@ -11,13 +11,22 @@ import itertools
 import math
 from decimal import Decimal, localcontext
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.policy import evaluate
-from controlplane.core.threshold import clip_theta, delta_theta_ifr, solve_theta0, theta0_residual
-from controlplane.core.types import CostModel, EngineLimits, WorkloadStats
+from controlplane.core.batch_size import memory_safe_batch_size, threshold_k
+from controlplane.core.threshold import (
+    MAX_IFR_STRENGTH,
+    bound_delta_theta,
+    clip_theta,
+    delta_theta_ifr,
+    solve_theta0,
+    theta0_residual,
+)
+from controlplane.core.types import CostModel, EngineLimits, Flag, PolicyConfig, WorkloadStats
 from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
 
 # The published calibrations (eb-vllm, Qwen3-8B; DESIGN.md Appendix A), shared with the twin.
@@ -276,3 +285,98 @@ def test_delta_theta_tiny_p0_does_not_raise() -> None:
 )
 def test_clip_theta(theta: float, expected: tuple[float, int]) -> None:
     assert clip_theta(theta, theta_min=0.01, theta_max=0.8) == expected
+
+
+# ------------------------------------------------------------------------------------- the IFR bound
+
+
+def test_bound_leaves_the_perturbative_regime_alone() -> None:
+    # η/p0² ≤ 1: the correction is the paper's, however large ρ makes it (here Δθ ≈ 2.5·θ0).
+    theta0, p0, eta = 0.057, 1.0 / 256.0, 3e-6
+    raw = delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=27.0)
+    assert raw > 2.0 * theta0 and eta / p0**2 < MAX_IFR_STRENGTH
+    assert bound_delta_theta(raw, theta0=theta0, p0=p0, eta=eta) == (raw, False)
+    # η/p0² > 1 but Δθ ≤ θ0: the first-order term is still smaller than the term it corrects.
+    small = delta_theta_ifr(theta0=theta0, p0=p0, eta=2e-5, rho=0.5)
+    assert 2e-5 / p0**2 > 1.0 and small < theta0
+    assert bound_delta_theta(small, theta0=theta0, p0=p0, eta=2e-5) == (small, False)
+
+
+def test_bound_cuts_to_the_unit_strength_correction_or_theta0() -> None:
+    theta0, p0, eta, rho = 0.0067, 1.6e-4, 2e-6, 4.3
+    raw = delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=rho)
+    strength = eta / p0**2
+    bounded, applied = bound_delta_theta(raw, theta0=theta0, p0=p0, eta=eta)
+    assert applied
+    # Δθ at η/p0² = 1 is Δθ/strength (Δθ is linear in η); θ0 is the floor of the cut.
+    assert bounded == pytest.approx(max(theta0, raw / strength), rel=1e-15)
+    assert bounded == pytest.approx(delta_theta_ifr(theta0=theta0, p0=p0, eta=p0 * p0, rho=rho), rel=1e-12)
+    # The floor: a tiny unit-strength correction is not cut below θ0.
+    assert bound_delta_theta(10.0 * theta0, theta0=theta0, p0=p0, eta=1000.0 * p0 * p0) == (theta0, True)
+
+
+def test_bound_is_continuous_and_non_decreasing_in_eta() -> None:
+    theta0, p0, rho = 0.05, 2e-3, 3.0
+    etas = np.linspace(0.0, 20.0 * p0 * p0, 4001)
+    values = [bound_delta_theta(delta_theta_ifr(theta0=theta0, p0=p0, eta=e, rho=rho), theta0=theta0, p0=p0,
+                                eta=e)[0] for e in etas]
+    steps = np.diff(values)
+    assert np.all(steps >= -1e-15)
+    assert np.max(steps) < 1e-3  # no jump where the bound starts (η/p0² = 1 and Δθ = θ0)
+
+
+@pytest.mark.parametrize("inputs", [
+    {"theta0": math.nan, "p0": 1e-3, "eta": 1e-5}, {"theta0": 0.0, "p0": 1e-3, "eta": 1e-5},
+    {"theta0": 0.1, "p0": 0.0, "eta": 1e-5}, {"theta0": 0.1, "p0": 1e-3, "eta": 0.0},
+    {"theta0": 0.1, "p0": 1e-3, "eta": math.inf},
+])
+def test_bound_passes_degenerate_inputs_through(inputs: dict[str, float]) -> None:
+    assert bound_delta_theta(0.5, **inputs) == (0.5, False)
+    assert bound_delta_theta(math.inf, theta0=0.1, p0=1e-3, eta=1e-5) == (math.inf, False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    theta0=st.floats(1e-4, 0.99), p0=st.floats(1e-6, 0.5), eta=st.floats(1e-12, 1e-2), rho=st.floats(0.0, 100.0)
+)
+def test_bound_never_raises_the_correction(theta0: float, p0: float, eta: float, rho: float) -> None:
+    raw = delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=rho)
+    bounded, applied = bound_delta_theta(raw, theta0=theta0, p0=p0, eta=eta)
+    assert 0.0 <= bounded <= raw
+    assert applied == (bounded < raw)
+    if applied:
+        assert bounded >= theta0
+
+
+def test_mid_shift_window_is_bounded_and_flagged() -> None:
+    """The fit of a window mid-shift between two uniform workloads (the twin's 512 → 1,024 tokens of mean
+    output): p̂0 ≈ 1.6e-4 and η̂ ≈ 2e-6. The θ clip alone let Δθ drive k to about 670 of N ≈ 845, against a
+    steady k = 7 (uniform outputs of mean 1,024 fit as geometric: p0 = 1/1024, η = 0)."""
+    limits = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=700_000)
+    workload = WorkloadStats(p0=1.6e-4, eta=2e-6, mu_l_tokens=512.0, mu_o_tokens=774.0)
+    config = PolicyConfig()
+    result = evaluate(workload, H200, limits, n_prev=845, config=config)
+
+    # What the unbounded correction gave: θ clipped to θ_max, k ≈ 670 of N ≈ 845.
+    rho = H200.beta_d_s_per_request * 845 / H200.alpha_d_s
+    raw = delta_theta_ifr(theta0=result.theta0, p0=1.6e-4, eta=2e-6, rho=rho)
+    assert result.theta0 + raw > config.theta_max
+    n_unbounded = memory_safe_batch_size(theta=config.theta_max, p0=1.0 / 774.0, mu_l_tokens=512.0,
+                                         kv_capacity_tokens=700_000.0, oom_tolerance=config.oom_tolerance,
+                                         max_num_seqs=1024).n
+    k_unbounded = threshold_k(theta=config.theta_max, n=n_unbounded)
+    assert 830 <= n_unbounded <= 860 and 660 <= k_unbounded <= 690
+
+    steady = evaluate(WorkloadStats(p0=1 / 1024, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=1024.0), H200, limits,
+                      n_prev=452, config=config)
+    assert steady.k_star == 7
+
+    assert Flag.IFR_CORRECTION_BOUNDED in result.flags
+    assert Flag.THETA_CLIPPED_HIGH not in result.flags
+    assert result.delta_theta == pytest.approx(raw / (2e-6 / 1.6e-4**2), rel=1e-12)
+    assert result.theta_star == pytest.approx(result.theta0 + result.delta_theta, rel=1e-15)
+    assert result.theta_star < 4.0 * result.theta0
+    assert result.k_star <= 2 * steady.k_star + 1  # 13, against 7 steady and ≈ 676 unbounded
+    print(f"mid-shift: unbounded k={k_unbounded} of N={n_unbounded}; bounded k={result.k_star} of "
+          f"N={result.n_star} (Δθ {raw:.3f} → {result.delta_theta:.4f}, θ0 {result.theta0:.4f}); steady k="
+          f"{steady.k_star} of N={steady.n_star}")

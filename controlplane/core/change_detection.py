@@ -1,0 +1,283 @@
+"""Sequential detection of a shift in the output-length distribution of a completion stream.
+
+`ShiftDetector` runs a two-sided CUSUM on rank-based normal scores of the completed output lengths:
+
+- Reference: the lengths of up to `max_reference` earlier completions of the current regime. A sample joins
+  it `reference_lag` samples after it was scored, so that the first samples of a new regime are not yet in
+  the reference they are compared with.
+- Score: z = Φ⁻¹(U), U = F̂(x−) + V·(F̂(x) − F̂(x−)) the randomised probability integral transform of x under
+  the reference's empirical CDF F̂ (kept inside [1/(2n), 1 − 1/(2n)]), V ∈ [0, 1) a deterministic
+  golden-ratio sequence over the sample index (pure and reproducible; it spreads ties, such as the short
+  lengths of a geometric workload, evenly over their CDF step). Under a stationary workload U is uniform and
+  z is N(0, 1) whatever the length distribution (geometric, uniform, log-normal, bimodal), which is what
+  makes one threshold valid for all of them; a scale change of the lengths moves the mean of z (a 2× longer
+  geometric workload: about +0.5).
+- CUSUM: S⁺ = max(0, S⁺ + z − k), S⁻ = max(0, S⁻ − z − k), alarm when one exceeds h. k = `drift` (half the
+  smallest shift of the score mean worth detecting fast; 0.25 targets the ≈0.5 of a 2× shift). h is solved
+  from Siegmund's approximation of the in-control run length of a one-sided CUSUM on N(0, 1) data,
+  ARL₀(h) = (e^{2k·b} − 2k·b − 1)/(2k²) with b = h + 1.166, for ARL₀ = 2 × `false_alarm_interval` per side
+  (the default 10⁶ completions between false alarms leaves a factor of ten to the goal of one per 10⁵).
+- On an alarm the change is taken to start right after the alarming sum's last zero (the CUSUM estimate of
+  the change point). The reference restarts from the samples since then, and the detector stays unarmed until
+  the reference holds `min_reference` samples again; the reference also needs `min_reference` samples at the
+  start.
+
+Pure: no I/O, no clock; numbers only. Cost per update: O(batch · log(max_reference) + max_reference).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, special
+
+from controlplane.core.length_histogram import valid_length_mask
+
+# Siegmund's correction of the CUSUM boundary for the overshoot of a Gaussian random walk.
+_SIEGMUND_OVERSHOOT = 1.166
+_INVERSE_GOLDEN_RATIO = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShiftEvent:
+    """A detected shift of the output-length distribution.
+
+    start_index: index (in the detector's stream of valid samples, from 0) of the first sample of the new
+      regime. detected_index: index of the sample that raised the alarm (≥ start_index).
+    direction: +1 towards longer outputs, −1 towards shorter ones.
+    mean_ratio: mean length of the samples since start_index over the mean of the old reference.
+    score_shift: mean score of the samples since start_index, in reference standard deviations.
+    """
+
+    start_index: int
+    detected_index: int
+    direction: int
+    mean_ratio: float
+    score_shift: float
+
+
+def cusum_threshold(*, drift: float, in_control_run_length: float) -> float:
+    """The one-sided CUSUM threshold h whose in-control run length on N(0, 1) data is the given one.
+
+    Siegmund's approximation ARL₀ = (e^{2k·b} − 2k·b − 1)/(2k²), b = h + 1.166, solved for h.
+
+    Raises:
+        ValueError: drift ≤ 0 or a run length that is not finite or not above the approximation's value at
+            h = 0.
+    """
+    if not (math.isfinite(drift) and drift > 0.0):
+        raise ValueError(f"CUSUM drift must be finite and > 0, got {drift!r}")
+
+    def run_length(h: float) -> float:
+        x = 2.0 * drift * (h + _SIEGMUND_OVERSHOOT)
+        return (math.expm1(x) - x) / (2.0 * drift * drift)
+
+    if not (math.isfinite(in_control_run_length) and in_control_run_length > run_length(0.0)):
+        raise ValueError(f"in-control run length must be finite and > {run_length(0.0):.3g}, got "
+                         f"{in_control_run_length!r}")
+    upper = 1.0
+    while run_length(upper) < in_control_run_length:
+        upper *= 2.0
+    return float(optimize.brentq(lambda h: run_length(h) - in_control_run_length, 0.0, upper, xtol=1e-12))
+
+
+class _SortedReference:
+    """The reference sample as a FIFO of at most `capacity` lengths plus the same values sorted."""
+
+    __slots__ = ("_capacity", "_fifo", "_sorted")
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._fifo: deque[int] = deque()
+        self._sorted = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+    def reset(self, values: np.ndarray) -> None:
+        kept = np.asarray(values, dtype=np.int64)[-self._capacity :]
+        self._fifo = deque(int(v) for v in kept)
+        self._sorted = np.sort(kept)
+
+    def extend(self, values: np.ndarray) -> None:
+        if not values.size:
+            return
+        self._fifo.extend(int(v) for v in values)
+        # Sorted first: values sharing one insertion point must go in in order.
+        ordered = np.sort(values)
+        self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, ordered), ordered)
+        excess = len(self._fifo) - self._capacity
+        if excess > 0:
+            dropped = np.sort(np.array([self._fifo.popleft() for _ in range(excess)], dtype=np.int64))
+            # Equal values must remove distinct positions: the i-th copy of a value goes at first + i.
+            copy_rank = np.arange(dropped.size) - np.searchsorted(dropped, dropped, side="left")
+            self._sorted = np.delete(self._sorted, np.searchsorted(self._sorted, dropped, side="left") + copy_rank)
+
+    def mean(self) -> float:
+        return float(self._sorted.mean()) if self._sorted.size else math.nan
+
+    def scores(self, values: np.ndarray, *, jitter: np.ndarray) -> np.ndarray:
+        """Φ⁻¹ of the randomised empirical CDF F̂(x−) + V·(F̂(x) − F̂(x−)) of each value, V = jitter in [0, 1)."""
+        n = self._sorted.size
+        below = np.searchsorted(self._sorted, values, side="left")
+        not_above = np.searchsorted(self._sorted, values, side="right")
+        cdf = (below + jitter * (not_above - below)) / n
+        return special.ndtri(np.clip(cdf, 0.5 / n, 1.0 - 0.5 / n))
+
+
+def _jitter(first_index: int, size: int) -> np.ndarray:
+    """Deterministic uniform [0, 1) values for samples first_index, first_index + 1, …: the golden-ratio
+    Weyl sequence frac((i + 1)·φ⁻¹), evenly spread and independent of the lengths."""
+    index = np.arange(first_index + 1, first_index + size + 1, dtype=np.float64)
+    return np.mod(index * _INVERSE_GOLDEN_RATIO, 1.0)
+
+
+class ShiftDetector:
+    """Two-sided CUSUM on rank scores of completed output lengths (see the module docstring).
+
+    Args:
+        false_alarm_interval: expected number of completions between two false alarms of a stationary
+            workload (both sides together).
+        drift: the CUSUM reference value k, in score standard deviations.
+        min_reference: samples the reference needs before the detector is armed.
+        max_reference: the reference's capacity (the oldest samples leave first).
+        reference_lag: samples join the reference this many samples after they were scored.
+        history: how many recent samples are kept to restart the reference after an alarm.
+    Raises:
+        ValueError: a parameter out of its range (named in the message).
+    """
+
+    def __init__(
+        self,
+        *,
+        false_alarm_interval: float = 1e6,
+        drift: float = 0.25,
+        min_reference: int = 200,
+        max_reference: int = 4096,
+        reference_lag: int = 256,
+        history: int = 4096,
+    ) -> None:
+        if not 1 <= min_reference <= max_reference:
+            raise ValueError(f"need 1 ≤ min_reference ≤ max_reference, got {min_reference} and {max_reference}")
+        if reference_lag < 0 or history < 1:
+            raise ValueError(f"need reference_lag ≥ 0 and history ≥ 1, got {reference_lag} and {history}")
+        if not (math.isfinite(false_alarm_interval) and false_alarm_interval >= 1.0):
+            raise ValueError(f"false_alarm_interval must be finite and ≥ 1, got {false_alarm_interval!r}")
+        self.threshold = cusum_threshold(drift=drift, in_control_run_length=2.0 * false_alarm_interval)
+        self.drift = drift
+        self._min_reference = min_reference
+        self._lag = reference_lag
+        self._reference = _SortedReference(max_reference)
+        self._pending: deque[int] = deque()
+        self._history: deque[int] = deque(maxlen=history)
+        self._num_samples = 0
+        self._up = 0.0
+        self._down = 0.0
+        self._last_zero_up = -1
+        self._last_zero_down = -1
+        self.num_rejected = 0
+        self.num_events = 0
+
+    @property
+    def num_samples(self) -> int:
+        """Valid samples seen so far (the index the next sample will get)."""
+        return self._num_samples
+
+    @property
+    def armed(self) -> bool:
+        return len(self._reference) >= self._min_reference
+
+    @property
+    def statistics(self) -> tuple[float, float]:
+        """(S⁺, S⁻), the current CUSUM sums."""
+        return self._up, self._down
+
+    def update(self, lengths: np.ndarray) -> ShiftEvent | None:
+        """Feed completed output lengths in completion order; the last shift detected in them, or None.
+
+        Invalid entries (not finite, not integral, < 1, > 2⁵³) are skipped and counted in num_rejected; they
+        take no index.
+        """
+        values = np.asarray(lengths, dtype=np.float64).ravel()
+        mask = valid_length_mask(values)
+        self.num_rejected += int(values.size - np.count_nonzero(mask))
+        samples = values[mask].astype(np.int64)
+        event: ShiftEvent | None = None
+        position = 0
+        while position < samples.size:
+            if not self.armed:
+                # Warm-up: the first samples of a regime build the reference directly.
+                take = min(samples.size - position, self._min_reference - len(self._reference))
+                chunk = samples[position : position + take]
+                self._reference.extend(chunk)
+                self._history.extend(int(v) for v in chunk)
+                self._num_samples += take
+                position += take
+                if self.armed:
+                    self._reset_sums()
+                continue
+            found = self._scan(samples[position:])
+            consumed = found[0] if found is not None else samples.size - position
+            position += consumed
+            if found is not None:
+                event = found[1]
+        return event
+
+    def _reset_sums(self) -> None:
+        self._up = self._down = 0.0
+        self._last_zero_up = self._last_zero_down = self._num_samples - 1
+
+    def _scan(self, samples: np.ndarray) -> tuple[int, ShiftEvent] | None:
+        """CUSUM over samples scored against the current reference; stops after the first alarm.
+
+        Returns (samples consumed, event) on an alarm, None when every sample was consumed without one.
+        """
+        scores = self._reference.scores(samples, jitter=_jitter(self._num_samples, samples.size))
+        up, down, k, h = self._up, self._down, self.drift, self.threshold
+        for offset, z in enumerate(scores.tolist()):
+            index = self._num_samples
+            self._num_samples += 1
+            self._history.append(int(samples[offset]))
+            up = max(0.0, up + z - k)
+            down = max(0.0, down - z - k)
+            if up == 0.0:
+                self._last_zero_up = index
+            if down == 0.0:
+                self._last_zero_down = index
+            if up > h or down > h:
+                self._up, self._down = up, down
+                self._age_pending(samples[: offset + 1])
+                return offset + 1, self._alarm(index, direction=1 if up > h else -1)
+        self._up, self._down = up, down
+        self._age_pending(samples)
+        return None
+
+    def _age_pending(self, scored: np.ndarray) -> None:
+        self._pending.extend(int(v) for v in scored)
+        excess = len(self._pending) - self._lag
+        if excess > 0:
+            matured = np.array([self._pending.popleft() for _ in range(excess)], dtype=np.int64)
+            self._reference.extend(matured)
+
+    def _alarm(self, index: int, *, direction: int) -> ShiftEvent:
+        last_zero = self._last_zero_up if direction > 0 else self._last_zero_down
+        recent = np.array(list(self._history)[-(index - last_zero) :], dtype=np.int64)
+        start = index - recent.size + 1
+        reference_mean = self._reference.mean()
+        recent_scores = self._reference.scores(recent, jitter=_jitter(start, recent.size))
+        event = ShiftEvent(
+            start_index=start,
+            detected_index=index,
+            direction=direction,
+            mean_ratio=float(recent.mean()) / reference_mean if reference_mean > 0.0 else math.nan,
+            score_shift=float(recent_scores.mean()),
+        )
+        self.num_events += 1
+        # The new regime's reference: the samples since the change point; unarmed until it is large enough.
+        self._pending.clear()
+        self._reference.reset(recent)
+        self._reset_sums()
+        return event

@@ -1,0 +1,163 @@
+"""Output-length survival analysis over histograms: censored, left-truncated and re-based windows.
+
+Why: completions alone are a length-biased sample whenever the workload is not stationary. After a shift
+towards longer outputs the short ones finish first, and a fit over completions alone sees a hazard far
+too high. The requests still running are right-censored observations (a request that has produced c tokens
+and is still running survived every t ≤ c), and the requests already running when a window opens are
+left-truncated (their first tokens were produced before the window).
+
+Exposure of a window over token ages (the Lexis count): a request is at risk at age t inside the window
+when it produces its t-th token inside it, i.e. when c_open < t ≤ c_end, with c_open its length when the
+window opened (0 when it started inside it) and c_end its final length (completed) or its length when the
+window closed (still running). Summed over requests:
+
+    n(t) = #{completed O ≥ t} + #{running at close c ≥ t} − #{running at open c ≥ t},   d(t) = #{O = t},
+
+and ĥ(t) = d(t)/n(t) estimates the hazard of the requests served in the window, stationary or not (with no
+running requests at either end it is the plain completion-window estimate). Requests that left without
+completing (aborted) are in none of the three sets; they make n(t) slightly low, and n(t) is kept ≥ d(t).
+
+Kaplan–Meier: Ŝ(t) = Π_{s≤t} (1 − d(s)/n(s)); the 95th percentile and the first two moments of the length
+come from it (up to the last observed age, then a constant-hazard tail, see `length_moments`).
+
+Pure: no I/O, no clock. Cost O(T) for T the largest age observed (dense life table, at most
+MAX_TABLE_TOKENS; longer observations count as at risk up to it without an event).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.core.length_histogram import LengthHistogram
+
+# Largest age a dense life table covers (longer observations are censored there).
+MAX_TABLE_TOKENS = 1 << 20
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class WindowObservations:
+    """The length observations of one window.
+
+    completed: final output lengths of the requests that completed inside the window.
+    censored: lengths of the requests still running when the window closed (None: not known).
+    truncated: lengths of the requests already running when the window opened (None: not known).
+    """
+
+    completed: LengthHistogram
+    censored: LengthHistogram | None = None
+    truncated: LengthHistogram | None = None
+
+
+def dense_events_and_exposure(window: WindowObservations, *, t_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """(d(t), n(t)) for t = 1..t_max (see the module docstring), n(t) ≥ max(d(t), 0).
+
+    Integer arrays when the window has only completions (equal counts give bit-for-bit equal fits to the
+    sample form); float arrays otherwise.
+    """
+    completed = window.completed.dense_counts(t_max)
+    events = completed[1:]
+    # #{O ≥ t} for t = 1..t_max: everything minus what completed before t.
+    at_risk = window.completed.count - np.concatenate(([0], np.cumsum(events)[:-1]))
+    if window.censored is None and window.truncated is None:
+        return events, at_risk
+    table = life_table(window)
+    span = min(t_max, table.events.size)
+    events = np.zeros(t_max, dtype=np.float64)
+    at_risk = np.zeros(t_max, dtype=np.float64)
+    events[:span] = table.events[:span]
+    at_risk[:span] = table.at_risk[:span]
+    return events, at_risk
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class LifeTable:
+    """Events d(t) and exposure n(t) for t = 1..last_age (float arrays, index t − 1).
+
+    last_age: the largest age observed (completed or censored). n(t) ≥ d(t).
+    """
+
+    events: np.ndarray
+    at_risk: np.ndarray
+    last_age: int
+
+    @property
+    def total_events(self) -> float:
+        return float(self.events.sum())
+
+    @property
+    def total_exposure(self) -> float:
+        return float(self.at_risk.sum())
+
+
+def _at_least(histogram: LengthHistogram, span: int) -> np.ndarray:
+    """#{x ≥ t} for t = 1..span as float64."""
+    return histogram.count_at_least(np.arange(1, span + 1, dtype=np.int64)).astype(np.float64)
+
+
+def life_table(window: WindowObservations) -> LifeTable:
+    """The window's dense life table (see the module docstring). O(T), T the largest age observed."""
+    censored = window.censored
+    last_age = max(window.completed.max_length(), censored.max_length() if censored is not None else 0)
+    span = min(max(last_age, 1), MAX_TABLE_TOKENS)
+    events = window.completed.dense_counts(span)[1:].astype(np.float64)
+    at_risk = _at_least(window.completed, span)
+    if censored is not None:
+        at_risk += _at_least(censored, span)
+    if window.truncated is not None:
+        at_risk -= _at_least(window.truncated, span)
+    at_risk = np.maximum(at_risk, events)
+    return LifeTable(events=events, at_risk=at_risk, last_age=min(last_age, MAX_TABLE_TOKENS))
+
+
+def km_survival(table: LifeTable) -> np.ndarray:
+    """Ŝ(t) for t = 1..last_age (no one at risk at t: hazard 0 there)."""
+    hazard = np.divide(table.events, table.at_risk, out=np.zeros_like(table.events), where=table.at_risk > 0.0)
+    return np.cumprod(1.0 - hazard)
+
+
+def km_percentile(survival: np.ndarray, percent: float) -> int | None:
+    """Smallest t with 1 − Ŝ(t) ≥ percent/100, or None when the curve does not get there."""
+    reached = np.nonzero(survival <= 1.0 - percent / 100.0)[0]
+    return int(reached[0]) + 1 if reached.size else None
+
+
+def length_moments(survival: np.ndarray, *, p0: float) -> tuple[float, float]:
+    """(mean, standard deviation) of the output length, in tokens, from Ŝ(t), t = 1..τ.
+
+    E[O] = Σ_{t≥0} S(t) and E[O²] = Σ_{t≥0} (2t+1)·S(t), with S(0) = 1, Ŝ up to the last observed age τ
+    (a restricted mean) and, beyond τ, Ŝ(τ) times the survival of a constant hazard p0 (the fitted
+    intercept). With no censored request past the last completion Ŝ(τ) = 0 and these are the moments of the
+    completions. The constant tail is the conservative choice for memory (N̂* reads 1/μ_O): a true IFR tail
+    ends sooner, and extrapolating a fitted slope far past the data would trust exactly the slopes that
+    mixtures of two workloads fake mid-shift. NaN when the tail is needed and p0 ≤ 0.
+    """
+    t = np.arange(0, survival.size + 1, dtype=np.float64)
+    levels = np.concatenate(([1.0], survival))
+    first = float(levels.sum())
+    second = float(((2.0 * t + 1.0) * levels).sum())
+    s_tau = float(levels[-1])
+    if s_tau > 0.0:
+        p = min(p0, 1.0)
+        if not p > 0.0:
+            return math.nan, math.nan
+        tau = float(survival.size)
+        ratio = (1.0 - p) / p  # Σ_{j≥1} (1 − p)^j
+        first += s_tau * ratio
+        second += s_tau * ((2.0 * tau + 1.0) * ratio + 2.0 * (1.0 - p) / (p * p))
+    return first, math.sqrt(max(second - first * first, 0.0))
+
+
+def geometric_mean_length(survival: np.ndarray) -> float | None:
+    """The mean μ of the length whose curve is Ŝ up to τ and geometric with rate 1/μ beyond it, in tokens.
+
+    μ = R + Ŝ(τ)·(μ − 1) with R = Σ_{t=0}^{τ} Ŝ(t), i.e. μ = (R − Ŝ(τ))/(1 − Ŝ(τ)); the sample mean when nothing
+    is censored (Ŝ(τ) = 0). None when the curve never drops (no completion: no estimate).
+    """
+    s_tau = float(survival[-1]) if survival.size else 1.0
+    if not s_tau < 1.0:
+        return None
+    restricted = 1.0 + float(survival.sum())
+    return (restricted - s_tau) / (1.0 - s_tau)

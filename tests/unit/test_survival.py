@@ -1,0 +1,189 @@
+"""Censored and left-truncated hazard fits: the length-biased engine snapshot, Kaplan–Meier moments,
+the window exposure in a stationary engine, and the shift-transient fit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from controlplane.core.hazard import fit_hazard_histogram
+from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.survival import (
+    WindowObservations,
+    dense_events_and_exposure,
+    geometric_mean_length,
+    km_percentile,
+    km_survival,
+    length_moments,
+    life_table,
+)
+
+
+def hist(values) -> LengthHistogram:
+    array = np.asarray(values, dtype=np.int64)
+    return LengthHistogram.from_counts(array, np.ones_like(array))
+
+
+def engine_snapshot(seed: int, *, mean: float, slots: int, cut_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """A saturated engine whose `slots` start at once with geometric outputs, each refilled when its request
+    finishes; at `cut_tokens` the finished requests and the running ones (their lengths so far).
+
+    The classic length-biased sample: a request longer than the cut is never among the completions.
+    """
+    rng = np.random.default_rng(seed)
+    done: list[int] = []
+    running: list[int] = []
+    for _ in range(slots):
+        elapsed = 0
+        while True:
+            length = int(rng.geometric(1.0 / mean))
+            if elapsed + length > cut_tokens:
+                running.append(cut_tokens - elapsed)
+                break
+            done.append(length)
+            elapsed += length
+    return np.array(done), np.array(running)
+
+
+@pytest.mark.parametrize("cut_tokens", [400, 1000, 2000])
+def test_censored_fit_of_a_length_biased_snapshot_is_unbiased(cut_tokens: int) -> None:
+    mean = 1024.0
+    naive, censored = [], []
+    for seed in range(40):
+        done, running = engine_snapshot(seed, mean=mean, slots=512, cut_tokens=cut_tokens)
+        completed = LengthHistogram.from_samples(done)
+        plain = fit_hazard_histogram(completed, prompt_count=1, prompt_sum_tokens=512.0)
+        fixed = fit_hazard_histogram(completed, prompt_count=1, prompt_sum_tokens=512.0, censored=hist(running))
+        assert plain is not None and fixed is not None
+        naive.append(plain.stats.p0 * mean)
+        censored.append(fixed.stats.p0 * mean)
+    print(f"cut {cut_tokens}: p0·μ over 40 seeds, median naive {np.median(naive):.3f}, "
+          f"censored {np.median(censored):.3f} (mean {np.mean(censored):.3f})")
+    # The completions alone see a hazard far too high (the long requests are missing); with the running
+    # requests as censored observations it is within a few percent.
+    assert np.median(naive) > 1.3
+    assert abs(np.median(censored) - 1.0) < 0.04
+    assert abs(np.mean(censored) - 1.0) < 0.04
+
+
+def test_censored_mean_is_not_the_completed_mean() -> None:
+    done, running = engine_snapshot(7, mean=1024.0, slots=512, cut_tokens=1000)
+    fit = fit_hazard_histogram(LengthHistogram.from_samples(done), prompt_count=1, prompt_sum_tokens=512.0,
+                               censored=hist(running))
+    assert fit is not None
+    assert done.mean() < 500.0  # length-biased
+    assert fit.stats.mu_o_tokens == pytest.approx(1024.0, rel=0.15)
+    assert fit.stats.eta == 0.0  # a constant hazard: no spurious slope
+
+
+def test_life_table_by_hand() -> None:
+    # Completed 1, 3, 3; running at the close 2 and 4; running at the opening 1.
+    window = WindowObservations(completed=hist([1, 3, 3]), censored=hist([2, 4]), truncated=hist([1]))
+    table = life_table(window)
+    # n(t) = #{O ≥ t} + #{c ≥ t} − #{c_open ≥ t}: t=1: 3+2−1, t=2: 2+2−0, t=3: 2+1, t=4: 0+1.
+    assert table.at_risk.tolist() == [4.0, 4.0, 3.0, 1.0]
+    assert table.events.tolist() == [1.0, 0.0, 2.0, 0.0]
+    assert table.last_age == 4
+    survival = km_survival(table)
+    assert survival.tolist() == pytest.approx([0.75, 0.75, 0.25, 0.25])
+    assert km_percentile(survival, 50.0) == 3
+    assert km_percentile(survival, 95.0) is None
+    events, at_risk = dense_events_and_exposure(window, t_max=3)
+    assert events.tolist() == [1.0, 0.0, 2.0] and at_risk.tolist() == [4.0, 4.0, 3.0]
+
+
+def test_exposure_never_below_events() -> None:
+    # An inconsistent pair of snapshots (aborted requests): the at-risk count is kept ≥ the events.
+    window = WindowObservations(completed=hist([2, 2]), censored=None, truncated=hist([5, 5, 5]))
+    table = life_table(window)
+    assert np.all(table.at_risk >= table.events)
+
+
+def test_km_moments_without_censoring_are_the_sample_moments() -> None:
+    samples = np.random.default_rng(3).integers(1, 900, size=777)
+    table = life_table(WindowObservations(completed=LengthHistogram.from_samples(samples), censored=hist([])))
+    survival = km_survival(table)
+    mean, std = length_moments(survival, p0=0.01)
+    assert mean == pytest.approx(samples.mean(), rel=1e-12)
+    assert std == pytest.approx(samples.std(), rel=1e-9)
+    assert geometric_mean_length(survival) == pytest.approx(samples.mean(), rel=1e-12)
+
+
+def test_km_moments_with_a_constant_tail() -> None:
+    # Two requests both still running at 10 tokens: S = 1 up to 10, then the geometric tail of p0.
+    survival = km_survival(life_table(WindowObservations(completed=hist([]), censored=hist([10, 10]))))
+    p0 = 0.05
+    mean, std = length_moments(survival, p0=p0)
+    # E[O] = 11 + (1 − p)/p; the same law as 10 + Geometric(p) counted from 1.
+    assert mean == pytest.approx(10.0 + 1.0 / p0, rel=1e-12)
+    assert std == pytest.approx(math.sqrt((1.0 - p0) / p0**2), rel=1e-9)
+    assert geometric_mean_length(survival) is None  # no completion: no estimate
+    assert all(math.isnan(x) for x in length_moments(survival, p0=0.0))
+
+
+def saturated_engine(seed: int, *, mean_before: float, mean_after: float, shift_at: int, open_at: int,
+                     close_at: int, slots: int = 256) -> tuple[LengthHistogram, LengthHistogram, LengthHistogram]:
+    """A saturated engine with geometric outputs (every finished request is replaced at once), whose new
+    requests switch from mean_before to mean_after at completion shift_at.
+
+    Returns the completions between completion open_at and close_at, and the running requests' lengths at
+    both ends (opening, closing).
+    """
+    rng = np.random.default_rng(seed)
+    start = np.zeros(slots)
+    length = rng.geometric(1 / mean_before, slots).astype(float)
+    finish = length.copy()
+    completed: list[int] = []
+    opening = closing = LengthHistogram.empty()
+    done = 0
+    while done < close_at:
+        i = int(np.argmin(finish))
+        now = finish[i]
+        done += 1
+        if done > open_at:
+            completed.append(int(length[i]))
+        start[i] = now
+        length[i] = float(rng.geometric(1 / (mean_after if done >= shift_at else mean_before)))
+        finish[i] = now + length[i]
+        if done == open_at:
+            opening = hist((now - start).astype(np.int64))
+    closing = hist((now - start).astype(np.int64))
+    return LengthHistogram.from_samples(completed), opening, closing
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_window_exposure_in_a_stationary_engine_matches_the_plain_fit(seed: int) -> None:
+    """In a stationary engine the window of the last completions is unbiased on its own; with the running
+    requests at both ends it must stay so (censoring alone would double-count the in-flight requests)."""
+    outputs, opening, closing = saturated_engine(seed, mean_before=300.0, mean_after=300.0, shift_at=0,
+                                                 open_at=8000, close_at=12_000)
+    plain = fit_hazard_histogram(outputs, prompt_count=1, prompt_sum_tokens=1.0)
+    both = fit_hazard_histogram(outputs, prompt_count=1, prompt_sum_tokens=1.0, censored=closing, truncated=opening)
+    only_censored = fit_hazard_histogram(outputs, prompt_count=1, prompt_sum_tokens=1.0, censored=closing)
+    assert plain is not None and both is not None and only_censored is not None
+    assert both.stats.p0 == pytest.approx(plain.stats.p0, rel=0.03)
+    assert both.stats.mu_o_tokens == pytest.approx(plain.stats.mu_o_tokens, rel=0.03)
+    # Censoring without the opening counts the 256 requests in flight at the opening twice: ~6% low here.
+    assert only_censored.stats.p0 < 0.97 * both.stats.p0
+
+
+def test_shift_transient_fit_keeps_the_intercept_and_drops_the_slope() -> None:
+    # 200 completions into a 128 → 1,024 shift, the window opened at the shift: most completions are the old
+    # short requests finishing at later ages, which a fitted line reads as an increasing hazard.
+    for seed in range(6):
+        outputs, opening, closing = saturated_engine(seed, mean_before=128.0, mean_after=1024.0, shift_at=5000,
+                                                     open_at=5000, close_at=5200)
+        kwargs = {"prompt_count": 10, "prompt_sum_tokens": 5120.0, "censored": closing, "truncated": opening}
+        normal = fit_hazard_histogram(outputs, **kwargs)
+        transient = fit_hazard_histogram(outputs, shift_transient=True, **kwargs)
+        assert normal is not None and transient is not None
+        assert normal.stats.eta > 1e-5  # the artefact
+        assert transient.shift_transient and not normal.shift_transient
+        assert transient.stats.eta == 0.0
+        assert transient.stats.p0 == normal.stats.p0
+        assert transient.stats.mu_o_tokens == pytest.approx(1.0 / transient.stats.p0, rel=1e-15)
+        # The mixture's mean is the old requests' (≈190 tokens); the young requests' rate is nearer the new law.
+        assert normal.stats.mu_o_tokens < 250.0
+        assert 1.5 * normal.stats.mu_o_tokens < transient.stats.mu_o_tokens < 1024.0 * 1.5
