@@ -33,6 +33,7 @@ from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
 from controlplane.protocol import MODE_CODES, VERSION_EPOCH_FACTOR
 from controlplane.service.config import ControllerConfig
+from controlplane.service.epochs import EpochReserver
 from controlplane.service.sessions import Session, StreamRefusedError, check_engine_allowed, resolve_takeover
 from controlplane.service.writer import DecisionWriter
 from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
@@ -106,6 +107,7 @@ class Controller:
         self._calibrations: dict[str, CostModel] = {}
         self._restored: dict[str, tuple[str, common_pb2.Decision]] = {}
         self.writer = DecisionWriter(store, on_failure=self.note_store_failure, on_success=self._store_ok)
+        self._epochs = EpochReserver(store)
         self.store_down_since_s: float | None = None
         self.store_answered = False
         self._gauges_at_s = float("-inf")
@@ -231,7 +233,7 @@ class Controller:
 
     async def _reserve_epoch(self, engine_id: str, record: EngineRecord | None) -> int:
         try:
-            epoch = await asyncio.wait_for(self._store.reserve_epoch(engine_id), timeout=_EPOCH_TIMEOUT_S)
+            epoch = await self._epochs.reserve(engine_id, timeout_s=_EPOCH_TIMEOUT_S)
             self._store_ok()
             return epoch
         except (StoreUnavailable, TimeoutError) as exc:

@@ -237,6 +237,26 @@ class RedisStore(PoolStatisticsMixin):
         async with self._operation("reserve_epoch"):
             return int(await run_script(self._redis, call))
 
+    async def reserve_epochs(self, engine_ids: Sequence[str]) -> dict[str, int]:
+        """`reserve_epoch` for many engines in one pipelined round trip (per server): what a replica does
+        when many streams open at once (a restart, a rebalance).
+
+        Returns:
+            engine id → its new epoch, for every engine whose reservation succeeded (a failed one is
+            absent, so the caller can fall back for it alone).
+        Raises:
+            ValueError: for an empty engine id.
+            StoreUnavailable: when Redis fails as a whole.
+        """
+        if any(not engine_id for engine_id in engine_ids):
+            raise ValueError("engine ids must not be empty")
+        unique = list(dict.fromkeys(engine_ids))
+        calls = [ScriptCall(RESERVE_EPOCH, [self._keys.epoch(e), self._keys.decision(e)], []) for e in unique]
+        async with self._operation("reserve_epochs"):
+            replies = await run_scripts(self._redis, calls)
+        return {engine_id: int(reply) for engine_id, reply in zip(unique, replies, strict=True)
+                if not isinstance(reply, Exception)}
+
     async def current_epoch(self, engine_id: str) -> int:
         """The last epoch reserved for `engine_id`; 0 when none was.
 

@@ -557,3 +557,16 @@ def test_bad_urls_and_prefixes_are_refused_before_connecting() -> None:
         create_store("redis://127.0.0.1:6379", prefix="{cp}")
     with pytest.raises(ValueError, match="max_connections"):
         create_store("redis://127.0.0.1:6379", max_connections=0)
+
+
+async def test_reserve_epochs_reserves_many_in_one_call_and_each_keeps_increasing(redis_url: str) -> None:
+    store = create_store(redis_url, prefix="epochs")
+    try:
+        ids = [f"engine-{i}" for i in range(300)]
+        first = await store.reserve_epochs(ids)
+        second = await store.reserve_epochs(ids + ids[:5])  # duplicates are reserved once
+        assert set(first) == set(second) == set(ids)
+        assert all(second[e] > first[e] for e in ids)
+        assert await store.reserve_epoch("engine-0") > second["engine-0"]
+    finally:
+        await store.close()
