@@ -238,7 +238,7 @@ async def _drive(ports: list[int], num_streams: int, variants: list[bytes], dura
 
 
 def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s: float, completions: int,
-                 steps: int) -> dict[str, object]:
+                 steps: int, rss_every_s: float = 10.0) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as raw:
         tmp = Path(raw)
         redis_url, server = start_redis_on_free_port(tmp)
@@ -248,6 +248,7 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
             variants = _heavy_variants(completions, steps)
             results = Results()
             r = redis.Redis.from_url(redis_url)
+            rss_samples: list[float] = []
             pids = [c[0].pid for c in controllers]
             gen_cpu0 = resource.getrusage(resource.RUSAGE_SELF)
             wall0 = time.monotonic()
@@ -260,7 +261,9 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
                 acc0 = [_accepted(c[2]) for c in controllers]
                 cmds0 = float(r.info("stats")["total_commands_processed"])
                 t0 = time.monotonic()
-                await asyncio.sleep(duration_s)
+                while time.monotonic() - t0 < duration_s:  # RSS sampled over the run (a soak shows growth)
+                    await asyncio.sleep(min(rss_every_s, max(0.0, duration_s - (time.monotonic() - t0))))
+                    rss_samples.append(max(_proc_rss_mib(p) for p in pids))
                 elapsed = time.monotonic() - t0
                 cpu = [(_proc_cpu_s(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
                 acc = [tuple((b - a) / elapsed for a, b in zip(a0, _accepted(c[2]), strict=True))
@@ -294,6 +297,7 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
         "controller_cores": cpu, "controller_rss_mib": rss, "generator_cores": gen_cores,
         "redis_cmds_per_s": cmds, "buckets_compared": len(results.by_bucket), "buckets_disagreeing": disagreeing,
         "stream_errors": len(results.errors), "first_error": results.errors[0] if results.errors else "",
+        "rss_samples_mib": rss_samples,
     }
 
 
@@ -305,6 +309,8 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=10.0, help="seconds before measuring")
     parser.add_argument("--completions", type=int, default=64, help="completions per batch")
     parser.add_argument("--steps", type=int, default=1000, help="steps per batch")
+    parser.add_argument("--rss-every-s", type=float, default=10.0,
+                        help="sample the controllers' RSS this often while measuring (soak: --duration-s 600)")
     args = parser.parse_args()
     scenarios = [(n, args.replicas) for n in args.streams] if args.streams else \
         [(100, 1), (1000, 1), (2000, 1), (1000, 2)]
@@ -314,13 +320,17 @@ def main() -> None:
     print(header)
     for streams, replicas in scenarios:
         row = run_scenario(streams, replicas=replicas, duration_s=args.duration_s, warmup_s=args.warmup_s,
-                           completions=args.completions, steps=args.steps)
+                           completions=args.completions, steps=args.steps, rss_every_s=args.rss_every_s)
         cores = "+".join(f"{c:.2f}" for c in row["controller_cores"])
         agree = f"{row['buckets_compared'] - row['buckets_disagreeing']}/{row['buckets_compared']}"
         print(f"{streams:>7} {replicas:>4} {row['events_per_s']:>10.0f} {row['batches_per_s']:>9.0f} "
               f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {row['max_ms']:>8.1f} {row['never_decided']:>9} "
               f"{row['never_triggered']:>6} {cores:>10} {row['controller_rss_mib']:>8.0f} "
               f"{row['generator_cores']:>9.2f} {row['redis_cmds_per_s']:>11.0f} {agree:>9}", flush=True)
+        samples = row["rss_samples_mib"]
+        if len(samples) >= 2:
+            print(f"        RSS MiB over the run: first {samples[0]:.0f}, min {min(samples):.0f}, "
+                  f"max {max(samples):.0f}, last {samples[-1]:.0f} ({len(samples)} samples)", flush=True)
         if row["stream_errors"]:
             print(f"        {row['stream_errors']} stream errors, first: {row['first_error']}", flush=True)
 
