@@ -17,6 +17,11 @@ from zero; otherwise the window is treated as constant-hazard and p0 is the weig
 variance about threefold for geometric data (2,000 samples: 95th-percentile error 6.8% with the free
 slope, about 4% with the test), and an insignificant slope would only feed noise into Δθ.
 
+Histogram form (`fit_hazard_histogram`): the same fit over a `LengthHistogram` of completions (what the
+decision loop keeps per pool and time bucket), equal to `fit_hazard` on the same data, plus the running
+requests at the window's ends as censored and truncated observations (`controlplane.core.survival`) and the
+transient fit of a window re-based at a shift (`controlplane.core.adaptive_window`).
+
 No I/O, no clock. Invalid samples (NaN, inf, ≤ 0, non-integral) are rejected and counted, never stored.
 """
 
@@ -228,8 +233,8 @@ def fit_hazard_histogram(
     whose mean is dominated by the old requests. The fit then keeps the intercept p̂0, the hazard of young
     requests, which are the new workload's, and stands for the new workload by the geometric law of rate p̂0:
     η = 0 and μ_O = σ_O = 1/p̂0 (flagged on the result). Measured in a saturated engine (H200 costs, 256
-    requests in flight, 128 → 1,024 tokens of mean output): the decision 300 completions after the shift
-    was off by a median 16% instead of 6×.
+    requests in flight, 128 → 1,024 tokens of mean output, 20 seeds): the decision 300 completions after
+    the shift was off by a median 54% instead of 469%.
 
     Args:
         outputs: final output lengths of the completions in the window.
@@ -266,6 +271,8 @@ def fit_hazard_histogram(
         # The geometric law with the Kaplan–Meier mean (1/μ_O of the completions when nothing is censored).
         km_mean = geometric_mean_length(survival)
         fallback_p0 = 1.0 / km_mean if km_mean is not None else table.total_events / max(table.total_exposure, 1.0)
+        if not fallback_p0 > 0.0:  # no completion inside the table's span
+            fallback_p0 = 1.0 / outputs.mean()
         mu_o = sigma_o = math.nan
     p0, eta, intercept_fallback, slope_clipped = _checked_line(fit, fallback_p0=fallback_p0)
     p0 = min(p0, 1.0)

@@ -1,4 +1,4 @@
-"""Output-length survival analysis over histograms: censored, left-truncated and re-based windows.
+"""Output-length survival analysis over histograms: windows with censored and left-truncated requests.
 
 Why: completions alone are a length-biased sample whenever the workload is not stationary. After a shift
 towards longer outputs the short ones finish first, and a fit over completions alone sees a hazard far
@@ -52,7 +52,7 @@ class WindowObservations:
 
 
 def dense_events_and_exposure(window: WindowObservations, *, t_max: int) -> tuple[np.ndarray, np.ndarray]:
-    """(d(t), n(t)) for t = 1..t_max (see the module docstring), n(t) ≥ max(d(t), 0).
+    """(d(t), n(t)) for t = 1..t_max (see the module docstring), n(t) ≥ d(t).
 
     Integer arrays when the window has only completions (equal counts give bit-for-bit equal fits to the
     sample form); float arrays otherwise.

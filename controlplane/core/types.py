@@ -52,6 +52,9 @@ class Flag(enum.StrEnum):
     THETA_CLIPPED_LOW = "theta_clipped_low"
     THETA_CLIPPED_HIGH = "theta_clipped_high"
     IFR_CORRECTION_BOUNDED = "ifr_correction_bounded"  # Δθ cut: η/p0² > 1 and Δθ > θ0 (threshold.py)
+    # The window was re-based at a detected shift and still holds the requests in flight then: η = 0 and
+    # μ_O = 1/p0 (hazard.fit_hazard_histogram(shift_transient=True)).
+    HAZARD_SHIFT_TRANSIENT = "hazard_shift_transient"
     KV_BELOW_ONE_REQUEST = "kv_below_one_request"
     N_CAPPED_BY_MAX_NUM_SEQS = "n_capped_by_max_num_seqs"
     MEMORY_RATE_FROM_MEAN = "memory_rate_from_mean"

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.core.policy import evaluate
 from controlplane.core.batch_size import memory_safe_batch_size, threshold_k
+from controlplane.core.policy import evaluate
 from controlplane.core.threshold import (
     MAX_IFR_STRENGTH,
     bound_delta_theta,
