@@ -42,7 +42,6 @@ from controlplane.core.types import (
     WorkloadStats,
 )
 
-
 # Pure functions of a pool's terms, memoised: every engine of a pool evaluates them with the same pool
 # estimate (and mostly the same limits), so one decision per pool pays for them and the rest hit the cache.
 _solve_theta0 = lru_cache(maxsize=4096)(solve_theta0)
@@ -227,7 +226,7 @@ def decide(
     intent: OperatorIntent | None = None,
     config: PolicyConfig | None = None,
     budget_sweep: Sequence[SweepPoint] = (),
-    fit: HazardFit | None | object = FIT_FROM_OBSERVATIONS,
+    fit: HazardFit | object | None = FIT_FROM_OBSERVATIONS,
 ) -> tuple[Decision, PolicyState]:
     """One decision for one engine or pool, and the policy state to carry to the next.
 
