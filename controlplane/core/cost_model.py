@@ -7,7 +7,15 @@ Three linear models, each over a sliding window of recent steps:
                       (the additive model α_MB + β_p'·prefill + β_d'·decode tokens when the quadratic
                       fit is degenerate, see _fit_mixed)
 
-Outlier resistance: each fit is an ordinary least-squares fit, then the samples whose residual exceeds
+Bounds: the prefill and decode lines are fitted by bounded least squares (`scipy.optimize.lsq_linear`)
+with α ≥ MIN_ALPHA_S and β ≥ MIN_SLOPE, so a fixed cost lost in the noise (common on small models) comes
+out at its 1 µs floor with the slope fitted for that floor, instead of a negative α clipped after the fact
+with the slope of the unconstrained line. A slope at its floor means the steps did not tell it from zero:
+`CostFit.to_cost_model` keeps the fallback's for that phase. The unconstrained solution is used as is when it
+already satisfies the bounds (it is then the bounded optimum). The mixed fit is not bounded: the sign of its
+unconstrained α_MB is what detects a design that cannot separate α_MB from the slopes (see `_fit_mixed`).
+
+Outlier resistance: each fit is a least-squares fit, then the samples whose residual exceeds
 OUTLIER_MAD_MULTIPLIER robust standard deviations (1.4826·MAD of the residuals) are dropped and the fit
 is repeated once on the inliers. One absurd sample therefore lands in the rejected set instead of
 tilting the line. R² is reported on the inliers. Adding samples is O(batch); fitting is O(window).
@@ -19,6 +27,7 @@ No I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,8 +38,13 @@ DEFAULT_STEP_WINDOW = 2048
 MIN_FIT_SAMPLES = 8
 OUTLIER_MAD_MULTIPLIER = 5.0
 _MAD_TO_SIGMA = 1.4826
-# Fixed step cost used when a fit puts it at or below zero (1 µs: below any real launch overhead).
+# Lower bound of a fitted fixed step cost (1 µs: below any real launch overhead).
 MIN_ALPHA_S = 1e-6
+# Lower bound of a fitted prefill or decode slope, s per token or per request (1 ps: far below any real cost);
+# a slope at this bound is "not identified".
+MIN_SLOPE = 1e-12
+# The bounds of the prefill and decode lines (α, β).
+LINE_LOWER_BOUNDS = (MIN_ALPHA_S, MIN_SLOPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,32 +60,59 @@ class LinearFit:
     num_outliers: int
 
 
-def robust_linear_fit(features: np.ndarray, target: np.ndarray) -> LinearFit | None:
+def bounded_lstsq(design: np.ndarray, target: np.ndarray, lower: np.ndarray | None) -> np.ndarray:
+    """argmin ‖design·b − target‖² subject to b ≥ lower (−inf: unbounded); `design` has full column rank.
+
+    The unconstrained solution when it satisfies the bounds (then it is the bounded optimum too), else
+    scipy's bounded-variable least squares on the column-scaled design (exact for these small problems).
+    """
+    coef = np.linalg.lstsq(design, target, rcond=None)[0]
+    if lower is None or bool(np.all(coef >= lower)):
+        return coef
+    # Imported here: scipy.optimize takes about half a second to import and is needed only when a bound binds.
+    from scipy.optimize import lsq_linear
+
+    scale = np.linalg.norm(design, axis=0)
+    result = lsq_linear(design / scale, target, bounds=(lower * scale, np.inf), method="bvls")
+    return np.maximum(result.x / scale, lower)
+
+
+def robust_linear_fit(features: np.ndarray, target: np.ndarray, *,
+                      lower_bounds: Sequence[float] | None = None) -> LinearFit | None:
     """Least squares of target on [1, features...] with one round of MAD-based outlier rejection.
 
     Args:
         features: shape (n, m) regressors; target: shape (n,), e.g. step durations in seconds.
+        lower_bounds: per coefficient (intercept first, m + 1 values; −inf for none), the bounds of a
+            bounded least-squares fit; None: unbounded.
     Returns:
         The fit, or None when there are fewer than MIN_FIT_SAMPLES samples or the design is singular.
+    Raises:
+        ValueError when lower_bounds does not have one value per coefficient.
     """
     n = target.size
     if n < MIN_FIT_SAMPLES:
         return None
     design = np.column_stack((np.ones(n), features))
+    lower = None if lower_bounds is None else np.asarray(lower_bounds, dtype=np.float64)
+    if lower is not None and lower.shape != (design.shape[1],):
+        raise ValueError(f"lower_bounds needs {design.shape[1]} values, got {lower.size}")
     if np.linalg.matrix_rank(design) < design.shape[1]:
         return None
-    coef = np.linalg.lstsq(design, target, rcond=None)[0]
-    residuals = target - design @ coef
+    # The screening fit is unconstrained: its residuals are centred on zero, which the rejection rule assumes
+    # (a bounded line pinned away from the data would mark every sample an outlier). The bounds apply to the
+    # final fit on the inliers.
+    screen = np.linalg.lstsq(design, target, rcond=None)[0]
+    residuals = target - design @ screen
     mad = float(np.median(np.abs(residuals - np.median(residuals))))
     inliers = np.ones(n, dtype=bool)
     if mad > 0.0:
         inliers = np.abs(residuals) <= OUTLIER_MAD_MULTIPLIER * _MAD_TO_SIGMA * mad
-        if np.count_nonzero(inliers) >= max(MIN_FIT_SAMPLES, design.shape[1]) and (
-            np.linalg.matrix_rank(design[inliers]) == design.shape[1]
+        if np.count_nonzero(inliers) < max(MIN_FIT_SAMPLES, design.shape[1]) or (
+            np.linalg.matrix_rank(design[inliers]) < design.shape[1]
         ):
-            coef = np.linalg.lstsq(design[inliers], target[inliers], rcond=None)[0]
-        else:
             inliers = np.ones(n, dtype=bool)
+    coef = bounded_lstsq(design[inliers], target[inliers], lower)
     fitted = design[inliers] @ coef
     observed = target[inliers]
     total = float(((observed - observed.mean()) ** 2).sum())
@@ -116,15 +157,15 @@ class CostFit:
 
     def is_complete(self) -> bool:
         """Every phase fitted with usable coefficients: `to_cost_model` would not consult a fallback."""
-        return (self.prefill is not None and self.prefill.coefficients[1] > 0.0
-                and self.decode is not None and self.decode.coefficients[1] > 0.0
-                and self.mixed is not None and self.mixed.coefficients[0] > 0.0)
+        return _line_is_usable(self.prefill) and _line_is_usable(self.decode) and (
+            self.mixed is not None and self.mixed.coefficients[0] > 0.0)
 
     def to_cost_model(self, fallback: CostModel | None = None) -> CostModel | None:
         """Merge into a CostModel: fitted phases override the fallback's; None if a phase is unknown.
 
-        A fitted β that is not positive is not used (the fallback's value is kept, or None). A fitted α at
-        or below zero (a fixed cost lost in the noise, common on small models) is taken as MIN_ALPHA_S.
+        A prefill or decode line is used when it is within its bounds with a slope above them (α ≥
+        MIN_ALPHA_S, β > MIN_SLOPE: what the bounded fits give when the steps identify the slope); otherwise
+        the fallback's values are kept (or None). A mixed fit is used when its α_MB is positive.
         """
         alpha_p = beta_p = alpha_d = beta_d = alpha_mb = None
         mb_coeffs = None
@@ -132,10 +173,10 @@ class CostFit:
             alpha_p, beta_p = fallback.alpha_p_s, fallback.beta_p_s_per_token
             alpha_d, beta_d = fallback.alpha_d_s, fallback.beta_d_s_per_request
             alpha_mb, mb_coeffs = fallback.alpha_mb_s, fallback.mb_coeffs_s_per_token
-        if self.prefill is not None and self.prefill.coefficients[1] > 0.0:
-            alpha_p, beta_p = _floor_intercept(self.prefill.coefficients)
-        if self.decode is not None and self.decode.coefficients[1] > 0.0:
-            alpha_d, beta_d = _floor_intercept(self.decode.coefficients)
+        if self.prefill is not None and _line_is_usable(self.prefill):
+            alpha_p, beta_p = self.prefill.coefficients[:2]
+        if self.decode is not None and _line_is_usable(self.decode):
+            alpha_d, beta_d = self.decode.coefficients[:2]
         if self.mixed is not None and self.mixed.coefficients[0] > 0.0:
             alpha_mb = self.mixed.coefficients[0]
             mb_coeffs = tuple(self.mixed.coefficients[1:])
@@ -151,9 +192,9 @@ class CostFit:
         )
 
 
-def _floor_intercept(coefficients: tuple[float, ...]) -> tuple[float, float]:
-    alpha, beta = coefficients[0], coefficients[1]
-    return max(alpha, MIN_ALPHA_S), beta
+def _line_is_usable(fit: LinearFit | None) -> bool:
+    """A prefill or decode line within its bounds whose slope is above its floor (identified)."""
+    return fit is not None and fit.coefficients[0] >= MIN_ALPHA_S and fit.coefficients[1] > MIN_SLOPE
 
 
 class CostModelEstimator:
@@ -208,8 +249,10 @@ class CostModelEstimator:
         decode = self._decode.rows()
         mixed = self._mixed.rows()
         return CostFit(
-            prefill=robust_linear_fit(prefill[:, :1], prefill[:, 1]) if prefill.shape[0] else None,
-            decode=robust_linear_fit(decode[:, :1], decode[:, 1]) if decode.shape[0] else None,
+            prefill=robust_linear_fit(prefill[:, :1], prefill[:, 1], lower_bounds=LINE_LOWER_BOUNDS)
+            if prefill.shape[0] else None,
+            decode=robust_linear_fit(decode[:, :1], decode[:, 1], lower_bounds=LINE_LOWER_BOUNDS)
+            if decode.shape[0] else None,
             mixed=_fit_mixed(mixed) if mixed.shape[0] else None,
         )
 

@@ -12,6 +12,11 @@ window a sum of time buckets and a fit O(1) in the number of steps. The models a
       b = (α_MB, c0, c0 + c1, c2); when its α_MB is not positive, the additive model over [1, P, D] —
       a sub-block of the same sums — is used, as the sample-window estimator does)
 
+Bounds: the prefill and decode lines are bounded least squares (α ≥ MIN_ALPHA_S, β ≥ MIN_SLOPE), as in
+`cost_model`: from the sums alone, through the Cholesky factor L of the Gram matrix G = Σxxᵀ = LLᵀ, since
+‖Xb − y‖² = ‖Lᵀb − L⁻¹Σxy‖² + const; the bounded problem on (Lᵀ, L⁻¹Σxy) is solved by
+`scipy.optimize.lsq_linear`. The mixed fit is unbounded (the sign of its α_MB picks the additive model).
+
 Outliers: sums cannot reject a sample after the fact, so `add_steps` takes a reference cost model and
 drops steps whose duration is beyond OUTLIER_RATIO× (or below 1/OUTLIER_RATIO of) its prediction before
 they enter the sums (a stalled step from time-slicing or a GC pause must not tilt the fit). Rejected
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.core.cost_model import MIN_FIT_SAMPLES, CostFit, LinearFit
+from controlplane.core.cost_model import LINE_LOWER_BOUNDS, MIN_FIT_SAMPLES, CostFit, LinearFit
 from controlplane.core.types import CostModel
 
 OUTLIER_RATIO = 4.0
@@ -60,8 +65,10 @@ class _PhaseSums:
         self.yy += other.yy
         self.n += other.n
 
-    def fit(self, columns: list[int] | None = None) -> LinearFit | None:
-        """Least squares over the given feature columns (all by default); None when under-determined."""
+    def fit(self, columns: list[int] | None = None, *,
+            lower_bounds: tuple[float, ...] | None = None) -> LinearFit | None:
+        """Least squares over the given feature columns (all by default), bounded below by `lower_bounds`
+        (one per column; None: unbounded); None when under-determined."""
         idx = list(range(self.xy.size)) if columns is None else columns
         if self.n < max(MIN_FIT_SAMPLES, len(idx)):
             return None
@@ -75,6 +82,11 @@ class _PhaseSums:
         if np.linalg.cond(scaled) > 1e12:
             return None
         coef = np.linalg.solve(scaled, xy / scale) / scale
+        if lower_bounds is not None and not np.all(coef >= lower_bounds):
+            coef = _bounded_from_gram(scaled, xy / scale, np.asarray(lower_bounds) * scale)
+            if coef is None:
+                return None
+            coef = np.maximum(coef / scale, lower_bounds)
         sum_y = self.xy[0]  # the first feature is the constant 1
         total = self.yy - sum_y * sum_y / self.n
         residual = self.yy - 2.0 * float(coef @ xy) + float(coef @ gram @ coef)
@@ -83,6 +95,21 @@ class _PhaseSums:
             return None
         return LinearFit(coefficients=tuple(float(c) for c in coef), r2=float(r2), num_samples=int(self.n),
                          num_outliers=0)
+
+
+def _bounded_from_gram(gram: np.ndarray, xy: np.ndarray, lower: np.ndarray) -> np.ndarray | None:
+    """argmin bᵀ·gram·b − 2·bᵀ·xy subject to b ≥ lower, through gram = LLᵀ: ‖Lᵀb − L⁻¹xy‖² differs from the
+    objective by a constant. None when gram is not positive definite."""
+    # Imported here: scipy.optimize takes about half a second to import and is needed only when a bound binds.
+    from scipy.linalg import LinAlgError, cholesky, solve_triangular
+    from scipy.optimize import lsq_linear
+
+    try:
+        factor = cholesky(gram, lower=True)
+    except LinAlgError:
+        return None
+    rhs = solve_triangular(factor, xy, lower=True)
+    return lsq_linear(factor.T, rhs, bounds=(lower, np.inf), method="bvls").x
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +187,8 @@ class CostSums:
                 b0, b1, b2, b3 = quadratic.coefficients
                 mixed_fit = LinearFit(coefficients=(b0, b1, b2 - b1, b3), r2=quadratic.r2,
                                       num_samples=quadratic.num_samples, num_outliers=0)
-        return CostFit(prefill=self._phases["prefill"].fit(), decode=self._phases["decode"].fit(), mixed=mixed_fit)
+        return CostFit(prefill=self._phases["prefill"].fit(lower_bounds=LINE_LOWER_BOUNDS),
+                       decode=self._phases["decode"].fit(lower_bounds=LINE_LOWER_BOUNDS), mixed=mixed_fit)
 
     def to_array(self) -> np.ndarray:
         """A flat float64 array (for serialisation); `from_array` inverts it."""

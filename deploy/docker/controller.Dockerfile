@@ -12,14 +12,14 @@ COPY pyproject.toml README.md ./
 COPY controlplane ./controlplane
 COPY agents ./agents
 # Every wheel the controller needs, built once; the runtime stage installs them offline.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[controller]'
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --gid 10001 controlplane \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /var/lib/controlplane --shell /usr/sbin/nologin controlplane \
  && install -d -o 10001 -g 10001 -m 0750 /var/lib/controlplane
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels vllm-controlplane
+    pip install --no-cache-dir --no-index --find-links /wheels 'vllm-controlplane[controller]'
 COPY --chmod=0755 deploy/docker/grpc_health_check.py /usr/local/bin/cp-grpc-health
 # CP_DATA_DIR: the embedded Redis' directory when no --redis-url / CP_REDIS_URL is given (single replica only).
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 CP_DATA_DIR=/var/lib/controlplane HOME=/var/lib/controlplane

@@ -13,7 +13,7 @@ RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/wh
  # PyPI's torchvision/torchaudio/torchcodec builds break against the CPU torch; transformers imports them.
  && pip uninstall -y torchvision torchaudio torchcodec
 RUN --mount=type=bind,source=.,target=/src,rw \
-    pip install --no-cache-dir --no-deps /src \
+    pip install --no-cache-dir /src \
  && python -c "import agents.vllm, grpc, google.protobuf"
 
 RUN useradd --uid 2000 --create-home --home-dir /home/vllm --shell /usr/sbin/nologin vllm

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import socket
 import threading
 from pathlib import Path
 
 import pytest
 
-from agents.config import AgentConfigError, load_agent_config
+import agents.config
+from agents.config import (
+    AGENT_SETTINGS,
+    AgentConfig,
+    AgentConfigError,
+    describe_agent_settings,
+    engine_data_parallel_rank,
+    engine_id_default,
+    load_agent_config,
+    pool_model_default,
+)
 from agents.recorder import TelemetryRecorder
 
 
@@ -104,3 +117,64 @@ def test_recorder_hands_the_running_lengths_over_once() -> None:
     snapshot = recorder.drain()
     assert (snapshot.running_output_tokens, snapshot.running_num_requests) == ([4, 9], [1, 5])
     assert recorder.drain().running_output_tokens == []
+
+
+# ------------------------------------------------------------------------------ engine id, pool, settings
+
+
+def test_engine_id_defaults_to_the_pod_name_not_the_process() -> None:
+    """A restarted engine process in the same pod keeps its id: POD_NAME, else HOSTNAME, without the pid."""
+    base = {"CP_CONTROLLER_ADDRESS": "h:1"}
+
+    def engine_id(env: dict[str, str], **kwargs: int | None) -> str:
+        config = load_agent_config({**base, **env}, default_model="m", default_accelerator="cpu", **kwargs)
+        assert config is not None
+        return config.engine_id
+
+    assert engine_id({"POD_NAME": "qwen-7f9c-x2x9q", "HOSTNAME": "other"}) == "qwen-7f9c-x2x9q"
+    assert engine_id({"HOSTNAME": "qwen-7f9c-x2x9q"}) == "qwen-7f9c-x2x9q"
+    assert engine_id({"HOSTNAME": "qwen-7f9c-x2x9q", "CP_ENGINE_ID": "explicit"}) == "explicit"
+    assert engine_id({}) == f"{socket.gethostname()}-{os.getpid()}"  # a bare host: several engines may share it
+    # Each data-parallel rank is its own scheduler: its rank is appended, to an explicit id too.
+    assert engine_id({"POD_NAME": "qwen-7f9c-x2x9q"}, data_parallel_rank=3) == "qwen-7f9c-x2x9q-dp3"
+    assert engine_id({"CP_ENGINE_ID": "explicit"}, data_parallel_rank=0) == "explicit-dp0"
+    assert engine_id_default({"POD_NAME": "p"}) == ("p", "default from POD_NAME")
+    with pytest.raises(AgentConfigError, match=r"CP_ENGINE_ID='bad host!' \(default from HOSTNAME\): must match"):
+        load_agent_config({**base, "HOSTNAME": "bad host!"}, default_model="m", default_accelerator="cpu")
+
+
+@pytest.mark.parametrize(("size", "index", "rank"), [(1, 0, None), (4, 0, 0), (4, 2, 2), (1, 3, 3)])
+def test_data_parallel_rank_is_appended_when_vllm_marks_one(size: int, index: int, rank: int | None) -> None:
+    """A dense model's DP rank runs with data_parallel_size reset to 1 and its rank in the index (so its rank
+    0 is a plain engine); a MoE model keeps the group size."""
+    assert engine_data_parallel_rank(size=size, index=index) == rank
+
+
+@pytest.mark.parametrize(("served", "model"), [(None, "/models/qwen3-8b"), ("", "/models/qwen3-8b"),
+                                              ("Qwen/Qwen3-8B", "/models/qwen3-8b"),
+                                              (["qwen3", "qwen3-alias"], "/models/qwen3-8b"), ([], "/m")])
+def test_pool_model_is_the_served_model_name_as_vllm_names_it(served: object, model: str) -> None:
+    from vllm.config.model import get_served_model_name
+
+    assert pool_model_default(served, model) == get_served_model_name(model, served)
+
+
+def test_every_config_field_is_one_documented_setting() -> None:
+    assert sorted(s.field for s in AGENT_SETTINGS) == sorted(f.name for f in dataclasses.fields(AgentConfig))
+    assert len({s.env for s in AGENT_SETTINGS}) == len(AGENT_SETTINGS)
+    for setting in AGENT_SETTINGS:
+        assert setting.env.startswith("CP_") and setting.env in (agents.config.__doc__ or "")
+        assert setting.rule and setting.doc and setting.default
+
+
+def test_described_settings_name_their_source_and_hide_the_token(tmp_path: Path) -> None:
+    env = {"CP_CONTROLLER_ADDRESS": "cp:50151", "CP_AGENT_TOKEN": "s3cr3t-token-value", "HOSTNAME": "engine-0",
+           "CP_BATCH_INTERVAL_S": "0.5"}
+    rows = {row.setting.env: row for row in describe_agent_settings(env, default_accelerator="NVIDIA H200")}
+    assert (rows["CP_AGENT_TOKEN"].shown, rows["CP_AGENT_TOKEN"].source) == ("<redacted>", "env")
+    assert (rows["CP_ENGINE_ID"].shown, rows["CP_ENGINE_ID"].source) == ("engine-0", "default from HOSTNAME")
+    assert (rows["CP_BATCH_INTERVAL_S"].shown, rows["CP_BATCH_INTERVAL_S"].source) == ("0.5", "env")
+    assert (rows["CP_POOL_MODEL"].shown, rows["CP_POOL_MODEL"].source) == (
+        "<served model name>", "default (served model name)")
+    assert rows["CP_POOL_ACCELERATOR"].shown == "NVIDIA H200"
+    assert (rows["CP_BUFFER_EVENTS"].shown, rows["CP_BUFFER_EVENTS"].source) == ("65536", "default")

@@ -1,4 +1,4 @@
-"""Online cost-model fit: recovery of α/β and the mixed-step polynomial, outlier resistance, validity."""
+"""Online cost-model fit: recovery of α/β and the mixed-step polynomial, bounds, outlier resistance, validity."""
 
 from __future__ import annotations
 
@@ -6,15 +6,21 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controlplane.core.cost_model import (
+    MIN_ALPHA_S,
     MIN_FIT_SAMPLES,
+    MIN_SLOPE,
     CostFit,
     CostModelEstimator,
     LinearFit,
+    bounded_lstsq,
     cost_model_is_usable,
     robust_linear_fit,
 )
+from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.types import CostModel
 
 # H200 / Qwen3-8B published calibration.
@@ -227,17 +233,102 @@ def test_to_cost_model_fitted_phases_override_the_fallback() -> None:
                               mb_coeffs_s_per_token=(C0, C1, -C2))
 
 
-def test_to_cost_model_ignores_nonpositive_slopes_and_floors_nonpositive_intercepts() -> None:
-    from controlplane.core.cost_model import MIN_ALPHA_S
-
-    fit = CostFit(prefill=linear(-1e-3, BETA_P), decode=linear(ALPHA_D, 0.0), mixed=linear(0.0, C0, C1, C2))
+def test_to_cost_model_keeps_the_fallback_for_lines_outside_their_bounds() -> None:
+    """Changed with the bounded fits (it used to floor a negative α here, after the fit, keeping the slope of
+    the unconstrained line): the fits now bound α ≥ MIN_ALPHA_S and β ≥ MIN_SLOPE themselves (tests below),
+    so a line below its bounds can only be hand-made and is refused, not rewritten; a slope at its floor is
+    a slope the steps did not identify."""
+    fit = CostFit(prefill=linear(-1e-3, BETA_P), decode=linear(ALPHA_D, MIN_SLOPE), mixed=linear(0.0, C0, C1, C2))
     model = fit.to_cost_model(FALLBACK)
-    # A fixed cost fitted below zero is lost in the noise: the slope is kept, α becomes the 1 µs floor.
-    assert (model.alpha_p_s, model.beta_p_s_per_token) == (MIN_ALPHA_S, BETA_P)
-    # A zero slope is no fit at all: the fallback's decode costs stay, as do its mixed-step costs.
+    assert (model.alpha_p_s, model.beta_p_s_per_token) == (FALLBACK.alpha_p_s, FALLBACK.beta_p_s_per_token)
     assert (model.alpha_d_s, model.beta_d_s_per_request) == (FALLBACK.alpha_d_s, FALLBACK.beta_d_s_per_request)
     assert (model.alpha_mb_s, model.mb_coeffs_s_per_token) == (FALLBACK.alpha_mb_s, FALLBACK.mb_coeffs_s_per_token)
     assert fit.to_cost_model() is None
+    # α at its floor is a fit (the bounded optimum); a zero slope is no fit at all.
+    at_floor = CostFit(prefill=linear(MIN_ALPHA_S, BETA_P), decode=linear(ALPHA_D, 0.0), mixed=None)
+    model = at_floor.to_cost_model(FALLBACK)
+    assert (model.alpha_p_s, model.beta_p_s_per_token) == (MIN_ALPHA_S, BETA_P)
+    assert (model.alpha_d_s, model.beta_d_s_per_request) == (FALLBACK.alpha_d_s, FALLBACK.beta_d_s_per_request)
+
+
+def prefill_steps(tokens: np.ndarray, duration_s: np.ndarray) -> dict[str, np.ndarray]:
+    zeros = np.zeros(tokens.size)
+    return {"prefill_tokens": tokens, "decode_tokens": zeros, "decode_requests": zeros, "duration_s": duration_s}
+
+
+def test_bounded_fit_puts_a_lost_fixed_cost_at_its_floor_and_fits_the_slope_for_it() -> None:
+    """Prefill steps whose straight-line fit crosses zero below the smallest step (a fixed cost lost in the
+    noise, as on small models): α comes out at MIN_ALPHA_S and β is the least-squares slope of a line through
+    (0, MIN_ALPHA_S), not the slope of the unconstrained line; the normal-equation sums agree."""
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(64, 4096, 400).astype(float)
+    duration = BETA_P * tokens - 2e-4 + rng.normal(0.0, 5e-5, tokens.size)
+    assert np.all(duration > 0.0)
+    free = robust_linear_fit(tokens[:, None], duration)
+    assert free is not None and free.coefficients[0] < 0.0  # the unconstrained line: a negative fixed cost
+    estimator = CostModelEstimator(window=512)
+    assert estimator.add_steps(**prefill_steps(tokens, duration)) == 0
+    bounded = estimator.fit().prefill
+    assert bounded is not None and bounded.num_outliers == 0
+    through_floor = float((duration - MIN_ALPHA_S) @ tokens / (tokens @ tokens))  # closed form
+    assert bounded.coefficients[0] == MIN_ALPHA_S
+    assert bounded.coefficients[1] == pytest.approx(through_floor, rel=1e-9)
+    assert abs(bounded.coefficients[1] / free.coefficients[1] - 1.0) > 1e-3
+
+    def sse(alpha: float, beta: float) -> float:
+        return float(((duration - alpha - beta * tokens) ** 2).sum())
+
+    # The old clip (α floored, the free slope kept) fits worse than the bounded line.
+    assert sse(MIN_ALPHA_S, bounded.coefficients[1]) < sse(MIN_ALPHA_S, free.coefficients[1])
+    model = estimator.fit().to_cost_model(FALLBACK)
+    assert (model.alpha_p_s, model.beta_p_s_per_token) == bounded.coefficients
+    sums = CostSums()
+    assert sums.add_steps(StepColumns(**prefill_steps(tokens, duration))) == 0
+    from_sums = sums.fit().prefill
+    assert from_sums is not None and from_sums.coefficients[0] == MIN_ALPHA_S
+    assert from_sums.coefficients[1] == pytest.approx(through_floor, rel=1e-9)
+
+
+def test_a_slope_the_steps_cannot_tell_from_zero_is_left_to_the_fallback() -> None:
+    """Decode steps that get slightly faster with more requests (noise around a flat cost): β is bounded at
+    MIN_SLOPE, α is the mean cost, and the decode costs stay the fallback's."""
+    rng = np.random.default_rng(6)
+    requests = rng.integers(1, 256, 300).astype(float)
+    duration = 0.01 - 2e-7 * requests + rng.normal(0.0, 1e-5, requests.size)
+    estimator = CostModelEstimator(window=512)
+    assert estimator.add_steps(prefill_tokens=np.zeros(requests.size), decode_tokens=requests,
+                               decode_requests=requests, duration_s=duration) == 0
+    decode = estimator.fit().decode
+    assert decode is not None and decode.coefficients[1] == MIN_SLOPE
+    assert decode.coefficients[0] == pytest.approx(float(np.mean(duration - MIN_SLOPE * requests)), rel=1e-9)
+    model = estimator.fit().to_cost_model(FALLBACK)
+    assert (model.alpha_d_s, model.beta_d_s_per_request) == (FALLBACK.alpha_d_s, FALLBACK.beta_d_s_per_request)
+    assert not estimator.fit().is_complete()
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), width=st.integers(1, 4), bounded=st.lists(st.booleans(), min_size=4,
+                                                                                  max_size=4))
+def test_bounded_lstsq_meets_the_optimality_conditions(seed: int, width: int, bounded: list[bool]) -> None:
+    """KKT conditions of min ‖Xb − y‖² s.t. b ≥ l: b ≥ l; the gradient Xᵀ(Xb − y) is zero on the free
+    coefficients and ≥ 0 on those at their bound."""
+    rng = np.random.default_rng(seed)
+    design = np.column_stack((np.ones(40), rng.uniform(0.0, 1000.0, (40, width - 1))))
+    target = design @ rng.normal(0.0, 1.0, width) + rng.normal(0.0, 1.0, 40)
+    lower = np.where(bounded[:width], rng.normal(0.0, 1.0, width), -np.inf)
+    coef = bounded_lstsq(design, target, lower)
+    assert np.all(coef >= lower)
+    gradient = design.T @ (design @ coef - target)
+    tolerance = 1e-7 * np.linalg.norm(design, axis=0) * (np.linalg.norm(target) + 1.0)
+    finite_lower = np.where(np.isfinite(lower), lower, 0.0)
+    at_bound = np.isfinite(lower) & (coef <= finite_lower + 1e-9 * np.maximum(1.0, np.abs(finite_lower)))
+    assert np.all(np.abs(gradient[~at_bound]) <= tolerance[~at_bound])
+    assert np.all(gradient[at_bound] >= -tolerance[at_bound])
+
+
+def test_lower_bounds_of_the_wrong_length_are_refused() -> None:
+    with pytest.raises(ValueError, match="lower_bounds needs 2 values"):
+        robust_linear_fit(np.arange(20.0)[:, None], np.arange(20.0), lower_bounds=(0.0,))
 
 
 @pytest.mark.parametrize(
