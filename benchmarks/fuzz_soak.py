@@ -1,0 +1,375 @@
+"""Fuzz soak: a controller process under 100,000+ untrusted messages, with 100,000 engine ids coming and going.
+
+A redis-server (`start_redis_on_free_port`) and `controlplane serve --port 0 --redis-url …` (its own process,
+short `--engine-ttl-s`), then from this process over real gRPC:
+- a few well-behaved engines (`--good-engines`) streaming geometric telemetry and ACKing every decision for
+  the whole run (their longest wait for a decision is measured against the keep-alive period ttl_s/3);
+- `--engines` distinct engine ids that each connect, send a batch and leave (one in `--pool-every` claims a
+  made-up pool of its own), interleaved with `--scripts` fuzz streams from `tests/integration/fuzz_messages`
+  (hypothesis-drawn messages with one known fault each, or byte mutations, or claims on the good engines'
+  ids by older agent instances);
+- a warm-up churn first (`--warmup-engines`), so the RSS baseline is taken with every code path warm.
+
+Printed: the run's figures as a table — streams and messages sent, the statuses they ended with, crashes
+(the controller process exiting, a background loop restarting, a stream ending with a status that is neither
+OK nor a rejection), non-finite numbers in any decision or view, `cp_rejections_total` by cause against the
+bad streams sent, the good engines' longest gap between decisions, the engines and pools still known after
+eviction, Redis keys before and after, and the controller's RSS (VmRSS from /proc/PID/status) at the
+baseline, at its peak and after eviction. Exits 1 when a crash or a non-finite number is seen (RSS is
+reported, not judged: the goal is "back within 10% of the baseline after eviction").
+
+    .venv/bin/python benchmarks/fuzz_soak.py                                   # the default run, ≤ ~5 min
+    .venv/bin/python benchmarks/fuzz_soak.py --engines 5000 --scripts 1000     # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+import redis  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
+from controlplane.store.embedded import start_redis_on_free_port  # noqa: E402
+from tests.integration.controller_harness import LIMITS, geometric_batch  # noqa: E402
+from tests.integration.fuzz_messages import (  # noqa: E402
+    CAUSES,
+    TARGET_STARTED_AT_S,
+    LiveAgent,
+    StreamOutcome,
+    StreamScript,
+    compose_scripts,
+    draw_corpus,
+    non_finite_doubles,
+    pool_names,
+    run_script,
+    telemetry_payload,
+)
+from tests.integration.serve_process import ServeProcess  # noqa: E402
+
+POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
+STREAMS_PER_CHANNEL = 32
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return math.nan
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _total(metrics: dict, name: str, **labels: str) -> float:
+    return sum(value for (sample, sample_labels), value in metrics.items()
+               if sample == name and all(dict(sample_labels).get(k) == v for k, v in labels.items()))
+
+
+def _label_values(metrics: dict, name: str, label: str) -> set[str]:
+    return {dict(labels)[label] for (sample, labels), _ in metrics.items() if sample == name and label in dict(labels)}
+
+
+@dataclass
+class Tally:
+    """What came back from the streams sent (folded as they end: no outcome is kept)."""
+
+    streams: int = 0
+    messages: int = 0
+    codes: Counter = field(default_factory=Counter)
+    expected: Counter = field(default_factory=Counter)  # rejections by cause, streams of known fault
+    mutated_rejected: int = 0
+    wrong_status: list[str] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)  # hung, or ended neither OK nor rejected
+    decisions: int = 0
+    non_finite: list[str] = field(default_factory=list)
+    lost_status: int = 0
+
+    def add(self, outcome: StreamOutcome) -> None:
+        script = outcome.script
+        self.streams += 1
+        self.messages += script.num_messages
+        self.codes[outcome.code.name if outcome.code is not None else "HUNG"] += 1
+        self.lost_status += int(outcome.status_lost)
+        if outcome.code is None or (outcome.code != grpc.StatusCode.OK and not outcome.rejected):
+            self.broken.append(f"{script.fault}: {outcome.code} {outcome.details[:100]}")
+        if script.determinable:
+            if script.cause is not None:
+                self.expected[script.cause] += 1
+            if outcome.code != script.code and not (outcome.status_lost and script.cause is not None):
+                self.wrong_status.append(f"{script.fault}: expected {script.code}, got {outcome.code} "
+                                         f"{outcome.details[:100]}")
+        elif outcome.rejected:
+            self.mutated_rejected += 1
+        for decision in outcome.decisions:
+            self.decisions += 1
+            self.non_finite.extend(f"{outcome.engine_id}: {path}" for path in non_finite_doubles(decision))
+
+
+def _churn_script(index: int, *, made_up_pool: bool, batch: bytes) -> StreamScript:
+    pool = common_pb2.Pool(model=f"made-up-{index}", accelerator="soak") if made_up_pool else POOL
+    hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(
+        engine_id=f"churn-{index}", pool=pool, vllm_version="0.32.0", agent_version="soak", limits=LIMITS,
+        instance_id=f"churn-{index}", instance_started_at_s=1.7e9))
+    return StreamScript("none:churn", None, (hello, batch), rebindable=False)
+
+
+async def _run_jobs(channels: list[grpc.aio.Channel], jobs: list[tuple[StreamScript, str | None]], tally: Tally,
+                    *, concurrency: int, progress_every: int) -> None:
+    next_job = 0
+    started, first = time.monotonic(), tally.streams
+
+    async def worker(channel: grpc.aio.Channel) -> None:
+        nonlocal next_job
+        while next_job < len(jobs):
+            script, engine_id = jobs[next_job]
+            next_job += 1
+            tally.add(await run_script(channel, script, engine_id=engine_id, timeout_s=60.0))
+            if tally.streams % progress_every == 0:
+                rate = (tally.streams - first) / (time.monotonic() - started)
+                print(f"  … {tally.streams:,} streams, {tally.messages:,} messages ({rate:,.0f} streams/s)",
+                      flush=True)
+
+    await asyncio.gather(*(worker(channels[i % len(channels)]) for i in range(concurrency)))
+
+
+async def _telemetry(agent: LiveAgent, seed: int, stop: asyncio.Event) -> None:
+    rng = np.random.default_rng(seed)
+    seq = 1
+    while not stop.is_set():
+        await agent.send_batch(geometric_batch(seq, rng, num=40))
+        seq += 1
+        await asyncio.sleep(0.2)
+
+
+async def _known_engines(channel: grpc.aio.Channel) -> list[operator_pb2.EngineInfo]:
+    stub = operator_pb2_grpc.OperatorServiceStub(channel)
+    return list((await stub.ListEngines(operator_pb2.ListEnginesRequest(), timeout=30)).engines)
+
+
+async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port: int, redis_client) -> int:
+    rows: list[tuple[str, str]] = []
+    print("drawing the fuzz corpus (hypothesis) …", flush=True)
+    pools = st.one_of(st.just(POOL), st.builds(common_pb2.Pool, model=pool_names(), accelerator=pool_names()))
+    corpus = draw_corpus(pools=pools, seed=args.seed)
+    good_ids = [f"good-{i}" for i in range(args.good_engines)]
+    scripts = compose_scripts(corpus, count=args.scripts, seed=args.seed, targets=good_ids)
+    rng = np.random.default_rng(args.seed)
+    batches = [telemetry_payload(agent_pb2.TelemetryBatch(
+        completions=agent_pb2.Completions(prompt_tokens=[300] * n, output_tokens=rng.geometric(1 / 256, n).tolist(),
+                                          finish_time_s=[1.7e9] * n, aborted=[False] * n),
+        steps=agent_pb2.Steps(prefill_tokens=[2048, 0], decode_tokens=[0, 64], decode_requests=[0, 64],
+                              duration_s=[0.1, 0.05])).SerializeToString(), seq=1)
+        for n in (8, 16, 32)]
+
+    def churn_jobs(first: int, count: int) -> list[tuple[StreamScript, str | None]]:
+        return [(_churn_script(i, made_up_pool=args.pool_every > 0 and i % args.pool_every == 0,
+                               batch=batches[i % len(batches)]), None) for i in range(first, first + count)]
+
+    channels = [grpc.aio.insecure_channel(controller.address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(max(1, args.concurrency // STREAMS_PER_CHANNEL))]
+    operator_channel = grpc.aio.insecure_channel(controller.address)
+    loop = asyncio.get_running_loop()
+    good: list[LiveAgent] = []
+    for engine_id in good_ids:
+        hello = agent_pb2.Hello(engine_id=engine_id, pool=POOL, vllm_version="0.32.0", agent_version="soak-good",
+                                limits=LIMITS, instance_id=engine_id, instance_started_at_s=TARGET_STARTED_AT_S)
+        agent = await LiveAgent(channels[0], hello).open()
+        await agent.decision(timeout_s=30)
+        good.append(agent)
+    stop = asyncio.Event()
+    streamers = [asyncio.create_task(_telemetry(agent, i, stop)) for i, agent in enumerate(good)]
+
+    async def evicted(timeout_s: float) -> tuple[int, float]:
+        deadline = loop.time() + timeout_s
+        while True:
+            engines = await _known_engines(operator_channel)
+            if len(engines) <= len(good) or loop.time() > deadline:
+                return len(engines), loop.time()
+            await asyncio.sleep(0.5)
+
+    # Warm-up churn: every code path runs once before the baseline.
+    warmup = Tally()
+    print(f"warm-up: {args.warmup_engines:,} engines …", flush=True)
+    await _run_jobs(channels, churn_jobs(10_000_000, args.warmup_engines), warmup, concurrency=args.concurrency,
+                    progress_every=10**9)
+    await evicted(args.engine_ttl_s + 30)
+    rss_baseline = _rss_mib(controller.pid)
+    keys_before = redis_client.dbsize()
+    before = _metrics(metrics_port)
+
+    # The soak: churn and fuzz interleaved.
+    jobs = churn_jobs(0, args.engines) + [(s, s.bound_engine_id(i)) for i, s in enumerate(scripts)]
+    order = np.random.default_rng(args.seed).permutation(len(jobs))
+    jobs = [jobs[i] for i in order]
+    tally = Tally()
+    rss_peak = rss_baseline
+    stop_sampling = asyncio.Event()
+
+    async def sample_rss() -> None:
+        nonlocal rss_peak
+        while not stop_sampling.is_set():
+            rss_peak = max(rss_peak, _rss_mib(controller.pid))
+            await asyncio.sleep(1.0)
+
+    sampler = asyncio.create_task(sample_rss())
+    print(f"soak: {args.engines:,} churning engines + {len(scripts):,} fuzz streams in {args.rounds} round(s), "
+          f"concurrency {args.concurrency} …", flush=True)
+    started_s = loop.time()
+    cpu_before = _cpu_s(controller.pid), time.process_time()
+    rss_after: list[float] = []
+    evicted_s = 0.0
+    num_known = 0
+    sending_s = 0.0
+    for chunk in np.array_split(np.arange(len(jobs)), args.rounds):
+        round_s = loop.time()
+        await _run_jobs(channels, [jobs[i] for i in chunk], tally, concurrency=args.concurrency,
+                        progress_every=10_000)
+        sent_s = loop.time()
+        sending_s += sent_s - round_s
+        num_known, evicted_at_s = await evicted(args.engine_ttl_s + 60)
+        evicted_s = max(evicted_s, evicted_at_s - sent_s)
+        await asyncio.sleep(2.0)  # a scheduler tick or two after the last eviction
+        rss_after.append(_rss_mib(controller.pid))
+        print(f"  round done: {tally.streams:,} streams; engines known {num_known}; RSS {rss_after[-1]:.0f} MiB",
+              flush=True)
+    ended_s = loop.time()
+    cpu_used = _cpu_s(controller.pid) - cpu_before[0], time.process_time() - cpu_before[1]
+    stop.set()
+    stop_sampling.set()
+    await asyncio.gather(*streamers, sampler)
+    after = _metrics(metrics_port)
+    engines = await _known_engines(operator_channel)
+    stub = operator_pb2_grpc.OperatorServiceStub(operator_channel)
+    views = [await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=e.engine_id)) for e in engines]
+    keys_after = redis_client.dbsize()
+    for agent in good:
+        await agent.close()
+    for channel in (*channels, operator_channel):
+        await channel.close()
+
+    # ---- figures ----
+    counted = {c: _total(after, "cp_rejections_total", cause=c) - _total(before, "cp_rejections_total", cause=c)
+               for c in CAUSES}
+    good_non_finite = [f"{a.engine_id}: {p}" for a in good for _, d in a.received for p in non_finite_doubles(d)]
+    view_non_finite = [f"view {v.engine_id}: {p}" for v in views for p in non_finite_doubles(v)]
+    non_finite = tally.non_finite + good_non_finite + view_non_finite
+    restarts = _total(after, "cp_background_loop_restarts_total")
+    exited = controller.process.poll()
+    gaps = [a.max_gap_s(since=started_s, until=ended_s) for a in good]
+    wall_s = sending_s
+    rows += [
+        ("streams sent (soak)", f"{tally.streams:,} ({args.engines:,} churning engines, {len(scripts):,} fuzz)"),
+        ("messages sent (soak)", f"{tally.messages:,} in {wall_s:.0f} s ({tally.messages / wall_s:,.0f}/s; "
+                                 f"warm-up {warmup.messages:,} more)"),
+        ("CPU during the soak", f"controller {cpu_used[0]:.0f} s, this generator {cpu_used[1]:.0f} s, in "
+                                f"{ended_s - started_s:.0f} s (eviction waits included)"),
+        ("stream statuses", ", ".join(f"{k} {v:,}" for k, v in tally.codes.most_common())),
+        ("statuses lost by grpc's client", f"{tally.lost_status:,} (server ended the stream mid-write)"),
+        ("controller exited", "no" if exited is None else f"YES (exit code {exited})"),
+        ("background loop restarts", f"{restarts:.0f}"),
+        ("streams hung or ended neither OK nor rejected", f"{len(tally.broken)}"),
+        ("streams with another status than their fault's", f"{len(tally.wrong_status)}"),
+        ("decisions checked for non-finite numbers", f"{tally.decisions + sum(len(a.received) for a in good):,} "
+                                                     f"+ {len(views)} views"),
+        ("non-finite numbers", f"{len(non_finite)}"),
+    ]
+    for cause in CAUSES:
+        rows.append((f"rejections {cause}", f"counted {counted[cause]:,.0f} / sent {tally.expected[cause]:,}"))
+    rows += [
+        ("rejections, mutated streams", f"{sum(counted.values()) - sum(tally.expected.values()):,.0f} counted beyond "
+                                        f"the known faults / {tally.mutated_rejected:,} mutated streams rejected"),
+        ("good engines' longest decision gap", f"{max(gaps):.2f} s (keep-alive ttl_s/3 = {args.ttl_s / 3:.2f} s)"),
+        ("engines known after eviction", f"{num_known} (good engines: {len(good)}; eviction took at most "
+                                         f"{evicted_s:.0f} s after a round's last stream)"),
+        ("pools in /metrics (cp_pool_engines)", f"{len(_label_values(before, 'cp_pool_engines', 'pool')):,} before → "
+                                                f"{len(_label_values(after, 'cp_pool_engines', 'pool')):,} after"),
+        ("Redis keys", f"{keys_before:,} before → {keys_after:,} after"),
+        ("controller RSS", f"baseline {rss_baseline:.0f} MiB, peak {rss_peak:.0f} MiB, after each round's eviction "
+                           + ", ".join(f"{r:.0f} MiB ({100 * (r / rss_baseline - 1):+.1f}%)" for r in rss_after)
+                           + " (goal ≤ +10%)"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print()
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    for title, items in (("hung or broken", tally.broken), ("wrong status", tally.wrong_status),
+                         ("non-finite", non_finite)):
+        if items:
+            print(f"\nfirst {title}: " + "; ".join(items[:5]))
+    crashed = exited is not None or restarts > 0 or bool(tally.broken)
+    return 1 if crashed or non_finite else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", type=int, default=100_000, help="distinct engine ids that come and go")
+    parser.add_argument("--scripts", type=int, default=5_000, help="fuzz streams (≈4 messages each)")
+    parser.add_argument("--warmup-engines", type=int, default=2_000, help="churn before the RSS baseline")
+    parser.add_argument("--good-engines", type=int, default=4, help="well-behaved engines streaming throughout")
+    parser.add_argument("--pool-every", type=int, default=1000,
+                        help="one churning engine in this many claims a made-up pool of its own (0: none)")
+    parser.add_argument("--engine-ttl-s", type=float, default=5.0, help="controller --engine-ttl-s")
+    parser.add_argument("--ttl-s", type=float, default=3.0, help="controller --ttl-s (keep-alive every ttl_s/3)")
+    parser.add_argument("--concurrency", type=int, default=64, help="streams open at once")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="split the soak in rounds, waiting for eviction and reading RSS after each: RSS that "
+                             "keeps growing round after round is a leak, RSS that stays is the allocator's high water")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fuzz-soak-") as tmp:
+        url, server = start_redis_on_free_port(Path(tmp) / "redis")
+        metrics_port = _free_port()
+        controller = ServeProcess.start(
+            Path(tmp) / "data", log_path=Path(tmp) / "controller.log",
+            args=("--redis-url", url, "--engine-ttl-s", str(args.engine_ttl_s), "--ttl-s", str(args.ttl_s),
+                  "--metrics-port", str(metrics_port), "--controller-id", "soak"))
+        client = redis.Redis.from_url(url)
+        started = time.monotonic()
+        try:
+            code = asyncio.run(soak(args, controller, metrics_port, client))
+        finally:
+            client.close()
+            controller.stop()
+            server.stop()
+        print(f"\ntotal wall time {time.monotonic() - started:.0f} s")
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
