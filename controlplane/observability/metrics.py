@@ -103,6 +103,13 @@ class ControllerMetrics:
             with contextlib.suppress(KeyError):
                 gauge.remove(engine_id, pool)
 
+    def forget_pool(self, pool: str) -> None:
+        """Remove a forgotten pool's series."""
+        for gauge in (self.pool_engines, self.pool_theta_star, self.pool_theta0, self.pool_p0, self.pool_mu_o,
+                      self.pool_mu_l, self.pool_samples, self.pool_excluded_engines):
+            with contextlib.suppress(KeyError):
+                gauge.remove(pool)
+
     def serve(self, port: int, *, addr: str = "127.0.0.1") -> None:
         """Expose /metrics on addr:port (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)

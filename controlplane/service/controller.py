@@ -18,9 +18,10 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.core.cost_sums import StepColumns
@@ -46,6 +47,7 @@ _OUTLIER_Z = 8.0
 _OUTLIER_RATIO = 2.0
 _MIN_POOL_ENGINES_FOR_OUTLIERS = 3
 _STALE_AFTER_S = 30.0
+_EMPTY = np.zeros(0)
 _WATCH_QUEUE = 10_000
 _GAUGE_PERIOD_S = 1.0
 _RECENT_BUCKETS_REFETCHED = 3
@@ -73,8 +75,12 @@ class EngineRecord:
     loop: EngineLoop
     session: Session | None = None
     disconnected_at_s: float = 0.0
+    identity: str = ""  # the agent identity that holds the engine id until the record is evicted
     block_count: int = 0
     block_sum_tokens: float = 0.0
+    # Probation: an engine's completions wait here until its first block is judged (not an outlier), so a
+    # poisoning engine never reaches the pool statistics, even if it changes its id every block.
+    probation: list[tuple[np.ndarray, np.ndarray]] | None = field(default_factory=list)
     age_gauge: object | None = None  # the engine's telemetry-age gauge child, resolved once
 
 
@@ -111,6 +117,7 @@ class Controller:
         self.store_down_since_s: float | None = None
         self.store_answered = False
         self._gauges_at_s = float("-inf")
+        self._restored_at_s = 0.0
         # Label children resolved once: the ingest path runs ~1,000 times per second per 1,000 engines.
         self._batches_accepted = metrics.batches.labels(result="accepted")
         self._completions_accepted = metrics.events.labels(kind="completion", result="accepted")
@@ -134,6 +141,7 @@ class Controller:
             for calibration in (await self._store.list_calibrations()).values():
                 self._set_calibration(calibration)
             self._restored = await self._store.load_decisions()
+            self._restored_at_s = self._clock()
             self._store_ok()
         except StoreUnavailable as exc:
             self.note_store_failure("restore", exc)
@@ -186,10 +194,12 @@ class Controller:
         check_engine_allowed(hello.engine_id, identity, self._config.security.agent_scopes)
         session = Session(hello=hello, identity=identity)
         record = self._engines.get(hello.engine_id)
+        self._check_identity(record, session)
         if record is not None and record.session is not None:
             resolve_takeover(record.session, session)
         epoch = await self._reserve_epoch(hello.engine_id, record)
         record = self._engines.get(hello.engine_id)  # re-read: the await let other streams run
+        self._check_identity(record, session)
         if record is not None and record.session is not None:
             resolve_takeover(record.session, session)
             record.session.mailbox.close(grpc.StatusCode.ABORTED,
@@ -202,7 +212,7 @@ class Controller:
             restored = self._restored.pop(hello.engine_id, None)
             if restored is not None:
                 loop.restore(restored[1])
-            record = EngineRecord(loop=loop)
+            record = EngineRecord(loop=loop, identity=session.identity)
             self._engines[hello.engine_id] = record
         loop = record.loop
         loop.hello = hello
@@ -230,6 +240,14 @@ class Controller:
                 return session
         self._decide(record, self._clock(), force_push=True)
         return session
+
+    @staticmethod
+    def _check_identity(record: EngineRecord | None, session: Session) -> None:
+        """An engine id stays bound to the identity that opened it until its record is evicted (a
+        disconnected engine's id cannot be taken by another identity, then lock the real agent out)."""
+        if record is not None and record.identity and record.identity != session.identity:
+            raise StreamRefusedError(grpc.StatusCode.PERMISSION_DENIED,
+                                     f"engine id {session.engine_id!r} is held by another identity")
 
     async def _reserve_epoch(self, engine_id: str, record: EngineRecord | None) -> int:
         try:
@@ -269,14 +287,16 @@ class Controller:
         if loop.on_batch(batch, now_s=now_s):
             m.sequence_gaps.inc()
         pool = self._pools[loop.hello.pool_key]
-        if batch.output_tokens.size:
-            self._judge_outlier(record, pool, batch.output_tokens)
+        prompts, outputs = batch.prompt_tokens, batch.output_tokens
+        if outputs.size:
+            if record.probation is not None:
+                record.probation.append((prompts, outputs))
+                prompts = outputs = _EMPTY
+            self._judge_outlier(record, pool, batch.output_tokens, now_s)
         if not loop.excluded_from_pool:
-            closed = pool.stats.add(
-                now_s, prompts=batch.prompt_tokens, outputs=batch.output_tokens,
-                steps=StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests, batch.duration_s))
-            if closed is not None:
-                pool.unpublished.append((closed[1], closed[0]))
+            self._add_to_pool(pool, now_s, prompts, outputs,
+                              StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests,
+                                          batch.duration_s))
         self._batches_accepted.inc()
         self._completions_accepted.inc(batch.output_tokens.size)
         self._steps_accepted.inc(batch.duration_s.size)
@@ -285,13 +305,35 @@ class Controller:
         if loop.is_due(now_s):
             self._decide(record, now_s, trigger_traceparent=batch.traceparent)
 
-    def _judge_outlier(self, record: EngineRecord, pool: PoolRecord, outputs) -> None:
+    def _add_to_pool(self, pool: PoolRecord, now_s: float, prompts: np.ndarray, outputs: np.ndarray,
+                     steps: StepColumns | None) -> None:
+        closed = pool.stats.add(now_s, prompts=prompts, outputs=outputs, steps=steps)
+        if closed is not None:
+            pool.unpublished.append((closed[1], closed[0]))
+
+    def _pool_can_judge(self, pool: PoolRecord) -> bool:
+        estimate = pool.stats.estimate
+        return (estimate is not None and estimate.fit is not None and estimate.fit.stats.mu_o_tokens > 0
+                and estimate.num_samples >= self._config.policy.min_samples
+                and pool.num_connected >= _MIN_POOL_ENGINES_FOR_OUTLIERS)
+
+    def _end_probation(self, record: EngineRecord, pool: PoolRecord, now_s: float, *, admit: bool) -> None:
+        held, record.probation = record.probation or [], None
+        if admit and held:
+            self._add_to_pool(pool, now_s, np.concatenate([p for p, _ in held]),
+                              np.concatenate([o for _, o in held]), None)
+
+    def _judge_outlier(self, record: EngineRecord, pool: PoolRecord, outputs: np.ndarray, now_s: float) -> None:
         """Keep an engine whose output lengths are far from its pool's out of the pool statistics.
 
-        Judged per block of _OUTLIER_BLOCK completions against the pool estimate, once the pool has
-        _MIN_POOL_ENGINES_FOR_OUTLIERS connected engines: an outlier's block mean is more than _OUTLIER_Z
-        standard errors and a factor _OUTLIER_RATIO away from the pool's mean.
+        Judged per block of _OUTLIER_BLOCK completions against the pool estimate, when the pool can judge
+        (an estimate from min_samples completions and _MIN_POOL_ENGINES_FOR_OUTLIERS connected engines): an
+        outlier's block mean is more than _OUTLIER_Z standard errors and a factor _OUTLIER_RATIO away from
+        the pool's mean. A new engine's completions are held back until its first block is judged (or
+        admitted at once while the pool cannot judge: a young pool has nothing to compare with).
         """
+        if record.probation is not None and not self._pool_can_judge(pool):
+            self._end_probation(record, pool, now_s, admit=True)
         record.block_count += int(outputs.size)
         record.block_sum_tokens += float(outputs.sum())
         if record.block_count < _OUTLIER_BLOCK:
@@ -299,15 +341,15 @@ class Controller:
         mean = record.block_sum_tokens / record.block_count
         count = record.block_count
         record.block_count, record.block_sum_tokens = 0, 0.0
+        if not self._pool_can_judge(pool):
+            return
         estimate = pool.stats.estimate
-        if estimate is None or estimate.fit is None or pool.num_connected < _MIN_POOL_ENGINES_FOR_OUTLIERS:
-            return
         stats = estimate.fit.stats
-        if estimate.num_samples < self._config.policy.min_samples or stats.mu_o_tokens <= 0:
-            return
         z = abs(mean - stats.mu_o_tokens) / max(stats.sigma_o_tokens / math.sqrt(count), 1e-9)
         ratio = mean / stats.mu_o_tokens
         excluded = z > _OUTLIER_Z and not (1.0 / _OUTLIER_RATIO <= ratio <= _OUTLIER_RATIO)
+        if record.probation is not None:
+            self._end_probation(record, pool, now_s, admit=not excluded)
         if excluded != record.loop.excluded_from_pool:
             record.loop.excluded_from_pool = excluded
             logger.warning("engine %s %s pool %s statistics (block mean %.1f tokens vs pool %.1f)",
@@ -418,6 +460,9 @@ class Controller:
                     record.age_gauge = self._metrics.engine_telemetry_age.labels(engine_id, loop.hello.pool_key)
                 record.age_gauge.set(age)
                 stale += int(age > _STALE_AFTER_S)
+        if self._restored and now_s - self._restored_at_s >= self._config.loop.engine_ttl_s:
+            # Decisions restored at start-up for engines that never came back (the store keeps them).
+            self._restored = {}
         if gauges:
             self._metrics.stale_engines.set(stale)
             self._metrics.store_pending_writes.set(self.writer.num_pending)
@@ -428,8 +473,16 @@ class Controller:
 
     def _evict(self, engine_id: str, record: EngineRecord) -> None:
         del self._engines[engine_id]
-        self._metrics.forget_engine(engine_id, record.loop.hello.pool_key)
+        key = record.loop.hello.pool_key
+        self._metrics.forget_engine(engine_id, key)
         logger.info("engine %s evicted after %.0f s disconnected", engine_id, self._config.loop.engine_ttl_s)
+        pool = self._pools.get(key)
+        if pool is not None and pool.num_connected == 0 and not any(
+                r.loop.hello.pool_key == key for r in self._engines.values()):
+            # Nobody of the pool is left here: forget it (its buckets stay in the store for the other
+            # replicas and for a warm start).
+            del self._pools[key]
+            self._metrics.forget_pool(key)
 
     async def sync_pools(self, now_s: float | None = None, *, only: str | None = None) -> None:
         """Publish closed buckets, read the other replicas' and refresh each pool's estimate when its end
