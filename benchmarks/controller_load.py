@@ -189,6 +189,11 @@ def _proc_rss_mib(pid: int) -> float:
     return math.nan
 
 
+def _connected(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("cp_connected_engines "))
+
+
 def _accepted(metrics_port: int) -> tuple[float, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     events = batches = 0.0
@@ -225,7 +230,8 @@ async def _put_calibration(port: int) -> None:
 
 async def _drive(ports: list[int], num_streams: int, variants: list[bytes], duration_s: float, warmup_s: float,
                  results: Results) -> None:
-    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{ports[(i // STREAMS_PER_CHANNEL) % len(ports)]}",
+    # Channels alternate between the replicas, so the streams (and one pool's engines) split evenly.
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{ports[i % len(ports)]}",
                                           options=[("grpc.use_local_subchannel_pool", 1)])
                 for i in range(math.ceil(num_streams / STREAMS_PER_CHANNEL))]
     start = time.monotonic()
@@ -249,6 +255,7 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
             results = Results()
             r = redis.Redis.from_url(redis_url)
             rss_samples: list[float] = []
+            connected: list[float] = []
             pids = [c[0].pid for c in controllers]
             gen_cpu0 = resource.getrusage(resource.RUSAGE_SELF)
             wall0 = time.monotonic()
@@ -270,6 +277,7 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
                        for a0, c in zip(acc0, controllers, strict=True)]
                 cmds = (float(r.info("stats")["total_commands_processed"]) - cmds0) / elapsed
                 rss = max(_proc_rss_mib(p) for p in pids)
+                connected.append(sum(_connected(c[2]) for c in controllers))
                 await driver
                 return cpu, acc, cmds, rss
 
@@ -298,6 +306,8 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
         "redis_cmds_per_s": cmds, "buckets_compared": len(results.by_bucket), "buckets_disagreeing": disagreeing,
         "stream_errors": len(results.errors), "first_error": results.errors[0] if results.errors else "",
         "rss_samples_mib": rss_samples,
+        "undecided_ids": sorted(set(range(num_streams)) - results.decided),
+        "connected_at_end": connected[0] if connected else math.nan,
     }
 
 
@@ -331,6 +341,10 @@ def main() -> None:
         if len(samples) >= 2:
             print(f"        RSS MiB over the run: first {samples[0]:.0f}, min {min(samples):.0f}, "
                   f"max {max(samples):.0f}, last {samples[-1]:.0f} ({len(samples)} samples)", flush=True)
+        if row["undecided_ids"]:
+            ids = row["undecided_ids"]
+            print(f"        undecided streams: {ids[:10]}{' …' if len(ids) > 10 else ''}; streams the controllers "
+                  f"held at the end: {row['connected_at_end']:.0f}", flush=True)
         if row["stream_errors"]:
             print(f"        {row['stream_errors']} stream errors, first: {row['first_error']}", flush=True)
 
