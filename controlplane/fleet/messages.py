@@ -8,22 +8,19 @@ the controller fits the cost model to.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.fleet.profiles import EngineShape
 from controlplane.fleet.telemetry import EngineTelemetry
+from controlplane.protocol import ENGINE_ID_PATTERN, bounded, is_valid_engine_id
 
 VLLM_VERSION = "sim"
 AGENT_VERSION = "controlplane-fleet/0.1.0"
-_ENGINE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-
 def check_engine_id(engine_id: str) -> str:
-    """Return `engine_id` when it matches the contract's [A-Za-z0-9._:-]{1,128}; else raise ValueError."""
-    if not _ENGINE_ID.fullmatch(engine_id):
-        raise ValueError(f"engine_id {engine_id!r} must match [A-Za-z0-9._:-]{{1,128}}")
+    """Return `engine_id` when it matches the contract's `protocol.ENGINE_ID_PATTERN`; else raise ValueError."""
+    if not is_valid_engine_id(engine_id):
+        raise ValueError(f"engine_id {bounded(engine_id)} must match {ENGINE_ID_PATTERN.pattern}")
     return engine_id
 
 
