@@ -1,7 +1,7 @@
 """The per-step instruction the enforcement code hands to the engine adapter: `StepPlan`.
 
 One `StepPlan` is produced per engine step, before the engine schedules. It uses only knobs that a vLLM 0.32
-scheduler subclass can set between steps without copying `schedule()` (shared/VLLM_NOTES.md):
+scheduler subclass can set between steps without copying `schedule()` (docs/VLLM_INTERNALS.md):
 
 - `kind`:
     DECODE_ONLY   call `schedule(throttle_prefills=True)` with `prefill_capacity_bound = False`: running

@@ -11,7 +11,7 @@ from controlplane.core.threshold import solve_theta0
 from controlplane.core.types import CostModel, Mode, Reason
 from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
 
-# The published calibrations (eb-vllm, Qwen3-8B; DESIGN.md Appendix A), shared with the twin.
+# The published calibrations (eb-vllm, Qwen3-8B; examples/calibrations/), shared with the twin.
 H200 = H200_QWEN3_8B
 RTX_PRO_6000 = RTX_PRO_6000_QWEN3_8B
 

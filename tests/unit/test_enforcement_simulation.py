@@ -1,7 +1,7 @@
 """The Enforcer driving a small vLLM-like scheduler for thousands of steps, with random arrivals, finishes,
 decisions, controller silences and mode switches.
 
-`FakeScheduler` applies each `StepPlan` the way the vLLM adapter does (shared/VLLM_NOTES.md): the token budget
+`FakeScheduler` applies each `StepPlan` the way the vLLM adapter does (docs/VLLM_INTERNALS.md): the token budget
 and the admission gate `max_num_active_reqs`; DECODE_ONLY as vLLM's prefill throttle (skip prefill chunks and
 admission, only when something can decode); PREFILL_ONLY by making running decodes ineligible for the step;
 STOCK as vLLM v1's mixed scheduling. KV is held in blocks; a request that cannot get its blocks preempts the

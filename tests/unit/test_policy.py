@@ -28,7 +28,7 @@ from controlplane.core.types import (
 )
 from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
 
-# The EB paper's published profiles (DESIGN.md Appendix A), as the twin ships them.
+# The EB paper's published profiles (examples/calibrations/), as the twin ships them.
 RTX_PRO_6000 = RTX_PRO_6000_QWEN3_8B
 H200 = H200_QWEN3_8B
 LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=2_000_000,

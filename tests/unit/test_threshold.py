@@ -29,7 +29,7 @@ from controlplane.core.threshold import (
 from controlplane.core.types import CostModel, EngineLimits, Flag, PolicyConfig, WorkloadStats
 from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
 
-# The published calibrations (eb-vllm, Qwen3-8B; DESIGN.md Appendix A), shared with the twin.
+# The published calibrations (eb-vllm, Qwen3-8B; examples/calibrations/), shared with the twin.
 H200 = H200_QWEN3_8B
 RTX_PRO_6000 = RTX_PRO_6000_QWEN3_8B
 LARGEST_BELOW_ONE = 1.0 - 2.0**-53
