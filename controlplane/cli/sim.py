@@ -90,7 +90,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--seeds must be ≥ 1, got {args.seeds}")
     profile = _profile(args, parser)
     try:
-        workloads = [parse_scenario(s) for s in args.scenario]
+        limit = profile.shape.max_model_len_tokens
+        workloads = [parse_scenario(s, max_model_len_tokens=limit, profile_name=profile.name) for s in args.scenario]
         schedulers = [parse_scheduler(s) for s in args.scheduler]
     except ValueError as exc:
         parser.error(str(exc))

@@ -3,7 +3,11 @@
 Modules (each pure, no I/O unless stated):
 - `lengths`    request-length distributions and named shapes (EB synthetic, dataset-like, P-PAS long context)
 - `arrivals`   workloads: closed-loop phases (concurrency) and open-loop Poisson / bursty phases
-- `profiles`   (model, accelerator) profiles: CostModel + EngineShape (+ optional context term); JSON files
+- `hardware`   model architectures (published config.json values) and accelerators (datasheet peaks), from data/
+- `roofline`   the step-time model: compute and memory time per kernel kind, calibrated factors, overheads
+- `calibrate`  fits the roofline's factors to the published measurements (`python -m controlplane.sim.calibrate`)
+- `profiles`   (model, accelerator) profiles: roofline (or linear CostModel) + the controller's CostModel +
+               EngineShape; JSON files
 - `costs`      iteration time of one step from a profile
 - `engine`     `SimEngine`: slots, KV blocks, chunked prefill, preemption; every step planned by
                `agents.enforcement.Enforcer` exactly as the vLLM adapter applies it

@@ -67,13 +67,15 @@ class RequestTrace:
 
     prompt_tokens / output_tokens: lengths. arrival_s: open loop only (closed loop: NaN, the runner sets the
     arrival when it issues the request). concurrency: closed loop only, the cap in force when request i is
-    issued (0 for open loop).
+    issued (0 for open loop). cached_prompt_tokens: the leading prompt tokens shared with a previous turn
+    (the shape's shared prefix; 0 when it has none), which the engine serves from its prefix cache.
     """
 
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     arrival_s: np.ndarray
     concurrency: np.ndarray
+    cached_prompt_tokens: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:
@@ -105,7 +107,7 @@ def materialize(workload: Workload, *, seed: int) -> RequestTrace:
     length_seed, arrival_seed = np.random.SeedSequence(seed).spawn(2)
     lengths_rng = np.random.default_rng(length_seed)
     arrivals_rng = np.random.default_rng(arrival_seed)
-    prompts, outputs, arrivals, caps = [], [], [], []
+    prompts, outputs, arrivals, caps, cached = [], [], [], [], []
     start_s = 0.0
     for phase in workload.phases:
         if phase.is_closed:
@@ -126,7 +128,11 @@ def materialize(workload: Workload, *, seed: int) -> RequestTrace:
             arrivals.append(np.asarray(times, dtype=np.float64))
             caps.append(np.zeros(count, dtype=np.int64))
             start_s = end
-        prompts.append(phase.shape.prompt.sample(lengths_rng, count))
+        prompt = phase.shape.prompt.sample(lengths_rng, count)
         outputs.append(phase.shape.output.sample(lengths_rng, count))
+        prefix = getattr(phase.shape, "shared_prefix", None)
+        shared = prefix.sample(lengths_rng, count) if prefix is not None else np.zeros(count, dtype=np.int64)
+        prompts.append(prompt + shared)
+        cached.append(shared)
     return RequestTrace(np.concatenate(prompts), np.concatenate(outputs), np.concatenate(arrivals),
-                        np.concatenate(caps))
+                        np.concatenate(caps), np.concatenate(cached))

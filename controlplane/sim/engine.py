@@ -8,8 +8,11 @@ Model (the subset of vLLM v1 that decides throughput and latency):
 - Slots and KV: at most `max_num_seqs` running requests; KV in blocks of `block_size_tokens` out of
   `kv_capacity_tokens` (whole blocks). A running request holds the blocks of its computed tokens plus the
   one it computes in the step.
-- Request life: chunked prefill of the prompt under the step's token budget; the final chunk samples the
-  first output token (TTFT); then one decode token per step until the output length (fixed at arrival).
+- Request life: chunked prefill of the prompt under the step's token budget (a prompt's cached prefix, a
+  multi-turn request's history, is a prefix-cache hit: its blocks are allocated at admission and only the
+  rest is computed); the final chunk samples the first output token (TTFT); then one decode token per step
+  until the output length (fixed at arrival, cut at max_model_len). Prompts of max_model_len tokens or more
+  are refused with a ValueError, as vLLM refuses them.
 - Preemption (recompute): when a request cannot get the blocks it needs, the latest-admitted running
   request not yet scheduled in this step is preempted (partial prefills first, then decodes from the end;
   possibly the request itself, which ends that pass, as in vLLM). Its KV is freed and it returns to the
@@ -125,6 +128,7 @@ class SimEngine:
         capacity = 1024
         self._prompt = np.zeros(capacity, dtype=np.int64)
         self._output = np.zeros(capacity, dtype=np.int64)
+        self._cached = np.zeros(capacity, dtype=np.int64)
         self._computed = np.zeros(capacity, dtype=np.int64)
         self._generated = np.zeros(capacity, dtype=np.int64)
         self._blocks = np.zeros(capacity, dtype=np.int64)
@@ -204,22 +208,39 @@ class SimEngine:
 
     # ------------------------------------------------------------------------------------------- requests
 
-    def add_requests(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, arrival_s: np.ndarray) -> np.ndarray:
+    def add_requests(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, arrival_s: np.ndarray, *,
+                     cached_prompt_tokens: np.ndarray | None = None) -> np.ndarray:
         """Queue requests (FIFO, after those already waiting); returns their ids.
 
-        Lengths are truncated to the engine: the prompt to max_model_len − 1, the output to what is left (≥ 1).
-        Arrival times are recorded for the latency metrics; the caller adds a request when it has arrived.
+        `cached_prompt_tokens` (optional, per request): leading prompt tokens served from the prefix cache (a
+        multi-turn request's history); admission allocates their blocks and computes only the rest, as vLLM's
+        prefix caching does on a hit. Outputs are cut where prompt + output would pass max_model_len (vLLM's
+        length stop). Arrival times are recorded for the latency metrics; the caller adds a request when it
+        has arrived.
+
+        Raises:
+            ValueError: a prompt of max_model_len tokens or more (vLLM refuses it), naming its length and the
+                limit; a cached prefix longer than its prompt.
         """
-        prompts = np.minimum(np.asarray(prompt_tokens, dtype=np.int64), self._max_len - 1)
-        prompts = np.maximum(prompts, 1)
+        prompts = np.maximum(np.asarray(prompt_tokens, dtype=np.int64), 1)
+        too_long = prompts >= self._max_len
+        if too_long.any():
+            raise ValueError(f"a prompt of {int(prompts[too_long].max())} tokens does not fit max_model_len "
+                             f"{self._max_len} of profile {self.profile.name} (vLLM refuses prompts of "
+                             f"max_model_len tokens or more)")
+        count = prompts.size
+        cached = (np.zeros(count, dtype=np.int64) if cached_prompt_tokens is None
+                  else np.asarray(cached_prompt_tokens, dtype=np.int64))
+        if cached.shape != prompts.shape or (cached < 0).any() or (cached >= prompts).any():
+            raise ValueError("cached_prompt_tokens must give, per request, 0 ≤ cached < prompt tokens")
         outputs = np.clip(np.asarray(output_tokens, dtype=np.int64), 1, None)
         outputs = np.maximum(1, np.minimum(outputs, self._max_len - prompts))
-        count = prompts.size
         start = self._num_requests
         self._ensure_capacity(start + count)
         end = start + count
         self._prompt[start:end] = prompts
         self._output[start:end] = outputs
+        self._cached[start:end] = cached
         self._arrival[start:end] = np.broadcast_to(np.asarray(arrival_s, dtype=np.float64), (count,))
         self._num_requests = end
         ids = np.arange(start, end, dtype=np.int64)
@@ -232,7 +253,7 @@ class SimEngine:
             return
         while capacity < size:
             capacity *= 2
-        for name in ("_prompt", "_output", "_computed", "_generated", "_blocks"):
+        for name in ("_prompt", "_output", "_cached", "_computed", "_generated", "_blocks"):
             old = getattr(self, name)
             new = np.zeros(capacity, dtype=np.int64)
             new[: old.size] = old
@@ -370,13 +391,15 @@ class SimEngine:
         admitted = 0
         while waiting and budget > 0 and running < max_active and admitted < max_new:
             rid = waiting[0]
-            want = min(int(self._prompt[rid] + self._generated[rid]), budget)
-            need = -(-want // block)
+            cached = int(self._cached[rid])
+            want = min(int(self._prompt[rid] + self._generated[rid]) - cached, budget)
+            need = -(-(cached + want) // block)
             if need > self._free_blocks:
                 break
             waiting.popleft()
             self._free_blocks -= need
             self._blocks[rid] = need
+            self._computed[rid] = cached
             self._prefilling.append(rid)
             chunk_ids.append(rid)
             chunk_tokens.append(want)

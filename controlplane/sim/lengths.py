@@ -15,6 +15,12 @@ Distributions (compact spelling in brackets, as `parse_length_distribution` read
   ClippedLogNormalLengths [lognormal:mean=800,sigma=1.0,min=1,max=4096]  a log-normal clipped to
                         [min, max]; the shapes matching published dataset statistics are built from it
                         (see `DATASET_SHAPES`).
+  ConversationHistoryLengths  the context a turn of a multi-turn conversation shares with the previous turn
+                        (the earlier user messages and replies), for a request drawn uniformly from all turns.
+
+The real-world shapes (sharegpt, wildchat, longbench, numinamath) are read from the package's
+data/workloads.json, which states what each distribution was fitted to. `upper_bound_tokens` gives the
+longest length a distribution draws (for the max_model_len check when a scenario is built).
 
 Malformed text raises ValueError naming the part that is wrong. (Moved here from controlplane/fleet/workload.py,
 which re-exports these names; the fleet's closed-loop `WorkloadSpec` stays there.)
@@ -25,9 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from controlplane.sim.hardware import read_data_file
 
 # Cumulative hazard beyond which the survival exp(−Λ) < 1e-26 is treated as zero (table end).
 _MAX_CUMULATIVE_HAZARD = 60.0
@@ -228,9 +236,27 @@ def parse_length_distribution(text: str) -> LengthDistribution:
         if "p0" not in params:
             raise ValueError(f"{kind}: p0 is required, e.g. hazard:p0=0.002,eta=1e-6")
         return LinearHazardLengths(p0=params["p0"], eta=params.get("eta", 0.0))
+    if kind == "lognormal":
+        params = _named_params(body, kind=kind, allowed=("mean", "sigma", "min", "max"))
+        if "mean" not in params or "sigma" not in params:
+            raise ValueError("lognormal: mean and sigma are required, e.g. lognormal:mean=800,sigma=1.0,max=4096")
+        return ClippedLogNormalLengths(params["mean"], params["sigma"], _whole(params.get("min", 1), "lognormal.min"),
+                                       _whole(params.get("max", 1 << 20), "lognormal.max"))
+    if kind == "range":
+        low, sep, high = body.partition("-")
+        if not sep:
+            raise ValueError(f"range: expected LOW-HIGH, e.g. range:1000-4000, got {body!r}")
+        return UniformRangeLengths(_whole(finite_number(low, what="range low"), "range low"),
+                                   _whole(finite_number(high, what="range high"), "range high"))
     raise ValueError(
-        f"length distribution {text!r}: unknown kind {kind!r} (geometric, uniform, fixed, hazard)"
+        f"length distribution {text!r}: unknown kind {kind!r} (geometric, uniform, fixed, hazard, lognormal, range)"
     )
+
+
+def _whole(value: float, what: str) -> int:
+    if value != int(value):
+        raise ValueError(f"{what}: {value!r} is not an integer")
+    return int(value)
 
 
 
@@ -308,19 +334,118 @@ class UniformRangeLengths:
 
 
 @dataclass(frozen=True)
+class ConversationHistoryLengths:
+    """The context turn t of a multi-turn conversation shares with turn t − 1: the earlier user messages and
+    replies it carries, for a request drawn uniformly from all turns of all conversations.
+
+    Conversations have T ≥ `min_turns` turns, T − min_turns geometric on {0, 1, …} with mean
+    `mean_turns` − `min_turns`; a uniformly drawn request is turn t with P(t) ∝ P(T ≥ t). The prompt carries the
+    last min(t − 1, `kept_turns`) turns (0: all of them), each a `user` and an `assistant` length (independent
+    draws); the sum is cut at `max_tokens` (a client drops the oldest turns). Turn 1 has no history (0 tokens:
+    this is the one distribution here that draws 0). `mean_tokens` is the mean before the cut, exact; the cut
+    moves it by the clipped mass only.
+    """
+
+    min_turns: int
+    mean_turns: float
+    user: LengthDistribution
+    assistant: LengthDistribution
+    max_tokens: int
+    kept_turns: int = 0
+
+    MAX_TURNS = 256
+
+    def __post_init__(self) -> None:
+        if self.min_turns < 1 or not (math.isfinite(self.mean_turns) and self.mean_turns >= self.min_turns):
+            raise ValueError(f"conversation: need min_turns ≥ 1 and mean_turns ≥ min_turns, got {self.min_turns}, "
+                             f"{self.mean_turns}")
+        if self.max_tokens < 1 or self.kept_turns < 0:
+            raise ValueError(f"conversation: need max_tokens ≥ 1 and kept_turns ≥ 0, got {self.max_tokens}, "
+                             f"{self.kept_turns}")
+
+    def _carried(self, turns: np.ndarray) -> np.ndarray:
+        """Earlier turns a prompt of turn t carries."""
+        carried = turns - 1
+        return np.minimum(carried, self.kept_turns) if self.kept_turns else carried
+
+    @cached_property
+    def _turn_probabilities(self) -> np.ndarray:
+        """P(t) for t = 1 … MAX_TURNS (element t − 1)."""
+        extra = self.mean_turns - self.min_turns
+        stay = extra / (1.0 + extra)
+        t = np.arange(1, self.MAX_TURNS + 1, dtype=np.float64)
+        weight = np.where(t <= self.min_turns, 1.0, stay ** np.maximum(t - self.min_turns, 0.0))
+        return weight / weight.sum()
+
+    @property
+    def mean_tokens(self) -> float:
+        turns = np.arange(1, self.MAX_TURNS + 1, dtype=np.float64)
+        earlier = float((self._carried(turns) * self._turn_probabilities).sum())
+        return earlier * (self.user.mean_tokens + self.assistant.mean_tokens)
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        carried = self._carried(rng.choice(np.arange(1, self.MAX_TURNS + 1), size=size, p=self._turn_probabilities))
+        widest = int(carried.max()) if size else 0
+        if widest <= 0:
+            return np.zeros(size, dtype=np.int64)
+        user = self.user.sample(rng, size * widest).reshape(size, widest)
+        assistant = self.assistant.sample(rng, size * widest).reshape(size, widest)
+        earlier = np.arange(widest)[None, :] < carried[:, None]
+        return np.minimum(((user + assistant) * earlier).sum(axis=1), self.max_tokens).astype(np.int64)
+
+    def __str__(self) -> str:
+        return (f"conversation:turns>={self.min_turns},mean={self.mean_turns!r},kept={self.kept_turns},"
+                f"user={self.user},assistant={self.assistant},max={self.max_tokens}")
+
+
+def upper_bound_tokens(distribution: LengthDistribution, *, tail: float = 1e-9) -> int | None:
+    """The longest length `distribution` draws: its maximum where it has one, else the length it exceeds with
+    probability below `tail` (geometric, linear hazard). None for a distribution type this module does not
+    know."""
+    if isinstance(distribution, FixedLengths):
+        return distribution.tokens
+    if isinstance(distribution, UniformLengths):
+        return distribution.high_tokens
+    if isinstance(distribution, UniformRangeLengths):
+        return distribution.high_tokens
+    if isinstance(distribution, (ClippedLogNormalLengths, ConversationHistoryLengths)):
+        return distribution.max_tokens
+    if isinstance(distribution, GeometricLengths):
+        if distribution.p0 >= 1.0:
+            return 1
+        return max(1, math.ceil(math.log(tail) / math.log1p(-distribution.p0)))
+    if isinstance(distribution, LinearHazardLengths):
+        table = distribution._cumulative_hazard
+        index = int(np.searchsorted(table, -math.log(tail), side="left"))
+        return min(index + 1, table.size)
+    return None
+
+
+@dataclass(frozen=True)
 class LengthShape:
-    """A named (prompt, output) pair of length distributions; `source` says what it matches and how."""
+    """A named (prompt, output) pair of length distributions; `source` says what it matches and how.
+
+    `shared_prefix` (optional): tokens of each prompt that repeat the previous turn's context (a multi-turn
+    conversation's history). A request's prompt is the shared prefix followed by `prompt`'s draw; the engine
+    serves the shared prefix from its prefix cache and computes only the rest."""
 
     name: str
     prompt: LengthDistribution
     output: LengthDistribution
     source: str
+    shared_prefix: LengthDistribution | None = None
 
     @property
     def decode_ratio(self) -> float:
-        """r = μ_O / (μ_L + μ_O) of the shape."""
+        """r = μ_O / (μ_L + μ_O) of the shape, μ_L counting the prompt tokens computed (not the shared prefix)."""
         mu_l, mu_o = self.prompt.mean_tokens, self.output.mean_tokens
         return mu_o / (mu_l + mu_o)
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        """Mean prompt length including the shared prefix."""
+        prefix = self.shared_prefix.mean_tokens if self.shared_prefix is not None else 0.0
+        return self.prompt.mean_tokens + prefix
 
 
 def synthetic_shape(mean_prompt_tokens: int, mean_output_tokens: int) -> LengthShape:
@@ -344,8 +469,58 @@ def synthetic_geometric_shape(mean_prompt_tokens: int, mean_output_tokens: int) 
     )
 
 
-# Shapes matching the statistics the papers publish. The EB paper (§4.1) gives only coarse figures, so each
-# shape is a log-normal or a range that reproduces them; they stand in for the datasets, they are not them.
+WORKLOADS_FILE = "workloads.json"
+
+
+def distribution_from_spec(spec: dict[str, Any], *, where: str) -> LengthDistribution:
+    """A distribution from a data/workloads.json entry. Raises ValueError naming `where` and the problem."""
+    try:
+        kind = spec["kind"]
+        if kind == "lognormal":
+            return ClippedLogNormalLengths(float(spec["mean"]), float(spec["sigma"]), int(spec.get("min", 1)),
+                                           int(spec.get("max", 1 << 20)))
+        if kind == "range":
+            return UniformRangeLengths(int(spec["low"]), int(spec["high"]))
+        if kind == "fixed":
+            return FixedLengths(int(spec["tokens"]))
+        if kind == "conversation_history":
+            return ConversationHistoryLengths(
+                int(spec["min_turns"]), float(spec["mean_turns"]),
+                distribution_from_spec(spec["user"], where=f"{where}.user"),
+                distribution_from_spec(spec["assistant"], where=f"{where}.assistant"), int(spec["max"]),
+                int(spec.get("kept_turns", 0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{WORKLOADS_FILE}: {where}: {exc}") from None
+    raise ValueError(f"{WORKLOADS_FILE}: {where}: unknown kind {kind!r} (lognormal, range, fixed, "
+                     "conversation_history)")
+
+
+def load_dataset_shapes() -> dict[str, LengthShape]:
+    """The real-world shapes of the package's data/workloads.json."""
+    return dataset_shapes_from_json(read_data_file(WORKLOADS_FILE))
+
+
+def dataset_shapes_from_json(data: dict[str, Any]) -> dict[str, LengthShape]:
+    """Parse a workloads.json document. Raises ValueError naming a malformed entry, one without a source, or a
+    distribution that does not say what it was fitted to."""
+    datasets = data.get("datasets")
+    if not isinstance(datasets, dict) or not datasets:
+        raise ValueError(f"{WORKLOADS_FILE}: expected a non-empty object 'datasets'")
+    shapes: dict[str, LengthShape] = {}
+    for name, entry in datasets.items():
+        if not isinstance(entry, dict) or not str(entry.get("source", "")).strip():
+            raise ValueError(f"{WORKLOADS_FILE}: datasets.{name} must be an object with a non-empty 'source'")
+        for part in ("prompt", "output", "shared_prefix"):
+            if part in entry and not str(entry[part].get("fit", "")).strip():
+                raise ValueError(f"{WORKLOADS_FILE}: datasets.{name}.{part} must say what it was fitted to ('fit')")
+        prefix = entry.get("shared_prefix")
+        shapes[name] = LengthShape(
+            name, distribution_from_spec(entry["prompt"], where=f"datasets.{name}.prompt"),
+            distribution_from_spec(entry["output"], where=f"datasets.{name}.output"), entry["source"],
+            distribution_from_spec(prefix, where=f"datasets.{name}.shared_prefix") if prefix else None)
+    return shapes
+
+
 DATASET_SHAPES: dict[str, LengthShape] = {
     "decode-heavy": synthetic_shape(128, 1024),
     "balanced": synthetic_shape(512, 512),
@@ -353,18 +528,7 @@ DATASET_SHAPES: dict[str, LengthShape] = {
     "geometric-decode-heavy": synthetic_geometric_shape(128, 1024),
     "geometric-balanced": synthetic_geometric_shape(512, 512),
     "geometric-prefill-heavy": synthetic_geometric_shape(1024, 128),
-    "sharegpt": LengthShape(
-        "sharegpt", ClippedLogNormalLengths(105.0, 1.0, 4, 2048), ClippedLogNormalLengths(260.0, 0.9, 1, 500),
-        "EB paper §4.1: ShareGPT, 105 input / ≤500 output (truncated at 500); r ≈ 0.7"),
-    "longbench": LengthShape(
-        "longbench", UniformRangeLengths(1000, 4000), FixedLengths(20),
-        "EB paper §4.1: LongBench, 1,000–4,000 input / 20 output; r ≈ 0.01"),
-    "numinamath": LengthShape(
-        "numinamath", ClippedLogNormalLengths(122.0, 0.6, 16, 1024), UniformRangeLengths(800, 4000),
-        "EB paper §4.1: NuminaMath, 122 input / 800–4,000 output (chain of thought); r ≈ 0.95"),
-    "wildchat": LengthShape(
-        "wildchat", ClippedLogNormalLengths(500.0, 1.1, 8, 8192), ClippedLogNormalLengths(600.0, 0.9, 1, 2048),
-        "EB paper §4.1/§4.3.2: WildChat, multi-turn (≥6 turns, history grows the prompt); r ≈ 0.55"),
+    **load_dataset_shapes(),
     "ppas-long-context": LengthShape(
         "ppas-long-context", FixedLengths(25_000), FixedLengths(32),
         "P-PAS paper §4.1: 25k-token prompts, 32-token outputs (RAG / agentic)"),

