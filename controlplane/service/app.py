@@ -37,7 +37,7 @@ from controlplane.observability.tracing import DecisionTracer
 from controlplane.service.agent_servicer import AgentServicer
 from controlplane.service.auth import Authenticator, AuthInterceptor, server_credentials
 from controlplane.service.config import ControllerConfig
-from controlplane.service.controller import Controller
+from controlplane.service.controller import SCHEDULER_TICK_S, Controller
 from controlplane.service.operator_servicer import OperatorServicer
 from controlplane.store import EmbeddedRedis, RedisStore, StoreUnavailable, create_store
 
@@ -46,7 +46,6 @@ SERVICE_NAMES = (
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
     operator_pb2.DESCRIPTOR.services_by_name["OperatorService"].full_name,
 )
-_TICK_S = 0.25
 # Pool buckets are published within this of closing (replicas read each other's 0.5 s after a close).
 _POOL_TICK_S = 0.1
 _FAILURE_MEMORY_S = 10.0
@@ -155,7 +154,7 @@ class ControllerApp:
             return
         while True:
             self.controller.tick()
-            await asyncio.sleep(_TICK_S)
+            await asyncio.sleep(SCHEDULER_TICK_S)
 
     async def _pool_loop(self) -> None:
         """Pool estimates: exchange buckets with the other replicas and refit (a slow store only delays this)."""

@@ -50,6 +50,8 @@ _STALE_AFTER_S = 30.0
 _EMPTY = np.zeros(0)
 _WATCH_QUEUE = 10_000
 _GAUGE_PERIOD_S = 1.0
+# The scheduler task calls `tick` this often (service/app.py).
+SCHEDULER_TICK_S = 0.25
 _RECENT_BUCKETS_REFETCHED = 3
 # A slow store must not hold a pool's estimate back: refresh from this replica's own buckets instead.
 _EXCHANGE_TIMEOUT_S = 0.5
@@ -452,7 +454,8 @@ class Controller:
                 continue
             if loop.is_due(now_s):
                 self._decide(record, now_s)
-            elif loop.keepalive_due(now_s):
+            elif loop.keepalive_due(now_s + SCHEDULER_TICK_S):
+                # Sent at the last tick before it falls due, so no gap exceeds the keep-alive interval.
                 self._push(record, loop.current, now_s)
             if gauges:
                 age = now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0
