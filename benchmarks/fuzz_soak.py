@@ -356,7 +356,7 @@ def main() -> int:
         url, server = start_redis_on_free_port(Path(tmp) / "redis")
         metrics_port = _free_port()
         controller = ServeProcess.start(
-            Path(tmp) / "data", log_path=Path(tmp) / "controller.log",
+            Path(tmp) / "data", log_path=Path(os.environ.get("CP_SOAK_LOG", str(Path(tmp) / "controller.log"))),
             args=("--redis-url", url, "--engine-ttl-s", str(args.engine_ttl_s), "--ttl-s", str(args.ttl_s),
                   "--metrics-port", str(metrics_port), "--controller-id", "soak"))
         client = redis.Redis.from_url(url)

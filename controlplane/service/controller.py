@@ -29,12 +29,13 @@ from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, CostModel
 from controlplane.loop.codec import calibration_to_cost_model, cost_model_to_calibration, resolve_intent
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
-from controlplane.loop.pool_stats import BucketStats, PoolStatistics
+from controlplane.loop.pool_stats import BucketStats, PoolEstimate, PoolStatistics
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
 from controlplane.protocol import MODE_CODES, VERSION_EPOCH_FACTOR
 from controlplane.service.config import ControllerConfig
 from controlplane.service.epochs import EpochReserver
+from controlplane.service.memory import release_free_memory
 from controlplane.service.sessions import Session, StreamRefusedError, check_engine_allowed, resolve_takeover
 from controlplane.service.writer import DecisionWriter
 from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
@@ -50,6 +51,8 @@ _STALE_AFTER_S = 30.0
 _EMPTY = np.zeros(0)
 _WATCH_QUEUE = 10_000
 _GAUGE_PERIOD_S = 1.0
+# Freed memory is handed back to the OS after this many evictions (service/memory.py).
+_TRIM_AFTER_EVICTIONS = 1000
 # The scheduler task calls `tick` this often (service/app.py).
 SCHEDULER_TICK_S = 0.25
 _RECENT_BUCKETS_REFETCHED = 3
@@ -120,6 +123,7 @@ class Controller:
         self.store_answered = False
         self._gauges_at_s = float("-inf")
         self._restored_at_s = 0.0
+        self._evicted_since_trim = 0
         # Label children resolved once: the ingest path runs ~1,000 times per second per 1,000 engines.
         self._batches_accepted = metrics.batches.labels(result="accepted")
         self._completions_accepted = metrics.events.labels(kind="completion", result="accepted")
@@ -463,6 +467,9 @@ class Controller:
                     record.age_gauge = self._metrics.engine_telemetry_age.labels(engine_id, loop.hello.pool_key)
                 record.age_gauge.set(age)
                 stale += int(age > _STALE_AFTER_S)
+        if self._evicted_since_trim >= _TRIM_AFTER_EVICTIONS:
+            self._evicted_since_trim = 0
+            release_free_memory()
         if self._restored and now_s - self._restored_at_s >= self._config.loop.engine_ttl_s:
             # Decisions restored at start-up for engines that never came back (the store keeps them).
             self._restored = {}
@@ -476,6 +483,7 @@ class Controller:
 
     def _evict(self, engine_id: str, record: EngineRecord) -> None:
         del self._engines[engine_id]
+        self._evicted_since_trim += 1
         key = record.loop.hello.pool_key
         self._metrics.forget_engine(engine_id, key)
         logger.info("engine %s evicted after %.0f s disconnected", engine_id, self._config.loop.engine_ttl_s)
@@ -510,12 +518,14 @@ class Controller:
             except TimeoutError:
                 self.note_store_failure("pool_statistics", TimeoutError("no answer within "
                                                                         f"{_EXCHANGE_TIMEOUT_S} s"))
+            if self._pools.get(key) is not pool:  # forgotten while the exchange awaited the store
+                continue
             started = time.perf_counter()
             estimate = stats.refresh(now_s, calibration=self._calibrations.get(key))
             self._metrics.pool_fit_latency.observe(time.perf_counter() - started)
             stats.prune(now_s)
             pool.refreshed_bucket = end_bucket
-            self._set_pool_gauges(key, estimate)
+            self._set_pool_gauges(key, pool, estimate)
             if (now_s - pool.last_snapshot_s >= self._config.loop.snapshot_interval_s
                     and estimate.num_samples >= self._config.policy.min_samples and stats.last_window is not None):
                 await self._save_snapshot(key, pool, stats.last_window, now_s)
@@ -585,9 +595,9 @@ class Controller:
                     logger.warning("pool %s: ignoring bucket %d of replica %s: %s", key, bucket_id, replica_id, exc)
         pool.fetched_through = max(pool.fetched_through, end_bucket)
 
-    def _set_pool_gauges(self, key: str, estimate) -> None:
+    def _set_pool_gauges(self, key: str, pool: PoolRecord, estimate: PoolEstimate) -> None:
         m = self._metrics
-        m.pool_engines.labels(pool=self._pools[key].stats.pool_key).set(self._pools[key].num_connected)
+        m.pool_engines.labels(pool=key).set(pool.num_connected)
         m.pool_samples.labels(pool=key).set(estimate.num_samples)
         if estimate.fit is not None:
             s = estimate.fit.stats
