@@ -45,13 +45,6 @@ def decision_to_proto(decision: Decision, *, version: int, ttl_s: float, decided
     )
 
 
-def same_instruction(a: common_pb2.Decision, b: common_pb2.Decision) -> bool:
-    """True when two decisions tell the agent the same thing (diagnostics and reason aside)."""
-    return (a.mode, a.k, a.n, a.advisory, a.delta_s_per_token) == (b.mode, b.k, b.n, b.advisory,
-                                                                    b.delta_s_per_token) \
-        and a.budget == b.budget
-
-
 def resolve_intent(records: list[operator_pb2.OverrideRecord], *, engine_id: str, pool_key: str,
                    now_s: float) -> OperatorIntent:
     """The overrides in force for one engine: per kind, the most specific live scope wins (engine > pool > fleet)."""

@@ -128,11 +128,6 @@ class EngineLoop:
     def keepalive_due(self, now_s: float) -> bool:
         return self.current is not None and now_s - self.last_sent_s >= self.config.keepalive_s
 
-    def next_due_s(self) -> float:
-        """The time the interval or the keep-alive makes this engine due (completions aside)."""
-        keepalive = self.last_sent_s + self.config.keepalive_s if self.current is not None else float("inf")
-        return min(self.last_decided_s + self.config.interval_s, keepalive)
-
     # ---- deciding ----
 
     def decide(self, estimate: PoolEstimate | None, *, intent: OperatorIntent, now_s: float,
@@ -234,5 +229,6 @@ class EngineLoop:
 
 
 def _instruction(decision: Decision) -> tuple:
-    """What the agent is told (`codec.same_instruction` on the core's decision): diagnostics and reason aside."""
+    """What the agent is told — mode, k, N, advisory, δ, budget — without diagnostics or reason: two decisions
+    with equal instructions get one version."""
     return (decision.mode, decision.k, decision.n, decision.advisory, decision.delta_s_per_token, decision.budget)

@@ -762,9 +762,6 @@ class Controller:
     def unwatch(self, queue: asyncio.Queue[Pushed]) -> None:
         self._watchers.discard(queue)
 
-    def connected_engine_ids(self) -> list[str]:
-        return [eid for eid, r in self._engines.items() if r.session is not None]
-
     def close_all_streams(self, message: str) -> None:
         for record in self._engines.values():
             if record.session is not None:
