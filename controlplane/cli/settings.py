@@ -140,6 +140,9 @@ class ControllerSettings(BaseSettings):
                               "controlplane/store/urls.py)")
     data_dir: Path | None = _setting(None, section="store", doc="embedded Redis data directory (used when no "
                                      "redis_url is given)")
+    engine_retention_s: float = _setting(_SERVER["engine_retention_s"], section="store", ge=0.0, note="0: forever",
+                                         doc="an engine's decision and epoch keys expire this long after its last "
+                                         "decision write, s")
     # security
     # CP_TLS_CERT / CP_TLS_KEY / CP_TLS_CA are `controlplane ctl`'s client credentials: the server's differ.
     tls_cert: Path | None = _setting(None, section="security", rule="with tls_key", env="CP_SERVER_TLS_CERT",
@@ -258,6 +261,10 @@ class ControllerSettings(BaseSettings):
         if self.max_window_s < self.bucket_s:
             raise _RuleError(f"max_window_s ({self.max_window_s}) must be ≥ bucket_s ({self.bucket_s})",
                              "max_window_s", "bucket_s")
+        if 0 < self.engine_retention_s < self.engine_ttl_s:
+            raise _RuleError(f"engine_retention_s ({self.engine_retention_s}) must be 0 or ≥ engine_ttl_s "
+                             f"({self.engine_ttl_s}): a remembered engine needs its keys",
+                             "engine_retention_s", "engine_ttl_s")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise _RuleError("TLS needs both tls_cert and tls_key", "tls_cert", "tls_key")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -287,7 +294,7 @@ def _is_loopback(host: str) -> bool:
 FIELDS = ControllerSettings.model_fields
 # How the settings fill the frozen dataclasses (dataclass field → setting); tests check every field is covered.
 SERVER_FIELDS = ("host", "port", "controller_id", "redis_url", "metrics_port", "metrics_host", "max_connection_age_s",
-                 "readiness_grace_s", "store_retry_s", "registry_ttl_s")
+                 "readiness_grace_s", "store_retry_s", "registry_ttl_s", "engine_retention_s")
 LOOP_FIELDS = {"recompute_completions": "recompute_completions", "interval_s": "decision_interval_s",
                "ttl_s": "ttl_s", "n_obs_time_constant_s": "n_obs_time_constant_s", "output_window": "output_window",
                "prompt_window": "prompt_window", "step_window": "step_window", "bucket_s": "bucket_s",

@@ -54,10 +54,15 @@ class ControllerMetrics:
                                        registry=r)
         self.engine_delta = Gauge("cp_engine_delta_s_per_token", "Operator margin δ in force, s/token",
                                   ENGINE_LABELS, registry=r)
-        self.engine_version = Gauge("cp_engine_decision_version", "Version of the decision in force", ENGINE_LABELS,
-                                    registry=r)
-        self.engine_acked_version = Gauge("cp_engine_acked_version", "Latest version the agent applied",
-                                          ENGINE_LABELS, registry=r)
+        # Versions are epoch · 10^9 + sequence, and epochs are floored at the clock's seconds, so a version is
+        # above 2^53 and no float (a Prometheus sample) holds it exactly: export its parts.
+        self.engine_epoch = Gauge("cp_engine_decision_epoch", "Epoch of the version of the decision in force",
+                                  ENGINE_LABELS, registry=r)
+        self.engine_sequence = Gauge("cp_engine_decision_sequence", "Sequence, within its epoch, of the version of "
+                                     "the decision in force", ENGINE_LABELS, registry=r)
+        self.engine_acked_sequence = Gauge("cp_engine_acked_sequence", "Sequence of the latest version the agent "
+                                           "applied, within the epoch of the decision in force (-1: none applied in "
+                                           "that epoch yet)", ENGINE_LABELS, registry=r)
         self.engine_telemetry_age = Gauge("cp_engine_telemetry_age_seconds",
                                           "Seconds since the engine's latest telemetry batch", ENGINE_LABELS,
                                           registry=r)
@@ -99,7 +104,8 @@ class ControllerMetrics:
     def forget_engine(self, engine_id: str, pool: str) -> None:
         """Remove an evicted engine's series (keeps the label set bounded)."""
         for gauge in (self.engine_mode, self.engine_k, self.engine_n, self.engine_budget_max, self.engine_budget_cap,
-                      self.engine_delta, self.engine_version, self.engine_acked_version, self.engine_telemetry_age):
+                      self.engine_delta, self.engine_epoch, self.engine_sequence, self.engine_acked_sequence,
+                      self.engine_telemetry_age):
             with contextlib.suppress(KeyError):
                 gauge.remove(engine_id, pool)
 

@@ -83,7 +83,7 @@ class ControllerApp:
                 raise ValueError("give a redis_url or a data_dir")
             self._embedded = EmbeddedRedis(config.data_dir)
             await asyncio.to_thread(self._embedded.start)
-        self.store = create_store(self.redis_url)
+        self.store = create_store(self.redis_url, engine_retention_s=config.engine_retention_s)
         kwargs = {"clock": self._clock} if self._clock is not None else {}
         self.controller = Controller(config, store=self.store, tracer=DecisionTracer(self._tracer_provider),
                                      metrics=self.metrics, **kwargs)

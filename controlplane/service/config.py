@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,9 @@ class ControllerConfig:
     readiness_grace_s: float = 15.0
     store_retry_s: float = 1.0
     registry_ttl_s: float = 30.0
+    # An engine's decision and epoch keys in Redis expire this long after its last decision write (0: never);
+    # epochs are then floored at the server's clock so versions keep increasing (`RedisStore`).
+    engine_retention_s: float = 7 * 24 * 3600.0
     loop: DecisionLoopConfig = field(default_factory=DecisionLoopConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -80,6 +84,11 @@ class ControllerConfig:
             raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
         if not self.readiness_grace_s >= 0 or not self.store_retry_s > 0 or not self.registry_ttl_s > 0:
             raise ValueError("readiness_grace_s must be ≥ 0, store_retry_s and registry_ttl_s > 0")
+        if not (math.isfinite(self.engine_retention_s) and self.engine_retention_s >= 0):
+            raise ValueError(f"engine_retention_s must be ≥ 0 (0: never expire), got {self.engine_retention_s}")
+        if 0 < self.engine_retention_s < self.loop.engine_ttl_s:
+            raise ValueError(f"engine_retention_s ({self.engine_retention_s} s) must be 0 or at least the loop's "
+                             f"engine_ttl_s ({self.loop.engine_ttl_s} s): a remembered engine needs its keys")
         if not self.redis_url and self.data_dir is None:
             raise ValueError("give a redis_url or a data_dir for the embedded Redis")
         if self.redis_url:

@@ -32,7 +32,7 @@ from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.pool_stats import BucketStats, PoolEstimate, PoolStatistics
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
-from controlplane.protocol import MODE_CODES, VERSION_EPOCH_FACTOR
+from controlplane.protocol import MODE_CODES, VERSION_EPOCH_FACTOR, split_version
 from controlplane.service.config import ControllerConfig
 from controlplane.service.epochs import EpochReserver
 from controlplane.service.memory import release_free_memory
@@ -376,7 +376,7 @@ class Controller:
         elif result == "rejected":
             logger.warning("engine %s rejected decision %d: %s", session.engine_id, version, reason[:128])
         else:
-            self._metrics.engine_acked_version.labels(session.engine_id, record.loop.hello.pool_key).set(version)
+            self._set_engine_gauges(record.loop)
 
     # ---- deciding ----
 
@@ -429,7 +429,11 @@ class Controller:
         m.engine_budget_max.labels(*labels).set(d.budget.b_max_tokens)
         m.engine_budget_cap.labels(*labels).set(d.budget.b_cap_tokens)
         m.engine_delta.labels(*labels).set(d.delta_s_per_token)
-        m.engine_version.labels(*labels).set(d.version)
+        epoch, sequence = split_version(d.version)
+        acked_epoch, acked_sequence = split_version(loop.acked_version)
+        m.engine_epoch.labels(*labels).set(epoch)
+        m.engine_sequence.labels(*labels).set(sequence)
+        m.engine_acked_sequence.labels(*labels).set(acked_sequence if acked_epoch == epoch else -1)
 
     def redecide_all(self) -> None:
         """Re-decide every connected engine now (after an override or calibration change)."""

@@ -21,8 +21,12 @@ Contracts:
   the source of truth), and when two replicas race for one engine their entries may land out of version
   order. In return the history spreads over the cluster by pool, a chatty pool only trims its own history,
   and `read_history(pool_key=...)` reads one pool without filtering the fleet's.
-- Epochs: `reserve_epoch` INCRs the engine's epoch (never expires) and never returns an epoch at or below
-  the one of the engine's stored decision version; versions are epoch · 10^9 + sequence (`fencing`).
+- Epochs: `reserve_epoch` INCRs the engine's epoch and never returns an epoch at or below the one of the
+  engine's stored decision version; versions are epoch · 10^9 + sequence (`fencing`).
+- Retention: with `engine_retention_s` > 0, an engine's decision and epoch keys expire that long after its
+  last decision write or epoch reservation (an engine id seen once does not stay in Redis forever), and
+  epochs are floored at the server's Unix time so that versions still increase after an expiry; 0 keeps
+  them forever.
 - An override or calibration change writes the record, appends an audit entry and (overrides) publishes a
   notice in one script on the operator slot, as a compare-and-set against the record read just before, so
   the old value in the audit is exactly the one replaced.
@@ -132,7 +136,8 @@ class RedisStore(PoolStatisticsMixin):
                 raise ValueError(f"{operation} takes DecisionWrite items, got {type(write).__name__}")
         if not writes:
             return []
-        calls = [ScriptCall(PUT_DECISION, [self._keys.decision(w.engine_id)], decision_fields(w)) for w in writes]
+        calls = [ScriptCall(PUT_DECISION, [self._keys.decision(w.engine_id), self._keys.epoch(w.engine_id)],
+                            [*decision_fields(w), self._retention_arg]) for w in writes]
         async with self._operation(operation):
             replies = await run_scripts(self._redis, calls)
         for reply in replies:
@@ -221,11 +226,12 @@ class RedisStore(PoolStatisticsMixin):
     # ---- epochs (version fencing) ----------------------------------------------------------------------
 
     async def reserve_epoch(self, engine_id: str) -> int:
-        """A new epoch for `engine_id`: its epoch counter incremented atomically (no expiry).
+        """A new epoch for `engine_id`: its epoch counter incremented atomically.
 
         Call it whenever an engine's stream opens on a replica and number the engine's decisions
         `fencing.compose_version(epoch, seq)`. The epoch is also above the epoch of the engine's stored
-        decision version, so versions keep increasing even if the counter was lost.
+        decision version, so versions keep increasing even if the counter was lost; with a retention it is
+        also above the server's Unix time in seconds (see `engine_retention_s`).
 
         Raises:
             ValueError: for an empty engine_id.
@@ -233,7 +239,8 @@ class RedisStore(PoolStatisticsMixin):
         """
         if not engine_id:
             raise ValueError("engine_id must not be empty")
-        call = ScriptCall(RESERVE_EPOCH, [self._keys.epoch(engine_id), self._keys.decision(engine_id)], [])
+        call = ScriptCall(RESERVE_EPOCH, [self._keys.epoch(engine_id), self._keys.decision(engine_id)],
+                          [self._retention_arg])
         async with self._operation("reserve_epoch"):
             return int(await run_script(self._redis, call))
 
@@ -251,7 +258,8 @@ class RedisStore(PoolStatisticsMixin):
         if any(not engine_id for engine_id in engine_ids):
             raise ValueError("engine ids must not be empty")
         unique = list(dict.fromkeys(engine_ids))
-        calls = [ScriptCall(RESERVE_EPOCH, [self._keys.epoch(e), self._keys.decision(e)], []) for e in unique]
+        calls = [ScriptCall(RESERVE_EPOCH, [self._keys.epoch(e), self._keys.decision(e)], [self._retention_arg])
+                 for e in unique]
         async with self._operation("reserve_epochs"):
             replies = await run_scripts(self._redis, calls)
         return {engine_id: int(reply) for engine_id, reply in zip(unique, replies, strict=True)
@@ -599,29 +607,16 @@ class RedisStore(PoolStatisticsMixin):
                 logger.debug("%s on %s raced another writer; retrying", operation, key)
             raise StoreUnavailable(operation, RuntimeError(f"{key} kept changing during {_MAX_CAS_ATTEMPTS} attempts"))
 
-def create_store(
-    url: str,
-    *,
-    prefix: str = DEFAULT_PREFIX,
-    history_maxlen: int = DEFAULT_HISTORY_MAXLEN,
-    audit_maxlen: int = DEFAULT_AUDIT_MAXLEN,
-    socket_timeout_s: float = 5.0,
-    num_retries: int = 2,
-    health_check_interval_s: float = 30.0,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    pool_timeout_s: float = 10.0,
-) -> RedisStore:
+def create_store(url: str, **options: Any) -> RedisStore:
     """Open the store at `url`: one server (redis://, rediss://, unix://), the master of a Sentinel service
     (redis+sentinel://host:port[,host:port...]/service_name[/db]) or a Redis Cluster
-    (redis+cluster://host:port[,host:port...]); `controlplane.store.urls` lists the forms and options,
-    `RedisStore` the arguments. Connects lazily (the first operation connects).
+    (redis+cluster://host:port[,host:port...]); `controlplane.store.urls` lists the forms and options, and
+    `StoreBase.__init__` the keyword options. Connects lazily (the first operation connects).
 
     Raises:
-        ValueError: for a malformed URL (naming what is wrong) or an invalid argument.
+        ValueError: for a malformed URL (naming what is wrong), an invalid option or an unknown one.
     """
-    return RedisStore(
-        url, prefix=prefix, history_maxlen=history_maxlen, audit_maxlen=audit_maxlen,
-        socket_timeout_s=socket_timeout_s, num_retries=num_retries,
-        health_check_interval_s=health_check_interval_s, max_connections=max_connections,
-        pool_timeout_s=pool_timeout_s,
-    )
+    try:
+        return RedisStore(url, **options)
+    except TypeError as err:  # an unknown keyword: say which, as a ValueError like every other bad option
+        raise ValueError(f"create_store: {err}") from None

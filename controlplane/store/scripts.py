@@ -81,8 +81,9 @@ async def run_scripts(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
     return replies
 
 
-# KEYS: decision hash. ARGV: version, mode, k, n, reason, decided_at_s, pool, payload.
-# Returns 1 when written, 0 when the stored version is >= ARGV[1].
+# KEYS: decision hash, epoch counter (same engine, same slot). ARGV: version, mode, k, n, reason, decided_at_s,
+# pool, payload, retention in milliseconds ("0": keep forever). Returns 1 when written, 0 when the stored
+# version is >= ARGV[1]. A write renews the retention of both keys.
 PUT_DECISION = LuaScript("put_decision", """
 local stored = redis.call('HGET', KEYS[1], 'version')
 if stored then
@@ -93,24 +94,40 @@ if stored then
 end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'mode', ARGV[2], 'k', ARGV[3], 'n', ARGV[4],
   'reason', ARGV[5], 'decided_at_s', ARGV[6], 'pool', ARGV[7], 'payload', ARGV[8])
+if ARGV[9] ~= '0' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[9])
+  redis.call('PEXPIRE', KEYS[2], ARGV[9])
+end
 return 1
 """)
 
-# KEYS: epoch counter, decision hash (same engine, same slot). Returns the new epoch: INCR of the counter,
-# raised above the epoch of the stored decision's version (its decimal digits before the last nine) when
-# the counter is behind it, e.g. after the counter was lost (a failover that dropped the last writes).
+
+# KEYS: epoch counter, decision hash (same engine, same slot). ARGV: retention in milliseconds ("0": keep
+# forever). Returns the new epoch: INCR of the counter, raised above the epoch of the stored decision's
+# version (its decimal digits before the last nine) when the counter is behind it, e.g. after the counter was
+# lost (a failover that dropped the last writes). With a retention, the epoch is also above the server's Unix
+# time in seconds, and the counter expires with the retention: an engine whose keys expired gets epochs above
+# every one it had, as long as it never reserved more epochs than seconds went by (more than one reservation
+# per second, sustained for the whole retention).
 RESERVE_EPOCH = LuaScript("reserve_epoch", """
 local epoch = redis.call('INCR', KEYS[1])
+local floor = 0
 local stored = redis.call('HGET', KEYS[2], 'version')
 if stored and #stored > 9 then
-  local floor = tonumber(string.sub(stored, 1, #stored - 9))
-  if floor and floor >= epoch then
-    epoch = floor + 1
-    redis.call('SET', KEYS[1], string.format('%d', epoch))
-  end
+  floor = tonumber(string.sub(stored, 1, #stored - 9)) or 0
 end
+if ARGV[1] ~= '0' then
+  local now_s = tonumber(redis.call('TIME')[1])
+  if now_s > floor then floor = now_s end
+end
+if floor >= epoch then
+  epoch = floor + 1
+  redis.call('SET', KEYS[1], string.format('%d', epoch))
+end
+if ARGV[1] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return epoch
 """)
+
 
 # Compare-and-set of an operator record with its audit entry and change notice (the WATCH/MULTI of one
 # slot, as a script). KEYS: record hash, audit stream. ARGV: [1] the field compared, [2] "1" when a record

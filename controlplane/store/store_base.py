@@ -50,6 +50,7 @@ class StoreBase:
         health_check_interval_s: float = 30.0,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         pool_timeout_s: float = 10.0,
+        engine_retention_s: float = 0.0,
     ) -> None:
         """
         Args:
@@ -69,15 +70,22 @@ class StoreBase:
                 server); subscriptions hold a connection each on top.
             pool_timeout_s: how long an operation waits for a free connection before it fails with
                 StoreUnavailable, seconds.
+            engine_retention_s: how long an engine's decision and epoch keys outlive its last decision
+                write or epoch reservation, seconds; 0 keeps them forever. With a retention, epochs are
+                also floored at the Redis server's Unix time (see `scripts.RESERVE_EPOCH`), which keeps
+                versions increasing across an expiry.
 
         Raises:
             ValueError: for a malformed URL (naming what is wrong), an empty prefix or one with braces, a
-                cap below 1, negative retries, or max_connections below 1.
+                cap below 1, negative retries, max_connections below 1, or a negative or non-finite
+                engine_retention_s.
         """
         if history_maxlen < 1 or audit_maxlen < 1:
             raise ValueError(f"stream caps must be at least 1, got {history_maxlen=} {audit_maxlen=}")
         if not pool_timeout_s > 0.0:
             raise ValueError(f"pool_timeout_s must be positive, got {pool_timeout_s}")
+        if not (math.isfinite(engine_retention_s) and engine_retention_s >= 0.0):
+            raise ValueError(f"engine_retention_s must be ≥ 0 seconds (0: keep forever), got {engine_retention_s}")
         address = parse_store_url(url)
         settings = ConnectionSettings(
             socket_timeout_s=socket_timeout_s,
@@ -89,6 +97,7 @@ class StoreBase:
         self._history_maxlen = history_maxlen
         self._audit_maxlen = audit_maxlen
         self._pool_timeout_s = pool_timeout_s
+        self._retention_arg = str(ttl_ms(engine_retention_s)) if engine_retention_s > 0.0 else "0"
         self._connections = RedisConnections(address, settings)
         self._redis = self._connections.client
         self._slots = asyncio.Semaphore(max_connections)

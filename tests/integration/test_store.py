@@ -212,6 +212,44 @@ async def test_reserve_epoch_stays_above_the_stored_decision(store: RedisStore) 
     assert await store.reserve_epoch("engine-a") == 9
 
 
+async def test_engine_keys_expire_after_their_retention_and_versions_keep_increasing(
+        redis_topology: Topology, prefix: str) -> None:
+    async with create_store(redis_topology.url, prefix=prefix, engine_retention_s=1.0) as store:
+        second = await store.reserve_epoch("engine-a")
+        assert second > int(time.time()) - 5  # floored at the server's clock (same host)
+        decision = make_decision(compose_version(second, 1))
+        assert await store.put_decision("engine-a", pool_key=POOL_KEY, decision=decision)
+        await asyncio.sleep(0.6)
+        # a decision write renews both keys
+        decision = make_decision(compose_version(second, 2))
+        assert await store.put_decision("engine-a", pool_key=POOL_KEY, decision=decision)
+        await asyncio.sleep(0.6)
+        assert await store.current_epoch("engine-a") == second
+        assert (await store.get_decision("engine-a")).version == compose_version(second, 2)
+
+        async def forgotten() -> bool:
+            return await store.current_epoch("engine-a") == 0 and await store.get_decision("engine-a") is None
+
+        await eventually(forgotten)
+        # nothing left to fence with, yet the next epoch is above the one the engine had: the clock moved
+        # on by more than the one reservation it made (the documented limit of the floor)
+        third = await store.reserve_epoch("engine-a")
+        assert third > second
+    async with create_store(redis_topology.url, prefix=prefix) as keeping:  # retention 0: never expires
+        assert await keeping.reserve_epoch("engine-b") == 1
+        assert await keeping.put_decision("engine-b", pool_key=POOL_KEY, decision=make_decision(compose_version(1, 1)))
+        await asyncio.sleep(1.2)
+        assert await keeping.current_epoch("engine-b") == 1 and await keeping.get_decision("engine-b") is not None
+
+
+def test_engine_retention_must_be_a_non_negative_number() -> None:
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="engine_retention_s"):
+            create_store("redis://127.0.0.1:1", engine_retention_s=bad)
+    with pytest.raises(ValueError, match="unexpected keyword"):
+        create_store("redis://127.0.0.1:1", retention=5)
+
+
 # ---- overrides -------------------------------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.loop.ingest import MAX_BATCH_EVENTS, MAX_RUNNING_BINS
-from controlplane.protocol import UINT32_MAX, UINT64_MAX
+from controlplane.protocol import UINT32_MAX, UINT64_MAX, split_version
 from controlplane.service.app import SERVICE_NAMES
 from controlplane.service.config import DecisionLoopConfig
 from controlplane.store.embedded import EmbeddedRedis
@@ -115,7 +115,8 @@ async def test_engines_gone_longer_than_engine_ttl_are_forgotten_with_their_metr
 
         async def all_series():
             names = set(_series_with(ctl, "engine_id", "engine-gone"))
-            wanted = {"cp_engine_decision_version", "cp_engine_acked_version", "cp_engine_telemetry_age_seconds"}
+            wanted = {"cp_engine_decision_epoch", "cp_engine_decision_sequence", "cp_engine_acked_sequence",
+                      "cp_engine_telemetry_age_seconds"}
             return names if wanted <= names else None
 
         assert await _until(all_series), _series_with(ctl, "engine_id", "engine-gone")
@@ -130,7 +131,7 @@ async def test_engines_gone_longer_than_engine_ttl_are_forgotten_with_their_metr
         assert await _until(evicted, timeout_s=engine_ttl_s + 5.0)
         assert loop.time() - closed_s >= engine_ttl_s * 0.9
         assert _series_with(ctl, "engine_id", "engine-gone") == []
-        assert "cp_engine_decision_version" in _series_with(ctl, "engine_id", "engine-stays")
+        assert "cp_engine_decision_sequence" in _series_with(ctl, "engine_id", "engine-stays")
         assert (await _engines(channel))["engine-stays"].connected
         await stays.close()
 
@@ -180,8 +181,10 @@ async def test_acks_of_versions_never_sent_are_ignored_and_counted(redis_url: st
 
         assert await _until(counted)
         assert (await _engines(channel))["engine-ack"].acked_version == decision.version
-        assert _sample(ctl, "cp_engine_acked_version", {"engine_id": "engine-ack", "pool": f"{POOL.model}|"
-                                                        f"{POOL.accelerator}"}) == decision.version
+        labels = {"engine_id": "engine-ack", "pool": f"{POOL.model}|{POOL.accelerator}"}
+        assert _sample(ctl, "cp_engine_acked_sequence", labels) == split_version(decision.version)[1]
+        assert _sample(ctl, "cp_engine_decision_sequence", labels) == split_version(decision.version)[1]
+        assert _sample(ctl, "cp_engine_decision_epoch", labels) == split_version(decision.version)[0]
         view = await operator_stub(channel).GetDecision(operator_pb2.GetDecisionRequest(engine_id="engine-ack"))
         assert view.acked_version == decision.version
         assert not agent.ended
