@@ -14,7 +14,8 @@ Printed: the run's figures as a table — streams and messages sent, the statuse
 (the controller process exiting, a background loop restarting, a stream ending with a status that is neither
 OK nor a rejection), non-finite numbers in any decision or view, `cp_rejections_total` by cause against the
 bad streams sent, the good engines' longest gap between decisions, the engines and pools still known after
-eviction, Redis keys before and after, and the controller's RSS (VmRSS from /proc/PID/status) at the
+eviction, Redis keys before, at the end and once the gone engines' keys expired (`--engine-retention-s`),
+and the controller's RSS (VmRSS from /proc/PID/status) at the
 baseline, at its peak and after eviction. Exits 1 when a crash or a non-finite number is seen (RSS is
 reported, not judged: the goal is "back within 10% of the baseline after eviction").
 
@@ -277,6 +278,11 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
     engines = await _known_engines(operator_channel)
     stub = operator_pb2_grpc.OperatorServiceStub(operator_channel)
     views = [await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=e.engine_id)) for e in engines]
+    keys_at_end = redis_client.dbsize()
+    # The churned engines' decision and epoch keys expire engine_retention_s after their last write.
+    expiry_deadline_s = loop.time() + args.engine_retention_s + 10.0
+    while redis_client.dbsize() > keys_before and loop.time() < expiry_deadline_s:
+        await asyncio.sleep(1.0)
     keys_after = redis_client.dbsize()
     for agent in good:
         await agent.close()
@@ -319,7 +325,8 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
                                          f"{evicted_s:.0f} s after a round's last stream)"),
         ("pools in /metrics (cp_pool_engines)", f"{len(_label_values(before, 'cp_pool_engines', 'pool')):,} before → "
                                                 f"{len(_label_values(after, 'cp_pool_engines', 'pool')):,} after"),
-        ("Redis keys", f"{keys_before:,} before → {keys_after:,} after"),
+        ("Redis keys", f"{keys_before:,} before → {keys_at_end:,} at the end → {keys_after:,} "
+                       f"{args.engine_retention_s:.0f} s later (engine_retention_s)"),
         ("controller RSS", f"baseline {rss_baseline:.0f} MiB, peak {rss_peak:.0f} MiB, after each round's eviction "
                            + ", ".join(f"{r:.0f} MiB ({100 * (r / rss_baseline - 1):+.1f}%)" for r in rss_after)
                            + " (goal ≤ +10%)"),
@@ -345,6 +352,8 @@ def main() -> int:
     parser.add_argument("--pool-every", type=int, default=1000,
                         help="one churning engine in this many claims a made-up pool of its own (0: none)")
     parser.add_argument("--engine-ttl-s", type=float, default=5.0, help="controller --engine-ttl-s")
+    parser.add_argument("--engine-retention-s", type=float, default=10.0,
+                        help="controller --engine-retention-s (Redis keys of gone engines expire)")
     parser.add_argument("--ttl-s", type=float, default=3.0, help="controller --ttl-s (keep-alive every ttl_s/3)")
     parser.add_argument("--concurrency", type=int, default=64, help="streams open at once")
     parser.add_argument("--rounds", type=int, default=2,
@@ -358,6 +367,7 @@ def main() -> int:
         controller = ServeProcess.start(
             Path(tmp) / "data", log_path=Path(os.environ.get("CP_SOAK_LOG", str(Path(tmp) / "controller.log"))),
             args=("--redis-url", url, "--engine-ttl-s", str(args.engine_ttl_s), "--ttl-s", str(args.ttl_s),
+                  "--engine-retention-s", str(args.engine_retention_s),
                   "--metrics-port", str(metrics_port), "--controller-id", "soak"))
         client = redis.Redis.from_url(url)
         started = time.monotonic()
