@@ -184,6 +184,11 @@ class ControllerSettings(BaseSettings):
                                           doc="how often a pool's window is saved for a warm start, s")
     snapshot_ttl_s: float = _setting(_LOOP.snapshot_ttl_s, section="loop", gt=0.0,
                                      doc="how long a saved window is kept, s")
+    shift_detection: bool = _setting(_LOOP.shift_detection, section="loop",
+                                     doc="detect shifts of a pool's output lengths and re-base its window at them")
+    shift_min_samples: int = _setting(_LOOP.shift_min_samples, section="loop", ge=1, rule="≤ output_window",
+                                      doc="completions a re-based window needs before it is fitted (the pool "
+                                      "keeps its previous fit until then)")
     # policy
     min_samples: int = _setting(_POLICY.min_samples, section="policy", ge=1, rule="≤ output_window",
                                 doc="completions before a pool leaves cold start")
@@ -258,6 +263,10 @@ class ControllerSettings(BaseSettings):
             raise _RuleError(f"output_window ({self.output_window} completions) must hold at least min_samples "
                              f"({self.min_samples}), or no decision ever leaves cold start",
                              "output_window", "min_samples")
+        if self.shift_min_samples > self.output_window:
+            raise _RuleError(f"shift_min_samples ({self.shift_min_samples}) must be ≤ output_window "
+                             f"({self.output_window}): a re-based window holds at most that many completions",
+                             "shift_min_samples", "output_window")
         if self.max_window_s < self.bucket_s:
             raise _RuleError(f"max_window_s ({self.max_window_s}) must be ≥ bucket_s ({self.bucket_s})",
                              "max_window_s", "bucket_s")
@@ -299,7 +308,8 @@ LOOP_FIELDS = {"recompute_completions": "recompute_completions", "interval_s": "
                "ttl_s": "ttl_s", "n_obs_time_constant_s": "n_obs_time_constant_s", "output_window": "output_window",
                "prompt_window": "prompt_window", "step_window": "step_window", "bucket_s": "bucket_s",
                "max_window_s": "max_window_s", "engine_ttl_s": "engine_ttl_s",
-               "snapshot_interval_s": "snapshot_interval_s", "snapshot_ttl_s": "snapshot_ttl_s"}
+               "snapshot_interval_s": "snapshot_interval_s", "snapshot_ttl_s": "snapshot_ttl_s",
+               "shift_detection": "shift_detection", "shift_min_samples": "shift_min_samples"}
 POLICY_FIELDS = ("min_samples", "theta_min", "theta_max", "oom_tolerance", "default_delta_s_per_token",
                  "hysteresis_rel", "hysteresis_abs_s_per_token", "cooldown_s", "memory_guard",
                  "guard_decrease_factor", "guard_increase_fraction")

@@ -7,8 +7,9 @@
   the reference they are compared with.
 - Score: z = Φ⁻¹(U), U = F̂(x−) + V·(F̂(x) − F̂(x−)) the randomised probability integral transform of x under
   the reference's empirical CDF F̂ (kept inside [1/(2n), 1 − 1/(2n)]), V ∈ [0, 1) a deterministic
-  golden-ratio sequence over the sample index (pure and reproducible; it spreads ties, such as the short
-  lengths of a geometric workload, evenly over their CDF step). Under a stationary workload U is uniform and
+  golden-ratio sequence over the sample index, or over positions the caller gives (`update(jitter_index=)`;
+  pure and reproducible, it spreads ties, such as the short lengths of a geometric workload, evenly over
+  their CDF step). Under a stationary workload U is uniform and
   z is N(0, 1) whatever the length distribution (geometric, uniform, log-normal, bimodal), which is what
   makes one threshold valid for all of them; a scale change of the lengths moves the mean of z (a 2× longer
   geometric workload: about +0.5).
@@ -120,6 +121,12 @@ class _SortedReference:
             copy_rank = np.arange(dropped.size) - np.searchsorted(dropped, dropped, side="left")
             self._sorted = np.delete(self._sorted, np.searchsorted(self._sorted, dropped, side="left") + copy_rank)
 
+    def copy(self) -> _SortedReference:
+        clone = _SortedReference(self._capacity)
+        clone._fifo = self._fifo.copy()
+        clone._sorted = self._sorted  # replaced, never modified in place
+        return clone
+
     def mean(self) -> float:
         return float(self._sorted.mean()) if self._sorted.size else math.nan
 
@@ -182,8 +189,25 @@ class ShiftDetector:
         self._down = 0.0
         self._last_zero_up = -1
         self._last_zero_down = -1
+        self._jitter_shift = 0
         self.num_rejected = 0
         self.num_events = 0
+
+    def copy(self) -> ShiftDetector:
+        """An independent detector in the same state (O(max_reference + history); the stored arrays are
+        never modified in place, only replaced, so they are shared)."""
+        clone = object.__new__(ShiftDetector)
+        clone.threshold, clone.drift = self.threshold, self.drift
+        clone._min_reference, clone._lag = self._min_reference, self._lag
+        clone._reference = self._reference.copy()
+        clone._pending = self._pending.copy()
+        clone._history = self._history.copy()
+        clone._num_samples = self._num_samples
+        clone._up, clone._down = self._up, self._down
+        clone._last_zero_up, clone._last_zero_down = self._last_zero_up, self._last_zero_down
+        clone._jitter_shift = self._jitter_shift
+        clone.num_rejected, clone.num_events = self.num_rejected, self.num_events
+        return clone
 
     @property
     def num_samples(self) -> int:
@@ -199,13 +223,16 @@ class ShiftDetector:
         """(S⁺, S⁻), the current CUSUM sums."""
         return self._up, self._down
 
-    def update(self, lengths: np.ndarray) -> ShiftEvent | None:
+    def update(self, lengths: np.ndarray, *, jitter_index: int | None = None) -> ShiftEvent | None:
         """Feed completed output lengths in completion order; the last shift detected in them, or None.
 
         Invalid entries (not finite, not integral, < 1, > 2⁵³) are skipped and counted in num_rejected; they
-        take no index.
+        take no index. jitter_index: the position of the first valid sample in the tie-spreading sequence V
+        (default: its sample index). Two detectors that start at different points of one stream give equal
+        scores to equal samples only when they pass positions of their own (e.g. derived from a bucket id).
         """
         values = np.asarray(lengths, dtype=np.float64).ravel()
+        self._jitter_shift = 0 if jitter_index is None else jitter_index - self._num_samples
         mask = valid_length_mask(values)
         self.num_rejected += int(values.size - np.count_nonzero(mask))
         samples = values[mask].astype(np.int64)
@@ -239,7 +266,7 @@ class ShiftDetector:
 
         Returns (samples consumed, event) on an alarm, None when every sample was consumed without one.
         """
-        scores = self._reference.scores(samples, jitter=_jitter(self._num_samples, samples.size))
+        scores = self._reference.scores(samples, jitter=_jitter(self._num_samples + self._jitter_shift, samples.size))
         up, down, k, h = self._up, self._down, self.drift, self.threshold
         for offset, z in enumerate(scores.tolist()):
             index = self._num_samples
@@ -271,7 +298,7 @@ class ShiftDetector:
         recent = np.array(list(self._history)[-(index - last_zero) :], dtype=np.int64)
         start = index - recent.size + 1
         reference_mean = self._reference.mean()
-        recent_scores = self._reference.scores(recent, jitter=_jitter(start, recent.size))
+        recent_scores = self._reference.scores(recent, jitter=_jitter(start + self._jitter_shift, recent.size))
         event = ShiftEvent(
             start_index=start,
             detected_index=index,

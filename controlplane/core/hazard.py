@@ -20,7 +20,7 @@ slope, about 4% with the test), and an insignificant slope would only feed noise
 Histogram form (`fit_hazard_histogram`): the same fit over a `LengthHistogram` of completions (what the
 decision loop keeps per pool and time bucket), equal to `fit_hazard` on the same data, plus the running
 requests at the window's ends as censored and truncated observations (`controlplane.core.survival`) and the
-transient fit of a window re-based at a shift (`controlplane.core.adaptive_window`).
+transient fit of a window re-based at a shift (`controlplane.loop.pool_stats`).
 
 No I/O, no clock. Invalid samples (NaN, inf, ≤ 0, non-integral) are rejected and counted, never stored.
 """
@@ -228,7 +228,7 @@ def fit_hazard_histogram(
       happens past the oldest running request.
 
     shift_transient: the window was re-based at a detected shift and still holds completions of requests
-    that were in flight then (`AdaptiveLengthWindow`): a mixture of two laws, whose fitted slope is an
+    that were in flight then (`core.survival.is_shift_transient`): a mixture of two laws, whose fitted slope is an
     artefact (the old requests' completions at later ages look like an increasing or decreasing hazard) and
     whose mean is dominated by the old requests. The fit then keeps the intercept p̂0, the hazard of young
     requests, which are the new workload's, and stands for the new workload by the geometric law of rate p̂0:

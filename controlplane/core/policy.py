@@ -282,6 +282,8 @@ def decide(
             flags.append(Flag.HAZARD_INTERCEPT_NONPOSITIVE)
         if fit.slope_clipped:
             flags.append(Flag.HAZARD_DFR_CLIPPED)
+        if fit.shift_transient:
+            flags.append(Flag.HAZARD_SHIFT_TRANSIENT)
     enough_data = fit is not None and fit.stats.num_samples >= config.min_samples
     if not enough_data:
         online_mode = Mode.MB

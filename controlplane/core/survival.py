@@ -20,6 +20,11 @@ completing (aborted) are in none of the three sets; they make n(t) slightly low,
 Kaplan–Meier: Ŝ(t) = Π_{s≤t} (1 − d(s)/n(s)); the 95th percentile and the first two moments of the length
 come from it (up to the last observed age, then a constant-hazard tail, see `length_moments`).
 
+A window re-based at a detected shift (`controlplane.loop.pool_stats`) opens with the requests then in flight,
+which follow the old law and finish inside it. While it holds fewer than TRANSIENT_FACTOR × (requests in flight
+at its opening) completions they are a large share of it: the window is transient (`is_shift_transient`), and
+the fit keeps only the young requests' hazard (`hazard.fit_hazard_histogram(shift_transient=True)`).
+
 Pure: no I/O, no clock. Cost O(T) for T the largest age observed (dense life table, at most
 MAX_TABLE_TOKENS; longer observations count as at risk up to it without an event).
 """
@@ -35,6 +40,10 @@ from controlplane.core.length_histogram import LengthHistogram
 
 # Largest age a dense life table covers (longer observations are censored there).
 MAX_TABLE_TOKENS = 1 << 20
+# A re-based window is transient while it holds fewer completions than this many times the requests in flight
+# at its opening: by then each of them has had about as many completions' time to finish as there were
+# requests, and their share of the window is small.
+TRANSIENT_FACTOR = 2
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -49,6 +58,12 @@ class WindowObservations:
     completed: LengthHistogram
     censored: LengthHistogram | None = None
     truncated: LengthHistogram | None = None
+
+
+def is_shift_transient(*, rebased: bool, num_completed: int, truncated: LengthHistogram | None) -> bool:
+    """Whether a window is transient (see the module docstring): re-based at a shift, its opening known, and
+    fewer than TRANSIENT_FACTOR completions per request in flight at the opening."""
+    return rebased and truncated is not None and num_completed < TRANSIENT_FACTOR * truncated.count
 
 
 def dense_events_and_exposure(window: WindowObservations, *, t_max: int) -> tuple[np.ndarray, np.ndarray]:

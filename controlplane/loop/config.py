@@ -21,6 +21,11 @@ class DecisionLoopConfig:
     engine_ttl_s: a disconnected engine is forgotten (memory, registry, metrics) after this long.
     snapshot_interval_s / snapshot_ttl_s: how often a pool's window is persisted for a warm start, and how
       long it is kept; a pool without buckets in force starts from it instead of a cold start.
+    shift_detection: detect shifts of a pool's output-length distribution and re-base its window at each
+      change point (`loop.shift_tracker`); off, the window always holds the newest output_window completions.
+    shift_min_samples: completions a re-based window needs before it is fitted; until then the pool keeps the
+      fit it had (a re-based window is not a cold start: the policy's min_samples counts the completions the
+      window would hold without the re-base).
     """
 
     recompute_completions: int = 256
@@ -35,6 +40,8 @@ class DecisionLoopConfig:
     engine_ttl_s: float = 300.0
     snapshot_interval_s: float = 60.0
     snapshot_ttl_s: float = 7 * 24 * 3600.0
+    shift_detection: bool = True
+    shift_min_samples: int = 50
 
     def __post_init__(self) -> None:
         if self.recompute_completions < 1:
@@ -46,6 +53,9 @@ class DecisionLoopConfig:
         for name in ("output_window", "prompt_window", "step_window"):
             if getattr(self, name) < 8:
                 raise ValueError(f"{name} must be ≥ 8, got {getattr(self, name)}")
+        if not 1 <= self.shift_min_samples <= self.output_window:
+            raise ValueError(f"shift_min_samples must be in [1, output_window ({self.output_window})], got "
+                             f"{self.shift_min_samples}")
         if self.max_window_s < self.bucket_s:
             raise ValueError(f"max_window_s ({self.max_window_s}) must be ≥ bucket_s ({self.bucket_s})")
 

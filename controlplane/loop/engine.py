@@ -28,7 +28,7 @@ from controlplane.core.types import Decision, Observations, OperatorIntent, Poli
 from controlplane.loop.codec import decision_to_proto
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
-from controlplane.loop.pool_stats import PoolEstimate
+from controlplane.loop.pool_stats import WINDOW_REBASED_FLAG, PoolEstimate
 from controlplane.protocol import VERSION_EPOCH_FACTOR, compose_version
 
 _EMPTY = np.zeros(0)
@@ -188,6 +188,8 @@ class EngineLoop:
         if estimate is not None:
             message.diagnostics.pool_window_end_bucket = estimate.end_bucket
             message.diagnostics.cost_source = estimate.cost_source
+            if estimate.window_rebased:
+                message.flags.append(WINDOW_REBASED_FLAG)
         return message
 
     def _next_version(self) -> int:

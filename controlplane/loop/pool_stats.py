@@ -2,49 +2,76 @@
 
 Every completion and step an engine of a pool reports goes into the pool's open bucket (bucket id =
 ⌊now_s / bucket_s⌋ on the controller's clock). A closed bucket is immutable: a sparse histogram of output
-lengths, the count and sum of prompt lengths, and the normal-equation sums of the step costs
-(`core.cost_sums.CostSums`). Replicas publish their closed buckets and add each other's, so every replica
-holds the same buckets for one pool; a window is a sum of buckets, and a fit costs O(distinct lengths),
-not O(samples).
+lengths, the count and sum of prompt lengths, the normal-equation sums of the step costs
+(`core.cost_sums.CostSums`) and the histogram of the output lengths so far of the requests running when it
+closed (the sum of each engine's latest report; `forget_engine` drops an engine that left). Replicas publish
+their closed buckets and add each other's, so every replica holds the same buckets for one pool; a window is
+a sum of buckets, and a fit costs O(distinct lengths), not O(samples).
 
 The estimate used at time t is the one for the window ending at bucket `estimate_bucket(t)`
 = ⌊(t − settle_s)/bucket_s⌋ − 1: replicas publish a bucket as soon as it closes and read each other's
 `settle_s` later, so two replicas compute an estimate for the same end bucket from the same data.
+
+The window: the newest buckets up to the end bucket until they hold the configured number of completions,
+prompts and steps, never older than max_window_s. Its completions are fitted with the requests running at
+its close (right-censored) and at its opening (left-truncated), when both are known (`core.survival`).
+Shifts: each refresh first feeds the settled buckets to a `loop.shift_tracker.ShiftTracker`; after a
+detected shift the completions and prompts of the window never reach back before the change point's bucket
+(the window is re-based; costs are not, a workload shift is not a hardware one). A re-based window is fitted
+once it holds shift_min_samples completions (the previous fit stands until then), and while the requests in
+flight at its opening still weigh on it, it is fitted as transient (`core.survival.is_shift_transient`). A
+shift is not a cold start: the fit's num_samples, which the policy's min_samples reads, counts the completions
+the window would hold without the re-base (`PoolEstimate.num_samples` counts the ones fitted).
 
 Pure: no I/O, no clock (times are arguments). Serialisation of a bucket: `BucketStats.to_bytes`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_model import CostFit
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.hazard import HazardFit, fit_hazard_histogram
 from controlplane.core.length_histogram import LengthHistogram, sum_of
+from controlplane.core.survival import is_shift_transient
 from controlplane.core.types import CostModel
 from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.shift_tracker import PoolShift, ShiftTracker
 
-_MAGIC = b"CPB1"
 # Replica id of a persisted window seeded at start (warm start).
 SNAPSHOT_REPLICA = "snapshot"
 # Steps of one batch that enter the cost sums (evenly spaced when a batch carries more).
 MAX_STEPS_PER_BATCH = 64
-_HEADER = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
+# The decision flag of an estimate whose window starts at a detected shift's change point.
+WINDOW_REBASED_FLAG = "window_rebased_after_shift"
+# Bucket formats: v1 (no running requests) is still read; v2 is written.
+_MAGIC_V1 = b"CPB1"
+_HEADER_V1 = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
+_MAGIC = b"CPB2"
+# magic, prompt count, prompt sum, histogram byte length, running known (0/1), running histogram byte length
+_HEADER = struct.Struct("<4sqdIBI")
 
 
 @dataclass(slots=True)
 class BucketStats:
-    """What one bucket holds for one pool (from one replica, or merged)."""
+    """What one bucket holds for one pool (from one replica, or merged).
+
+    running: output lengths so far of the requests running when the bucket closed (None: not known, as in
+    a bucket of the v1 format or a persisted window).
+    """
 
     outputs: LengthHistogram
     prompt_count: int
     prompt_sum_tokens: float
     costs: CostSums
+    running: LengthHistogram | None = None
 
     @classmethod
     def empty(cls) -> BucketStats:
@@ -53,20 +80,31 @@ class BucketStats:
 
     def to_bytes(self) -> bytes:
         hist = self.outputs.to_bytes()
+        running = self.running.to_bytes() if self.running is not None else b""
         costs = self.costs.to_array().astype("<f8").tobytes()
-        return _HEADER.pack(_MAGIC, self.prompt_count, self.prompt_sum_tokens, len(hist)) + hist + costs
+        header = _HEADER.pack(_MAGIC, self.prompt_count, self.prompt_sum_tokens, len(hist),
+                              int(self.running is not None), len(running))
+        return header + hist + running + costs
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> BucketStats:
-        """Raises ValueError for a payload that is not a bucket of this format."""
-        if len(payload) < _HEADER.size:
-            raise ValueError("bucket payload too short")
-        magic, count, total, hist_len = _HEADER.unpack_from(payload)
-        if magic != _MAGIC or count < 0 or not math.isfinite(total) or _HEADER.size + hist_len > len(payload):
+        """Either format (v1: running None). Raises ValueError for a payload that is not a bucket."""
+        if payload[:4] == _MAGIC_V1 and len(payload) >= _HEADER_V1.size:
+            _, count, total, hist_len = _HEADER_V1.unpack_from(payload)
+            known, running_len, offset = 0, 0, _HEADER_V1.size
+        elif payload[:4] == _MAGIC and len(payload) >= _HEADER.size:
+            _, count, total, hist_len, known, running_len = _HEADER.unpack_from(payload)
+            offset = _HEADER.size
+        else:
             raise ValueError("not a pool-statistics bucket")
-        hist = LengthHistogram.from_bytes(payload[_HEADER.size:_HEADER.size + hist_len])
-        costs = CostSums.from_array(np.frombuffer(payload[_HEADER.size + hist_len:], dtype="<f8"))
-        return cls(outputs=hist, prompt_count=int(count), prompt_sum_tokens=float(total), costs=costs)
+        if count < 0 or not math.isfinite(total) or known > 1 or offset + hist_len + running_len > len(payload):
+            raise ValueError("not a pool-statistics bucket")
+        hist = LengthHistogram.from_bytes(payload[offset:offset + hist_len])
+        offset += hist_len
+        running = LengthHistogram.from_bytes(payload[offset:offset + running_len]) if known else None
+        costs = CostSums.from_array(np.frombuffer(payload[offset + running_len:], dtype="<f8"))
+        return cls(outputs=hist, prompt_count=int(count), prompt_sum_tokens=float(total), costs=costs,
+                   running=running)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +114,14 @@ class PoolEstimate:
     end_bucket: the newest bucket in the window. fit: the hazard fit (None without completions).
     costs: the cost model in use (the pool's calibration when set, else the online fit; None when neither is
     usable). cost_source: "calibration" | "online" | "none". contributors: replica ids whose buckets were summed.
+    window_first_bucket: the oldest bucket whose completions are in the window (None: no completion).
+    window_rebased: the window starts at the change point of a detected shift (it holds fewer completions
+      than output_window). window_transient: re-based, and the requests in flight at its opening still weigh
+      on it (the fit keeps p0, with η = 0 and μ_O = 1/p0). fit_held: the window was re-based but holds fewer
+      than shift_min_samples completions: `fit` is the previous estimate's.
+    num_censored / num_truncated: requests running at the window's close / opening used by the fit (0 when
+      either end is unknown). last_shift: the latest shift detected in the pool (None: none yet); num_shifts:
+      how many were detected.
     """
 
     pool_key: str
@@ -88,6 +134,28 @@ class PoolEstimate:
     num_buckets: int
     contributors: tuple[str, ...]
     num_rejected_steps: int = 0
+    window_first_bucket: int | None = None
+    window_rebased: bool = False
+    window_transient: bool = False
+    fit_held: bool = False
+    num_censored: int = 0
+    num_truncated: int = 0
+    last_shift: PoolShift | None = None
+    num_shifts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """A window of buckets: the summed stats (running None) and what the fit needs to know about its ends."""
+
+    stats: BucketStats
+    num_buckets: int
+    contributors: tuple[str, ...]
+    first_output_bucket: int | None
+    num_span_samples: int  # completions the window would hold without the re-base
+    censored: LengthHistogram | None
+    truncated: LengthHistogram | None
+    rebased: bool
 
 
 @dataclass(slots=True)
@@ -101,14 +169,14 @@ class _OpenBucket:
     prompt_sum_tokens: float = 0.0
     steps: list[StepColumns] = field(default_factory=list)
 
-    def close(self, reference_costs: CostModel | None) -> BucketStats:
+    def close(self, reference_costs: CostModel | None, running: LengthHistogram | None) -> BucketStats:
         samples = np.concatenate(self.outputs) if self.outputs else np.zeros(0)
         costs = CostSums()
         if self.steps:
             costs.add_steps(StepColumns(*(np.concatenate([getattr(b, name) for b in self.steps]) for name in (
                 "prefill_tokens", "decode_tokens", "decode_requests", "duration_s"))), reference=reference_costs)
         return BucketStats(outputs=LengthHistogram.from_samples(samples), prompt_count=self.prompt_count,
-                           prompt_sum_tokens=self.prompt_sum_tokens, costs=costs)
+                           prompt_sum_tokens=self.prompt_sum_tokens, costs=costs, running=running)
 
 
 class PoolStatistics:
@@ -121,6 +189,9 @@ class PoolStatistics:
         self.settle_s = settle_s
         self._open: _OpenBucket | None = None
         self._buckets: dict[int, dict[str, BucketStats]] = {}
+        # Each engine's latest running-requests histogram (lengths, counts), summed when a bucket closes.
+        self._running: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._shifts = ShiftTracker(ShiftDetector()) if config.shift_detection else None
         self.estimate: PoolEstimate | None = None
         self.last_window: BucketStats | None = None
 
@@ -138,15 +209,23 @@ class PoolStatistics:
 
     # ---- ingest ----
 
-    def add(self, now_s: float, *, prompts: np.ndarray, outputs: np.ndarray,
-            steps: StepColumns | None) -> tuple[BucketStats, int] | None:
+    def add(self, now_s: float, *, prompts: np.ndarray, outputs: np.ndarray, steps: StepColumns | None,
+            engine_id: str = "", running_lengths: np.ndarray | None = None,
+            running_counts: np.ndarray | None = None) -> tuple[BucketStats, int] | None:
         """Add one engine's validated completions and steps at now_s (O(1): the arrays are kept).
+
+        running_lengths / running_counts: the engine's running requests as a histogram of their output
+        lengths so far (`ValidatedBatch.running_lengths / running_counts`; empty: none running); they replace
+        the engine's previous report and count in every bucket that closes until the next one (None: keep
+        the previous report).
 
         Returns the bucket this call closed (with its id) when now_s is past the open bucket, for publishing.
         Steps whose duration is far from the current estimate's cost model are kept out of the cost sums
         when the bucket closes (`core.cost_sums`).
         """
         closed = self.close_due(now_s)
+        if running_lengths is not None and running_counts is not None:
+            self._running[engine_id] = (running_lengths, running_counts)
         bucket = self._open
         if bucket is None:
             bucket = self._open = _OpenBucket(bucket_id=self.bucket_of(now_s))
@@ -165,15 +244,30 @@ class PoolStatistics:
             bucket.steps.append(steps)
         return closed
 
+    def forget_engine(self, engine_id: str) -> None:
+        """Stop counting an engine's running requests (it disconnected, left the pool or was kept out of it)."""
+        self._running.pop(engine_id, None)
+
     def close_due(self, now_s: float) -> tuple[BucketStats, int] | None:
         """Close the open bucket when now_s is past its end; returns (stats, bucket id) or None."""
         bucket = self._open
         if bucket is None or self.bucket_of(now_s) <= bucket.bucket_id:
             return None
         self._open = None
-        stats = bucket.close(self.estimate.costs if self.estimate is not None else None)
+        stats = bucket.close(self.estimate.costs if self.estimate is not None else None, self._running_now())
         self._buckets.setdefault(bucket.bucket_id, {})[self.replica_id] = stats
         return stats, bucket.bucket_id
+
+    def _running_now(self) -> LengthHistogram | None:
+        """The sum of the engines' latest running histograms (None when a report is malformed)."""
+        if not self._running:
+            return LengthHistogram.empty()
+        reports = list(self._running.values())
+        try:
+            return LengthHistogram.from_counts(np.concatenate([lengths for lengths, _ in reports]),
+                                               np.concatenate([counts for _, counts in reports]))
+        except ValueError:
+            return None
 
     def put_remote(self, bucket_id: int, replica_id: str, stats: BucketStats) -> None:
         """Another replica's closed bucket (its own replica id is ignored: local data wins)."""
@@ -183,8 +277,11 @@ class PoolStatistics:
     def seed(self, stats: BucketStats, *, now_s: float) -> None:
         """Warm start: a persisted window of this pool (`last_window` of an earlier run) stands in as the
         oldest bucket in force, under replica id SNAPSHOT_REPLICA. Newer buckets take precedence as they
-        fill the window, and it ages out after max_window_s like any bucket."""
-        self._buckets.setdefault(self.estimate_bucket(now_s), {})[SNAPSHOT_REPLICA] = stats
+        fill the window, and it ages out after max_window_s like any bucket. Its running requests are
+        unknown (a window's ends are not a bucket's close)."""
+        self._buckets.setdefault(self.estimate_bucket(now_s), {})[SNAPSHOT_REPLICA] = BucketStats(
+            outputs=stats.outputs, prompt_count=stats.prompt_count, prompt_sum_tokens=stats.prompt_sum_tokens,
+            costs=stats.costs, running=None)
 
     def has_bucket(self, bucket_id: int, replica_id: str) -> bool:
         return replica_id in self._buckets.get(bucket_id, {})
@@ -197,51 +294,117 @@ class PoolStatistics:
 
     # ---- estimate ----
 
-    def window(self, end_bucket: int) -> tuple[BucketStats, int, tuple[str, ...]]:
+    def _replicas_of(self, bucket_id: int) -> tuple[str, ...]:
+        return tuple(sorted(self._buckets.get(bucket_id, ())))
+
+    def _completions_of(self, bucket_id: int) -> LengthHistogram:
+        by_replica = self._buckets.get(bucket_id, {})
+        return sum_of(by_replica[replica].outputs for replica in sorted(by_replica))
+
+    def _running_at(self, bucket_id: int) -> LengthHistogram | None:
+        """The pool's running requests when the bucket closed: the sum over the replicas holding it (a
+        persisted window counts for none); None when one of them does not know its own."""
+        parts = []
+        for replica, stats in sorted(self._buckets.get(bucket_id, {}).items()):
+            if replica == SNAPSHOT_REPLICA:
+                continue
+            if stats.running is None:
+                return None
+            parts.append(stats.running)
+        return sum_of(parts) if parts else None
+
+    def _window(self, end_bucket: int) -> _Window:
         """Sum the newest buckets ≤ end_bucket until they hold the configured window (never beyond
-        max_window_s); returns (summed stats, buckets used, contributing replicas)."""
+        max_window_s; completions and prompts never before the re-base bucket)."""
         config = self._config
+        oldest = self.oldest_bucket(end_bucket)
+        rebase = self._shifts.rebase_bucket if self._shifts is not None else None
+        floor = rebase if rebase is not None and rebase > oldest else oldest
         hists: list[LengthHistogram] = []
         prompt_count, prompt_sum = 0, 0.0
         costs = CostSums()
-        num_outputs = 0
+        num_outputs = num_span = 0
         used = 0
         replicas: set[str] = set()
-        outputs_full = prompts_full = costs_full = False
-        for bucket_id in range(end_bucket, self.oldest_bucket(end_bucket) - 1, -1):
-            by_replica = self._buckets.get(bucket_id)
-            if not by_replica:
-                continue
-            used += 1
+        first_output = last_output = None
+        for bucket_id in sorted((b for b in self._buckets if oldest <= b <= end_bucket), reverse=True):
+            in_floor = bucket_id >= floor
+            take_outputs = in_floor and num_outputs < config.output_window
+            take_prompts = in_floor and prompt_count < config.prompt_window
+            take_costs = costs.num_steps < 3 * config.step_window
+            count_span = num_span < config.output_window  # what the window would hold without the re-base
+            if not (take_outputs or take_prompts or take_costs or count_span):
+                break
+            by_replica = self._buckets[bucket_id]
+            used += int(take_outputs or take_prompts or take_costs)
+            if take_outputs:
+                first_output = bucket_id
+                last_output = bucket_id if last_output is None else last_output
             for replica, stats in sorted(by_replica.items()):
+                if count_span:
+                    num_span += stats.outputs.count
+                if not (take_outputs or take_prompts or take_costs):
+                    continue
                 replicas.add(replica)
-                if not outputs_full:
+                if take_outputs:
                     hists.append(stats.outputs)
                     num_outputs += stats.outputs.count
-                if not prompts_full:
+                if take_prompts:
                     prompt_count += stats.prompt_count
                     prompt_sum += stats.prompt_sum_tokens
-                if not costs_full:
+                if take_costs and (stats.costs.num_steps or stats.costs.num_rejected):
                     costs.add_sums(stats.costs)
-            outputs_full = num_outputs >= config.output_window
-            prompts_full = prompt_count >= config.prompt_window
-            costs_full = costs.num_steps >= 3 * config.step_window
-            if outputs_full and prompts_full and costs_full:
-                break
         merged = sum_of(hists) if hists else LengthHistogram.empty()
-        return (BucketStats(outputs=merged, prompt_count=prompt_count, prompt_sum_tokens=prompt_sum, costs=costs),
-                used, tuple(sorted(replicas)))
+        censored = truncated = None
+        if first_output is not None and last_output is not None:
+            # The opening: the running requests at the close of the newest bucket held before the window's
+            # first (none held: no batch reached the pool in between, or the opening is out of reach).
+            opening = next((b for b in range(first_output - 1, oldest - 2, -1) if b in self._buckets), None)
+            censored = self._running_at(last_output)
+            truncated = self._running_at(opening) if opening is not None else None
+            if censored is None or truncated is None or (censored.count == 0 and truncated.count == 0):
+                censored = truncated = None
+        stats = BucketStats(outputs=merged, prompt_count=prompt_count, prompt_sum_tokens=prompt_sum, costs=costs)
+        return _Window(stats=stats, num_buckets=used, contributors=tuple(sorted(replicas)),
+                       first_output_bucket=first_output, num_span_samples=num_span, censored=censored,
+                       truncated=truncated, rebased=floor > oldest and num_outputs < config.output_window)
+
+    def window(self, end_bucket: int) -> tuple[BucketStats, int, tuple[str, ...]]:
+        """The window ending at end_bucket (see the module docstring): (summed stats, buckets used,
+        contributing replicas)."""
+        window = self._window(end_bucket)
+        return window.stats, window.num_buckets, window.contributors
 
     def refresh(self, now_s: float, *, calibration: CostModel | None) -> PoolEstimate:
-        """Fit the estimate for estimate_bucket(now_s) (kept as `self.estimate`)."""
+        """Feed the settled buckets to the shift tracker, then fit the estimate for estimate_bucket(now_s)
+        (kept as `self.estimate`)."""
         end_bucket = self.estimate_bucket(now_s)
         self.close_due(now_s)
-        stats, used, replicas = self.window(end_bucket)
-        self.last_window = stats
-        fit = None
-        if stats.outputs.count and stats.prompt_count:
-            fit = fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,
-                                       prompt_sum_tokens=stats.prompt_sum_tokens)
+        shifts = self._shifts
+        if shifts is not None:
+            shifts.advance(end_bucket, first_bucket=self.oldest_bucket(end_bucket), replicas_of=self._replicas_of,
+                           completions_of=self._completions_of)
+        window = self._window(end_bucket)
+        stats = window.stats
+        transient = is_shift_transient(rebased=window.rebased, num_completed=stats.outputs.count,
+                                       truncated=window.truncated)
+        previous = self.estimate
+        held = (window.rebased and stats.outputs.count < self._config.shift_min_samples
+                and previous is not None and previous.fit is not None)
+        if held:
+            fit = previous.fit
+        else:
+            self.last_window = stats
+            fit = None
+            if stats.outputs.count and stats.prompt_count:
+                fit = fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,
+                                           prompt_sum_tokens=stats.prompt_sum_tokens, censored=window.censored,
+                                           truncated=window.truncated, shift_transient=transient)
+                if fit is not None and window.rebased:
+                    # Not a cold start: the completions before the change point located it, and the pool has
+                    # them. The cold-start rule (PolicyConfig.min_samples) reads num_samples.
+                    fit = dataclasses.replace(fit, stats=dataclasses.replace(
+                        fit.stats, num_samples=max(fit.stats.num_samples, window.num_span_samples)))
         cost_fit = stats.costs.fit()
         costs, source = calibration, "calibration"
         if costs is None:
@@ -249,8 +412,15 @@ class PoolStatistics:
             if costs is None:
                 source = "none"
         self.estimate = PoolEstimate(
-            pool_key=self.pool_key, end_bucket=end_bucket, fit=fit, num_samples=int(stats.outputs.count),
-            cost_fit=cost_fit, costs=costs, cost_source=source, num_buckets=used, contributors=replicas,
-            num_rejected_steps=stats.costs.num_rejected,
+            pool_key=self.pool_key, end_bucket=end_bucket, fit=fit,
+            num_samples=fit.stats.num_samples if held and fit is not None else int(stats.outputs.count),
+            cost_fit=cost_fit, costs=costs, cost_source=source, num_buckets=window.num_buckets,
+            contributors=window.contributors, num_rejected_steps=stats.costs.num_rejected,
+            window_first_bucket=window.first_output_bucket, window_rebased=window.rebased,
+            window_transient=transient and not held, fit_held=held,
+            num_censored=window.censored.count if window.censored is not None and not held else 0,
+            num_truncated=window.truncated.count if window.truncated is not None and not held else 0,
+            last_shift=shifts.last_shift if shifts is not None else None,
+            num_shifts=shifts.num_shifts if shifts is not None else 0,
         )
         return self.estimate

@@ -214,6 +214,7 @@ class Controller:
         if record is None or record.loop.hello.pool_key != hello.pool_key:
             if record is not None and record.session is not None:  # the engine moved to another pool
                 self._pools[record.loop.hello.pool_key].num_connected -= 1
+                self._pools[record.loop.hello.pool_key].stats.forget_engine(hello.engine_id)
             loop = EngineLoop(hello=hello, config=self._config.loop, policy=self._config.policy)
             restored = self._restored.pop(hello.engine_id, None)
             if restored is not None:
@@ -277,6 +278,7 @@ class Controller:
             record.session = None
             record.disconnected_at_s = self._clock()
             self._pools[record.loop.hello.pool_key].num_connected -= 1
+            self._pools[record.loop.hello.pool_key].stats.forget_engine(session.engine_id)
         self._update_connected()
 
     def _update_connected(self) -> None:
@@ -302,7 +304,7 @@ class Controller:
         if not loop.excluded_from_pool:
             self._add_to_pool(pool, now_s, prompts, outputs,
                               StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests,
-                                          batch.duration_s))
+                                          batch.duration_s), engine_id=session.engine_id, batch=batch)
         self._batches_accepted.inc()
         self._completions_accepted.inc(batch.output_tokens.size)
         self._steps_accepted.inc(batch.duration_s.size)
@@ -312,8 +314,10 @@ class Controller:
             self._decide(record, now_s, trigger_traceparent=batch.traceparent)
 
     def _add_to_pool(self, pool: PoolRecord, now_s: float, prompts: np.ndarray, outputs: np.ndarray,
-                     steps: StepColumns | None) -> None:
-        closed = pool.stats.add(now_s, prompts=prompts, outputs=outputs, steps=steps)
+                     steps: StepColumns | None, *, engine_id: str = "", batch: ValidatedBatch | None = None) -> None:
+        closed = pool.stats.add(now_s, prompts=prompts, outputs=outputs, steps=steps, engine_id=engine_id,
+                                running_lengths=batch.running_lengths if batch is not None else None,
+                                running_counts=batch.running_counts if batch is not None else None)
         if closed is not None:
             pool.unpublished.append((closed[1], closed[0]))
 
@@ -358,6 +362,7 @@ class Controller:
             self._end_probation(record, pool, now_s, admit=not excluded)
         if excluded != record.loop.excluded_from_pool:
             record.loop.excluded_from_pool = excluded
+            pool.stats.forget_engine(record.loop.hello.engine_id)  # its running requests leave (or rejoin) with it
             logger.warning("engine %s %s pool %s statistics (block mean %.1f tokens vs pool %.1f)",
                            record.loop.hello.engine_id, "kept out of" if excluded else "readmitted to",
                            pool.stats.pool_key, mean, stats.mu_o_tokens)

@@ -3,7 +3,8 @@ policy online — the controller's loop without the network.
 
 `OnlineControl` runs the controller's own decision loop (`controlplane.loop`: `EngineLoop` per engine,
 `PoolStatistics` per pool) on the simulated clock: every `telemetry_interval_s` the completions since the
-last batch are fed as one batch (the agent's cadence), the pool's estimate is refreshed when a statistics
+last batch are fed as one batch (the agent's cadence) with the running requests' output lengths so far, binned
+as the agent bins them (`agents.running_lengths`), the pool's estimate is refreshed when a statistics
 bucket settles, and a decision due is computed with the profile's CostModel as the pool calibration and,
 when the instruction changed, applied with `Enforcer.apply` at the current simulated time (no network
 latency). Every applied decision is recorded as a `DecisionRecord` (the timeline).
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agents.running_lengths import running_length_histogram
 from controlplane.api.v1 import common_pb2
 from controlplane.core.budget import SweepPoint
 from controlplane.core.types import CostModel, EngineLimits, OperatorIntent, PolicyConfig
@@ -97,10 +99,10 @@ class OnlineControl:
 
     It feeds the same objects the controller does — a `loop.EngineLoop` for the engine and a
     `loop.PoolStatistics` for its (one-engine) pool — in the same order: every telemetry interval one
-    batch (the completions and steps since the last one, the running count, the preemption counter) goes
-    to `EngineLoop.on_batch` and `PoolStatistics.add`; the pool estimate is refreshed when its end bucket
-    advances; the engine is decided when it is due. The profile's CostModel stands in for the pool's
-    calibration.
+    batch (the completions and steps since the last one, the running count and lengths, the preemption
+    counter) goes to `EngineLoop.on_batch` and `PoolStatistics.add`; the pool estimate is refreshed when its
+    end bucket advances; the engine is decided when it is due. The profile's CostModel stands in for the
+    pool's calibration.
     """
 
     def __init__(self, costs: CostModel, settings: OnlineSettings | None = None) -> None:
@@ -154,12 +156,14 @@ class OnlineControl:
         self._prompts.clear()
         self._outputs.clear()
         self._seq += 1
+        running_lengths, running_counts = running_length_histogram(engine.running_output_tokens().tolist())
         batch = ValidatedBatch(
             seq=self._seq, prompt_tokens=prompts, output_tokens=outputs, prefill_tokens=_EMPTY, decode_tokens=_EMPTY,
             decode_requests=_EMPTY, duration_s=_EMPTY, num_aborted=0, num_dropped=0, kv_used_tokens=0,
             kv_total_tokens=engine.kv_total_tokens, num_running=int(engine.num_running), num_waiting=0,
             num_preemptions=int(engine.num_preemptions), num_events_dropped=0, traceparent="",
-            running_lengths=_EMPTY.astype(np.int64), running_counts=_EMPTY.astype(np.int64))
+            running_lengths=np.asarray(running_lengths, dtype=np.int64),
+            running_counts=np.asarray(running_counts, dtype=np.int64))
         outcome = self.on_telemetry(batch, now_s=now_s)
         if outcome is not None:
             self._apply(engine, outcome, now_s)
@@ -185,7 +189,9 @@ class OnlineControl:
         if pool.estimate is None or pool.estimate_bucket(now_s) > pool.estimate.end_bucket:
             pool.refresh(now_s, calibration=self._costs)
         loop.on_batch(batch, now_s=now_s)
-        pool.add(now_s, prompts=batch.prompt_tokens, outputs=batch.output_tokens, steps=None)
+        pool.add(now_s, prompts=batch.prompt_tokens, outputs=batch.output_tokens, steps=None,
+                 engine_id=loop.hello.engine_id, running_lengths=batch.running_lengths,
+                 running_counts=batch.running_counts)
         if not loop.is_due(now_s):
             return None
         self.num_decisions += 1

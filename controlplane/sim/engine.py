@@ -194,6 +194,10 @@ class SimEngine:
             largest = max(largest, remaining)
         return largest
 
+    def running_output_tokens(self) -> np.ndarray:
+        """Output tokens generated so far by each running request (what an agent reports as running lengths)."""
+        return self._generated[np.concatenate((self._decoding, np.asarray(self._prefilling, dtype=np.int64)))]
+
     def lengths_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(prompt tokens, output tokens) of the requests `ids` (after truncation to the engine)."""
         return self._prompt[ids], self._output[ids]

@@ -140,3 +140,27 @@ def test_invalid_samples_are_skipped_without_an_index() -> None:
     detector.update(np.array([10, math.nan, 0, -5, 2.5, math.inf, 20]))
     assert detector.num_samples == 2
     assert detector.num_rejected == 5
+
+
+def test_a_copy_continues_independently_from_the_same_state() -> None:
+    rng = np.random.default_rng(11)
+    detector = ShiftDetector()
+    feed(detector, rng.geometric(1 / 100, 2000))
+    copy = detector.copy()
+    tail = np.concatenate([rng.geometric(1 / 100, 500), rng.geometric(1 / 400, 1500)])
+    events = feed(copy, tail)
+    assert detector.num_samples == 2000 and detector.num_events == 0  # feeding the copy left it alone
+    assert events == feed(detector, tail) and detector.statistics == copy.statistics
+
+
+def test_detectors_started_at_different_points_converge_when_tie_positions_come_from_the_stream() -> None:
+    # Positions from the stream (as the pool's shift tracker derives them from bucket ids), not from each
+    # detector's own count: after enough common samples both are in the same state.
+    rng = np.random.default_rng(12)
+    stream = rng.geometric(1 / 50, 20_000)  # many ties
+    early, late = ShiftDetector(), ShiftDetector()
+    for i in range(0, stream.size, BATCH):
+        early.update(stream[i : i + BATCH], jitter_index=i)
+        if i >= 3000:
+            late.update(stream[i : i + BATCH], jitter_index=i)
+    assert early.statistics == late.statistics

@@ -1,15 +1,17 @@
-"""How fast the decisions follow a shift of the output-length distribution.
+"""How fast the decisions follow a shift of the output-length distribution, on the product's path.
 
-A pure harness: a saturated engine (256 requests in flight, one token per request per step, every finished
-request replaced at once) whose new requests change their output-length law at one completion; the decision
-loop the controller runs on it — every 10 completions: the completions into an `AdaptiveLengthWindow` bucket
-with the running requests' lengths at its close, the `ShiftDetector` on the completions, a rebase at each
-detected change point, the histogram fit of the window and `core.policy.evaluate` with the published H200
-Qwen3-8B costs. It measures, over 20 seeds, how many post-shift completions it takes until k̂* and N̂* stay
-within 10% and 5% of the values the same fit gives on the new workload in steady state.
+A saturated engine (256 requests in flight, one token per request per step, every finished request replaced at
+once) whose new requests change their output-length law at one completion, and the decision loop the
+controller runs on it: the pool's `PoolStatistics` on a simulated clock of one bucket per 10 completions — the
+completions and the running requests' lengths go in with `add` (as the controller passes
+`ValidatedBatch.running_lengths / running_counts`), `refresh` closes the bucket, feeds the shift tracker, re-bases
+the window at each detected change point and fits it with the running requests at both ends — and
+`core.policy.decide` on the pool's fit with the published H200 Qwen3-8B costs, as `EngineLoop.decide` does
+(`min_samples` included). It measures, over 20 seeds, how many post-shift completions it takes until k̂* and
+N̂* stay within 10% and 5% of the values the same fit gives on the new workload in steady state.
 
 k̂* is compared before its floor (θ̂*·N̂*): k̂* = ⌊θ̂*·N̂*⌋ = 7 for a steady mean of 1,024 tokens, where 10% is
-less than one request.
+less than one request. `pytest -s` prints the table.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from controlplane.core.adaptive_window import AdaptiveLengthWindow, fit_window
-from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.hazard import fit_hazard_histogram
 from controlplane.core.length_histogram import LengthHistogram
-from controlplane.core.policy import evaluate
-from controlplane.core.types import EngineLimits, Evaluation
+from controlplane.core.policy import decide, evaluate
+from controlplane.core.types import EngineLimits, Evaluation, Observations, PolicyState
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.sim.profiles import H200_QWEN3_8B
 
 LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=700_000)
@@ -33,8 +35,8 @@ DECISION_EVERY = 10
 PRE_SHIFT = 5000
 POST_SHIFT = 2500
 SEEDS = 20
-WINDOW = 4096
-MIN_WINDOW = 50
+CONFIG = DecisionLoopConfig(output_window=4096, prompt_window=4096)
+_EMPTY = np.zeros(0)
 
 
 def draw(rng: np.random.Generator, kind: str, mean: float, n: int) -> np.ndarray:
@@ -65,54 +67,52 @@ def steady_state(kind: str, mean: float) -> Evaluation:
 @dataclass(frozen=True)
 class Trace:
     post_shift: np.ndarray  # completions since the shift at each decision
-    k_real: np.ndarray  # θ̂*·N̂*
+    k_real: np.ndarray  # θ̂*·N̂* (0 when the decision was not computed: cold start)
     n: np.ndarray  # N̂*
-    num_events: int
+    num_events: int  # shifts detected after the shift
 
 
-def run(seed: int, kind: str, before: float, after: float, *, censoring: bool = True) -> Trace:
+def run(seed: int, kind: str, before: float, after: float, *, censoring: bool = True,
+        config: DecisionLoopConfig = CONFIG, pre_shift: int = PRE_SHIFT, post_shift: int = POST_SHIFT) -> Trace:
     rng = np.random.default_rng(seed)
     start = np.zeros(SLOTS)
     length = draw(rng, kind, before, SLOTS).astype(np.float64)
     finish = start + length
-    detector, window = ShiftDetector(), AdaptiveLengthWindow(retain_samples=WINDOW)
+    pool = PoolStatistics("m|a", config, replica_id="r0", settle_s=0.0)
+    state = PolicyState()
     batch: list[int] = []
-    post_shift, k_real, n_star = [], [], []
-    n_prev, done, bucket, num_events = 0, 0, 0, 0
-    decision: Evaluation | None = None
-    while done < PRE_SHIFT + POST_SHIFT:
+    post, k_real, n_star = [], [], []
+    done, bucket, events_before = 0, 0, 0
+    while done < pre_shift + post_shift:
         i = int(np.argmin(finish))
         now = finish[i]
         batch.append(int(length[i]))
         done += 1
-        length[i] = float(draw(rng, kind, after if done >= PRE_SHIFT else before, 1)[0])
+        length[i] = float(draw(rng, kind, after if done >= pre_shift else before, 1)[0])
         start[i], finish[i] = now, now + length[i]
         if len(batch) < DECISION_EVERY:
             continue
-        completed = np.array(batch)
+        completed = np.array(batch, dtype=np.float64)
         batch.clear()
-        prompt_lengths = prompts(rng, completed.size)
-        window.add(bucket, LengthHistogram.from_samples(completed), prompt_count=completed.size,
-                   prompt_sum_tokens=float(prompt_lengths.sum()))
-        if censoring:
-            running = (now - start).astype(np.int64)
-            window.record_running(bucket, LengthHistogram.from_counts(running, np.ones_like(running)))
-        event = detector.update(completed)
-        if event is not None:
-            num_events += done >= PRE_SHIFT
-            window.rebase(window.bucket_of_sample(event.start_index))
-        view = window.window(max_samples=WINDOW, min_samples=MIN_WINDOW)
-        if view is not None:  # else: hold the previous decision while the re-based window refills
-            fit = fit_window(view)
-            assert fit is not None
-            decision = evaluate(fit.stats, H200_QWEN3_8B, LIMITS, n_prev=n_prev)
-            n_prev = decision.n_star
+        running = (now - start).astype(np.int64)
+        # Bucket `bucket` spans [bucket, bucket + 1) s: the batch arrives inside it, the refresh at its end
+        # (settle_s = 0) fits the window ending with it.
+        pool.add(bucket + 0.5, prompts=prompts(rng, completed.size).astype(np.float64), outputs=completed,
+                 steps=None, engine_id="engine", running_lengths=running if censoring else None,
+                 running_counts=np.ones_like(running) if censoring else None)
+        estimate = pool.refresh(bucket + 1.0, calibration=H200_QWEN3_8B)
         bucket += 1
-        if decision is not None and done >= PRE_SHIFT:
-            post_shift.append(done - PRE_SHIFT)
-            k_real.append(decision.theta_star * decision.n_star)
-            n_star.append(decision.n_star)
-    return Trace(np.array(post_shift), np.array(k_real), np.array(n_star), num_events)
+        observations = Observations(output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
+                                    costs=H200_QWEN3_8B, limits=LIMITS, n_obs=float(SLOTS))
+        decision, state = decide(observations, state, float(bucket), fit=estimate.fit)
+        if done < pre_shift:
+            events_before = estimate.num_shifts
+        else:
+            post.append(done - pre_shift)
+            k_real.append(decision.diagnostics.theta_star * decision.diagnostics.n_star)
+            n_star.append(decision.diagnostics.n_star)
+    assert pool.estimate is not None
+    return Trace(np.array(post), np.array(k_real), np.array(n_star), pool.estimate.num_shifts - events_before)
 
 
 def relative_error(trace: Trace, steady: Evaluation) -> np.ndarray:
@@ -179,3 +179,36 @@ def test_censoring_speeds_up_the_reaction() -> None:
     completions_only = summarise("geometric", 1024.0, 256.0, censoring=False, seeds=6)
     assert with_running.settle_10 < completions_only.settle_10
     assert with_running.error_600 < completions_only.error_600
+
+
+@pytest.mark.parametrize("kind", ["geometric", "uniform"])
+def test_no_false_alarm_in_100k_completions_of_a_stationary_workload(kind: str) -> None:
+    """The product path on a workload that never changes: the pool statistics detect no shift (buckets of 100
+    completions, the running requests at each close). The engine first runs 5,000 completions: all its requests
+    start together, and the first completions are the short ones (a real, if brief, shift)."""
+    rng = np.random.default_rng(7)
+    start = np.zeros(SLOTS)
+    length = draw(rng, kind, 256.0, SLOTS).astype(np.float64)
+    finish = start + length
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0", settle_s=0.0)
+    batch: list[int] = []
+    bucket = 0
+    for done in range(5_000 + 100_000):
+        i = int(np.argmin(finish))
+        now = finish[i]
+        batch.append(int(length[i]))
+        length[i] = float(draw(rng, kind, 256.0, 1)[0])
+        start[i], finish[i] = now, now + length[i]
+        if done < 5_000:
+            batch.clear()
+        if len(batch) < 100:
+            continue
+        running = (now - start).astype(np.int64)
+        pool.add(bucket + 0.5, prompts=prompts(rng, len(batch)).astype(np.float64), outputs=np.array(batch, float),
+                 steps=None, engine_id="engine", running_lengths=running, running_counts=np.ones_like(running))
+        batch.clear()
+        pool.refresh(bucket + 1.0, calibration=H200_QWEN3_8B)
+        bucket += 1
+    assert pool.estimate is not None
+    print(f"{kind}: {pool.estimate.num_shifts} shift(s) detected in 100,000 stationary completions")
+    assert pool.estimate.num_shifts <= 1

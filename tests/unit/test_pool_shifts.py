@@ -1,0 +1,288 @@
+"""Pool statistics with running requests and shift detection: the bucket format, the engines' running
+histograms, replicas that agree across a shift (also when a bucket arrives late), re-basing, the switch, and
+the flags a decision carries."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from controlplane.core.cost_sums import CostSums
+from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.engine import EngineLoop
+from controlplane.loop.ingest import EngineHello
+from controlplane.loop.pool_stats import SNAPSHOT_REPLICA, WINDOW_REBASED_FLAG, BucketStats, PoolStatistics
+from controlplane.sim.profiles import PROFILES
+
+COSTS = PROFILES["h200-qwen3-8b"].costs
+CONFIG = DecisionLoopConfig(output_window=1024, prompt_window=1024)
+TOKENS_PER_S = 64  # per running request
+
+
+@dataclass
+class SaturatedEngine:
+    """An engine whose slots are always busy: each second every request produces TOKENS_PER_S tokens, a finished
+    one is replaced by a new one (geometric output length of the current mean)."""
+
+    rng: np.random.Generator
+    mean_tokens: float
+    lengths: np.ndarray
+    generated: np.ndarray
+
+    @classmethod
+    def create(cls, seed: int, *, slots: int = 64, mean_tokens: float = 128.0) -> SaturatedEngine:
+        rng = np.random.default_rng(seed)
+        engine = cls(rng, mean_tokens, rng.geometric(1.0 / mean_tokens, slots), np.zeros(slots, dtype=np.int64))
+        for _ in range(60):  # past the start-up transient (all requests start at once)
+            engine.second()
+        return engine
+
+    def second(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One second: (prompts, outputs) of the completions, (lengths, counts) of the running requests."""
+        self.generated = self.generated + TOKENS_PER_S
+        done = self.generated >= self.lengths
+        outputs = self.lengths[done].astype(np.float64)
+        self.lengths[done] = self.rng.geometric(1.0 / self.mean_tokens, int(done.sum()))
+        self.generated[done] = 0
+        lengths, counts = np.unique(self.generated[self.generated > 0], return_counts=True)
+        return self.rng.integers(100, 900, outputs.size).astype(np.float64), outputs, lengths, counts
+
+
+def feed(pool: PoolStatistics, engine_id: str, engine: SaturatedEngine, now_s: float) -> None:
+    prompts, outputs, lengths, counts = engine.second()
+    pool.add(now_s, prompts=prompts, outputs=outputs, steps=None, engine_id=engine_id, running_lengths=lengths,
+             running_counts=counts)
+
+
+def comparable(estimate) -> tuple:
+    return (estimate.end_bucket, estimate.fit.stats if estimate.fit is not None else None, estimate.num_samples,
+            estimate.window_first_bucket, estimate.window_rebased, estimate.window_transient, estimate.fit_held,
+            estimate.num_censored, estimate.num_truncated, estimate.last_shift, estimate.num_shifts)
+
+
+# ------------------------------------------------------------------------------------------ bucket format
+
+
+def test_a_bucket_carries_its_running_requests_and_the_v1_format_is_still_read() -> None:
+    outputs = LengthHistogram.from_samples([5, 7, 7, 300])
+    running = LengthHistogram.from_counts([3, 40], [2, 5])
+    stats = BucketStats(outputs=outputs, prompt_count=4, prompt_sum_tokens=1200.0, costs=CostSums(), running=running)
+    payload = stats.to_bytes()
+    assert payload[:4] == b"CPB2"
+    restored = BucketStats.from_bytes(payload)
+    assert restored.running is not None and restored.running.lengths.tolist() == [3, 40]
+    assert restored.running.counts.tolist() == [2, 5] and restored.outputs.count == 4
+    unknown = BucketStats.from_bytes(BucketStats(outputs=outputs, prompt_count=4, prompt_sum_tokens=1200.0,
+                                                 costs=CostSums()).to_bytes())
+    assert unknown.running is None
+    # The v1 layout (what replicas of the previous release publish): no running requests.
+    hist = outputs.to_bytes()
+    v1 = struct.pack("<4sqdI", b"CPB1", 4, 1200.0, len(hist)) + hist + CostSums().to_array().astype("<f8").tobytes()
+    old = BucketStats.from_bytes(v1)
+    assert old.running is None and old.outputs.count == 4 and old.prompt_sum_tokens == 1200.0
+    for garbage in (b"CPB2", payload[:-3], payload[:4] + b"\xff" * 30, v1[:10]):
+        with pytest.raises(ValueError):
+            BucketStats.from_bytes(garbage)
+
+
+def test_a_closed_bucket_sums_the_engines_latest_running_reports_until_one_is_forgotten() -> None:
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
+    empty = np.zeros(0)
+    pool.add(10.1, prompts=empty, outputs=empty, steps=None, engine_id="e1", running_lengths=np.array([5, 9]),
+             running_counts=np.array([1, 2]))
+    pool.add(10.2, prompts=empty, outputs=empty, steps=None, engine_id="e2", running_lengths=np.array([9, 0]),
+             running_counts=np.array([4, 3]))  # length 0: not started, no information
+    pool.add(10.3, prompts=empty, outputs=empty, steps=None, engine_id="e1", running_lengths=np.array([6]),
+             running_counts=np.array([2]))  # replaces e1's report
+    closed = pool.add(11.1, prompts=empty, outputs=empty, steps=None, engine_id="e3")  # e3 reports nothing
+    assert closed is not None and closed[1] == 10
+    assert closed[0].running.lengths.tolist() == [6, 9] and closed[0].running.counts.tolist() == [2, 4]
+    pool.forget_engine("e2")
+    pool.forget_engine("never-seen")
+    closed = pool.close_due(12.0)
+    assert closed is not None and closed[0].running.lengths.tolist() == [6]
+
+
+def test_the_window_is_fitted_with_the_running_requests_at_its_close_and_at_its_opening() -> None:
+    def filled(unknown_bucket: int | None) -> PoolStatistics:
+        pool = PoolStatistics("m|a", DecisionLoopConfig(output_window=25, prompt_window=25, shift_min_samples=8),
+                              replica_id="r0")
+        for b in range(5):
+            running = None if b == unknown_bucket else LengthHistogram.from_counts([b + 1, b + 2], [1, b + 1])
+            pool.put_remote(b, "x", BucketStats(outputs=LengthHistogram.from_samples(np.arange(1, 11) + b),
+                                                prompt_count=10, prompt_sum_tokens=1000.0, costs=CostSums(),
+                                                running=running))
+        return pool
+
+    estimate = filled(None).refresh(6.0, calibration=COSTS)  # end bucket 4
+    assert (estimate.end_bucket, estimate.window_first_bucket, estimate.num_samples) == (4, 2, 30)
+    assert estimate.num_censored == 6 and estimate.num_truncated == 3  # bucket 4's close, bucket 1's close
+    plain = filled(1).refresh(6.0, calibration=COSTS)  # the opening is not known: neither end is used
+    assert plain.num_censored == plain.num_truncated == 0 and plain.num_samples == 30
+    assert plain.fit.stats != estimate.fit.stats
+
+
+# ---------------------------------------------------------------------------------- replicas and shifts
+
+
+def run_pool(pools: dict[str, PoolStatistics], placement: dict[str, str], *, seconds: int, shift_at_s: int,
+             late_every: int = 0) -> dict[str, list]:
+    """Four saturated engines (geometric outputs of mean 128, 512 from shift_at_s on) placed on the given
+    replicas, which exchange their closed buckets every second (every late_every-th bucket of replica "a"
+    reaches the others one second late). Returns each replica's estimates, one per second."""
+    engines = {engine_id: SaturatedEngine.create(seed) for seed, engine_id in enumerate(sorted(placement))}
+    estimates: dict[str, list] = {name: [] for name in pools}
+    late: list[tuple[int, BucketStats]] = []
+    for second in range(seconds):
+        if second == shift_at_s:
+            for engine in engines.values():
+                engine.mean_tokens = 512.0
+        for engine_id, engine in engines.items():
+            feed(pools[placement[engine_id]], engine_id, engine, second + 0.3)
+        closed = {name: pool.close_due(second + 1.0) for name, pool in pools.items()}
+        for name, bucket in closed.items():
+            if bucket is None:
+                continue
+            for target_name, target in pools.items():
+                if name == "a" and late_every and bucket[1] % late_every == 0 and target_name != "a":
+                    late.append((bucket[1], bucket[0]))
+                else:
+                    target.put_remote(bucket[1], name, bucket[0])
+        for name, pool in pools.items():
+            estimates[name].append(pool.refresh(second + 1.6, calibration=COSTS))
+        for bucket_id, stats in late:  # one second late: after the refresh that needed them
+            for target_name, target in pools.items():
+                if target_name != "a":
+                    target.put_remote(bucket_id, "a", stats)
+        late.clear()
+    return estimates
+
+
+def test_replicas_sharing_a_pool_detect_the_same_shift_and_fit_the_same_window_at_every_refresh() -> None:
+    pools = {name: PoolStatistics("m|a", CONFIG, replica_id=name) for name in ("a", "b", "all")}
+    placement = {"e0": "a", "e1": "a", "e2": "b", "e3": "b"}
+    split = run_pool({"a": pools["a"], "b": pools["b"]}, placement, seconds=160, shift_at_s=100)
+    alone = run_pool({"all": pools["all"]}, dict.fromkeys(placement, "all"), seconds=160, shift_at_s=100)
+    for a, b, single in zip(split["a"], split["b"], alone["all"], strict=True):
+        assert comparable(a) == comparable(b)
+        assert comparable(a) == comparable(single)  # the split changes nothing: same merged buckets
+        assert a.contributors == b.contributors
+    final = split["a"][-1]
+    assert sum(e.num_shifts for e in split["a"][:100]) == 0  # no false alarm before the shift
+    first = next(e.last_shift for e in split["a"] if e.num_shifts)
+    assert first.direction == 1 and first.mean_ratio > 1.3
+    assert 99 <= first.start_bucket <= first.detected_bucket <= 110
+    # While the requests in flight at the shift drain, later detections re-base the window further.
+    assert final.last_shift.start_bucket >= first.start_bucket and final.last_shift.direction == 1
+    rebased = [e for e in split["a"] if e.window_rebased]
+    assert rebased and all(e.window_first_bucket >= first.start_bucket for e in rebased)
+    assert any(e.window_transient for e in rebased)
+    assert all(e.num_censored > 0 and e.num_truncated > 0 for e in split["a"][40:])
+    # Long after the shift the window is full again, of the new workload only.
+    assert not final.window_rebased and final.fit.stats.mu_o_tokens == pytest.approx(512.0, rel=0.15)
+
+
+def test_a_bucket_that_arrives_late_is_fed_again_and_the_replicas_agree_again() -> None:
+    pools = {name: PoolStatistics("m|a", CONFIG, replica_id=name) for name in ("a", "b")}
+    placement = {"e0": "a", "e1": "a", "e2": "b", "e3": "b"}
+    on_time = run_pool({"a": PoolStatistics("m|a", CONFIG, replica_id="a"),
+                        "b": PoolStatistics("m|a", CONFIG, replica_id="b")}, placement, seconds=140, shift_at_s=100)
+    late = run_pool(pools, placement, seconds=140, shift_at_s=100, late_every=5)
+    num_compared = 0
+    for index, (reference, estimate) in enumerate(zip(on_time["a"], late["b"], strict=True)):
+        if estimate.end_bucket % 5 == 0:  # b fitted without a's bucket: it had not arrived yet
+            continue
+        assert comparable(estimate) == comparable(reference), index
+        num_compared += 1
+    assert num_compared > 100
+    assert late["b"][-1].last_shift == on_time["a"][-1].last_shift is not None
+
+
+def test_a_replica_that_starts_later_replays_the_shared_buckets_and_agrees_from_its_first_refresh() -> None:
+    early = PoolStatistics("m|a", CONFIG, replica_id="a")
+    engines = {f"e{i}": SaturatedEngine.create(i) for i in range(4)}
+    published: list[tuple[int, BucketStats]] = []
+    late: PoolStatistics | None = None
+    for second in range(140):
+        if second == 100:
+            for engine in engines.values():
+                engine.mean_tokens = 512.0
+        for engine_id, engine in engines.items():
+            feed(early, engine_id, engine, second + 0.3)
+        closed = early.close_due(second + 1.0)
+        assert closed is not None
+        published.append((closed[1], closed[0]))
+        if second == 30:  # a new replica reads the pool's buckets from the store
+            late = PoolStatistics("m|a", CONFIG, replica_id="b")
+            for bucket_id, stats in published[:-1]:
+                late.put_remote(bucket_id, "a", stats)
+        if late is not None:
+            late.put_remote(closed[1], "a", closed[0])
+            assert comparable(late.refresh(second + 1.6, calibration=COSTS)) == comparable(
+                early.refresh(second + 1.6, calibration=COSTS))
+        else:
+            early.refresh(second + 1.6, calibration=COSTS)
+    assert late is not None and late.estimate.num_shifts >= 1
+
+
+def test_without_shift_detection_the_window_is_never_rebased() -> None:
+    config = DecisionLoopConfig(output_window=1024, prompt_window=1024, shift_detection=False)
+    estimates = run_pool({"a": PoolStatistics("m|a", config, replica_id="a")}, {"e0": "a", "e1": "a"},
+                         seconds=130, shift_at_s=100)["a"]
+    assert all(e.last_shift is None and not e.window_rebased and e.num_shifts == 0 for e in estimates)
+
+
+def test_a_rebased_window_is_held_until_it_has_shift_min_samples_and_never_looks_like_a_cold_start() -> None:
+    config = DecisionLoopConfig(output_window=1024, prompt_window=1024, shift_min_samples=200)
+    estimates = run_pool({"a": PoolStatistics("m|a", config, replica_id="a")}, {"e0": "a", "e1": "a"},
+                         seconds=140, shift_at_s=100)["a"]
+    rebased = [e for e in estimates if e.window_rebased]
+    assert rebased
+    held = [e for e in rebased if e.fit_held]
+    assert held and all(e.num_samples >= 1024 for e in held)  # the previous (full) window's fit
+    fitted = [e for e in rebased if not e.fit_held]
+    assert fitted and all(e.num_samples < 1024 for e in fitted)  # the completions fitted …
+    assert all(e.fit.stats.num_samples >= 1024 for e in fitted)  # … but the pool is not cold
+
+
+def test_a_seeded_window_has_no_running_requests_and_max_window_bounds_a_rebase() -> None:
+    config = DecisionLoopConfig(output_window=1024, prompt_window=1024, max_window_s=20.0)
+    pool = PoolStatistics("m|a", config, replica_id="a")
+    snapshot = BucketStats(outputs=LengthHistogram.from_samples(np.arange(1, 2001)), prompt_count=2000,
+                           prompt_sum_tokens=1e6, costs=CostSums(), running=LengthHistogram.from_counts([4], [9]))
+    pool.seed(snapshot, now_s=1000.0)
+    warm = pool.refresh(1000.0, calibration=COSTS)
+    assert warm.num_samples == 2000 and warm.num_censored == 0 and warm.contributors == (SNAPSHOT_REPLICA,)
+    engines = {"e0": SaturatedEngine.create(0), "e1": SaturatedEngine.create(1)}
+    for second in range(1000, 1060):
+        if second == 1010:
+            for engine in engines.values():
+                engine.mean_tokens = 512.0
+        for engine_id, engine in engines.items():
+            feed(pool, engine_id, engine, second + 0.3)
+        estimate = pool.refresh(second + 1.6, calibration=COSTS)
+        pool.prune(second + 1.6)
+        assert estimate.window_first_bucket is None or estimate.window_first_bucket >= estimate.end_bucket - 19
+    assert estimate.num_shifts >= 1 and not estimate.window_rebased  # the change point aged out of max_window_s
+
+
+def test_a_decision_from_a_rebased_window_carries_the_flags() -> None:
+    estimates = run_pool({"a": PoolStatistics("m|a", CONFIG, replica_id="a")}, {"e0": "a", "e1": "a"},
+                         seconds=130, shift_at_s=100)["a"]
+    transient = next(e for e in estimates if e.window_transient and not e.fit_held)
+    limits = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=1_500_000,
+                          max_model_len_tokens=32768)
+    hello = EngineHello(engine_id="e0", model="m", accelerator="a", vllm_version="", agent_version="", limits=limits,
+                        block_size_tokens=16)
+    loop = EngineLoop(hello=hello, config=CONFIG, policy=PolicyConfig(min_samples=400))
+    outcome = loop.decide(transient, intent=OperatorIntent(), now_s=200.0)
+    assert outcome.decision.reason != "insufficient_data"
+    assert WINDOW_REBASED_FLAG in loop.latest.flags and "hazard_shift_transient" in loop.latest.flags
+    steady = loop.decide(estimates[90], intent=OperatorIntent(), now_s=201.0)
+    assert steady.decision.reason != "insufficient_data"
+    assert WINDOW_REBASED_FLAG not in loop.latest.flags and "hazard_shift_transient" not in loop.latest.flags
