@@ -22,6 +22,7 @@ from controlplane.cli.settings_flags import add_settings_arguments, resolve_from
 from controlplane.observability.tracing import create_tracer_provider, tracing_settings_from_env
 from controlplane.service.app import ControllerApp
 from controlplane.service.config import ControllerConfig
+from controlplane.service.memory import settle_garbage_collector
 
 __all__ = ["add_server_arguments", "config_from_args", "default_data_dir", "parse_scopes", "parse_tokens"]
 
@@ -52,6 +53,7 @@ async def serve_until_signalled(app: ControllerApp) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with app:
+        settle_garbage_collector()
         await stop.wait()
 
 

@@ -1,5 +1,6 @@
-"""Returning freed heap memory to the operating system after many engines were forgotten.
+"""Process memory: returning freed heap to the operating system, and the garbage collector's pauses.
 
+Freed heap:
 CPython and numpy free an evicted engine's objects into the C allocator, which keeps the pages for reuse:
 after a churn of 100,000 engine ids the process's RSS stayed 15% above its baseline although no engine
 state was left. glibc's `malloc_trim(0)` hands the free pages back. Elsewhere (no glibc) this is a no-op.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 logger = logging.getLogger(__name__)
@@ -26,3 +28,30 @@ def release_free_memory() -> bool:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return bool(trim(0))
+
+
+# Young-generation threshold and full-collection spacing of a long-running controller (CPython's defaults:
+# 700 and every 10th middle collection).
+GC_YOUNG_THRESHOLD = 10_000
+GC_FULL_EVERY = 100
+
+
+def settle_garbage_collector() -> int:
+    """Make the cyclic garbage collector's pauses rare and short in a long-running server; call once, after
+    start-up (the modules imported, the state restored). Returns the objects moved out of its reach.
+
+    A full collection walks every tracked object: at 1,000 engines that took 110-150 ms, several times a
+    minute, and every message in flight waited for it (the controller's p99 latency). So: collect once, then
+    `gc.freeze()` everything alive (modules, start-up state: it lives as long as the process, and the
+    collector no longer walks it), and collect the young generation every GC_YOUNG_THRESHOLD allocations
+    and the whole heap every GC_FULL_EVERY middle collections. Reference counting still frees everything
+    that is not a cycle at once; cycles wait longer. Process-wide: for `controlplane serve`, not for a
+    library embedding the controller.
+    """
+    gc.collect()
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, GC_FULL_EVERY)
+    frozen = gc.get_freeze_count()
+    logger.debug("garbage collector: %d start-up objects frozen, thresholds %s", frozen, gc.get_threshold())
+    return frozen
