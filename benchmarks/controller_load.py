@@ -135,11 +135,11 @@ async def _stream(channel: grpc.aio.Channel, stream: int, variants: list[bytes],
 
     async def reader() -> None:
         async for message in call:
+            now = time.monotonic()  # the decision's arrival, before the ACK is written (its write may wait)
             decision = message.decision
             results.decided.add(stream)
             async with send_lock:
                 await call.write(_ack(decision.version))
-            now = time.monotonic()
             d = decision.diagnostics
             if d.pool_window_end_bucket:
                 results.by_bucket[d.pool_window_end_bucket].add(

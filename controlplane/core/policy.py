@@ -227,6 +227,7 @@ def decide(
     config: PolicyConfig | None = None,
     budget_sweep: Sequence[SweepPoint] = (),
     fit: HazardFit | object | None = FIT_FROM_OBSERVATIONS,
+    established: bool = False,
 ) -> tuple[Decision, PolicyState]:
     """One decision for one engine or pool, and the policy state to carry to the next.
 
@@ -236,6 +237,9 @@ def decide(
 
     Cold start: mode MB (stock behaviour) with reason insufficient_data until the output window holds
     config.min_samples valid completions; without a usable cost model, MB with reason no_cost_model.
+    `established`: the workload is not new although the fit holds fewer than min_samples completions (a
+    window re-based at a detected shift: the completions before the change point located it); the fit is
+    then used whatever its size, and diagnostics.num_samples still counts the completions it holds.
     Otherwise EB+ chooses by rule (8) with hysteresis and cooldown (reasons crossover_eb, crossover_mb,
     hysteresis_hold, cooldown_hold). An operator pin overrides the mode (reason operator_pin);
     PASSTHROUGH pins leave the engine untouched.
@@ -284,7 +288,7 @@ def decide(
             flags.append(Flag.HAZARD_DFR_CLIPPED)
         if fit.shift_transient:
             flags.append(Flag.HAZARD_SHIFT_TRANSIENT)
-    enough_data = fit is not None and fit.stats.num_samples >= config.min_samples
+    enough_data = fit is not None and (established or fit.stats.num_samples >= config.min_samples)
     if not enough_data:
         online_mode = Mode.MB
     elif costs is None or not _usable(costs):

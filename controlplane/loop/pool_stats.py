@@ -20,15 +20,14 @@ detected shift the completions and prompts of the window never reach back before
 (the window is re-based; costs are not, a workload shift is not a hardware one). A re-based window is fitted
 once it holds shift_min_samples completions (the previous fit stands until then), and while the requests in
 flight at its opening still weigh on it, it is fitted as transient (`core.survival.is_shift_transient`). A
-shift is not a cold start: the fit's num_samples, which the policy's min_samples reads, counts the completions
-the window would hold without the re-base (`PoolEstimate.num_samples` counts the ones fitted).
+shift is not a cold start: a decision from a re-based window is made whatever its size
+(`core.policy.decide(established=True)`, passed by `loop.engine`), and every count shown is the one fitted.
 
 Pure: no I/O, no clock (times are arguments). Serialisation of a bucket: `BucketStats.to_bytes`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import struct
 from dataclasses import dataclass, field
@@ -156,7 +155,6 @@ class _Window:
     num_buckets: int
     contributors: tuple[str, ...]
     first_output_bucket: int | None
-    num_span_samples: int  # completions the window would hold without the re-base
     censored: LengthHistogram | None
     truncated: LengthHistogram | None
     rebased: bool
@@ -332,7 +330,7 @@ class PoolStatistics:
         hists: list[LengthHistogram] = []
         prompt_count, prompt_sum = 0, 0.0
         costs = CostSums()
-        num_outputs = num_span = 0
+        num_outputs = 0
         used = 0
         replicas: set[str] = set()
         first_output = last_output = None
@@ -341,19 +339,14 @@ class PoolStatistics:
             take_outputs = in_floor and num_outputs < config.output_window
             take_prompts = in_floor and prompt_count < config.prompt_window
             take_costs = costs.num_steps < 3 * config.step_window
-            count_span = num_span < config.output_window  # what the window would hold without the re-base
-            if not (take_outputs or take_prompts or take_costs or count_span):
+            if not (take_outputs or take_prompts or take_costs):
                 break
             by_replica = self._buckets[bucket_id]
-            used += int(take_outputs or take_prompts or take_costs)
+            used += 1
             if take_outputs:
                 first_output = bucket_id
                 last_output = bucket_id if last_output is None else last_output
             for replica, stats in sorted(by_replica.items()):
-                if count_span:
-                    num_span += stats.outputs.count
-                if not (take_outputs or take_prompts or take_costs):
-                    continue
                 replicas.add(replica)
                 if take_outputs:
                     hists.append(stats.outputs)
@@ -375,7 +368,7 @@ class PoolStatistics:
                 censored = truncated = None
         stats = BucketStats(outputs=merged, prompt_count=prompt_count, prompt_sum_tokens=prompt_sum, costs=costs)
         return _Window(stats=stats, num_buckets=used, contributors=tuple(sorted(replicas)),
-                       first_output_bucket=first_output, num_span_samples=num_span, censored=censored,
+                       first_output_bucket=first_output, censored=censored,
                        truncated=truncated, rebased=floor > oldest and num_outputs < config.output_window)
 
     def window(self, end_bucket: int) -> tuple[BucketStats, int, tuple[str, ...]]:
@@ -409,11 +402,6 @@ class PoolStatistics:
                 fit = fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,
                                            prompt_sum_tokens=stats.prompt_sum_tokens, censored=window.censored,
                                            truncated=window.truncated, shift_transient=transient)
-                if fit is not None and window.rebased:
-                    # Not a cold start: the completions before the change point located it, and the pool has
-                    # them. The cold-start rule (PolicyConfig.min_samples) reads num_samples.
-                    fit = dataclasses.replace(fit, stats=dataclasses.replace(
-                        fit.stats, num_samples=max(fit.stats.num_samples, window.num_span_samples)))
         cost_fit = stats.costs.fit()
         costs, source = calibration, "calibration"
         if costs is None:

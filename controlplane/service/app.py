@@ -51,6 +51,9 @@ _POOL_TICK_S = 0.1
 _FAILURE_MEMORY_S = 10.0
 _RESTART_DELAY_S = 0.5
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Registry entries written per store call: the event loop runs in between (all 1,000 engines' entries in one
+# call held it for 40-74 ms).
+_REGISTRY_CHUNK = 100
 
 
 class ControllerApp:
@@ -181,7 +184,10 @@ class ControllerApp:
             controller.note_store_ping(ok)
             if ok and time.monotonic() - last_registry_s >= self.config.registry_ttl_s / 3:
                 try:
-                    await store.heartbeats(controller.registry_entries(), ttl_s=self.config.registry_ttl_s)
+                    entries = list(controller.registry_entries().items())
+                    for start in range(0, len(entries), _REGISTRY_CHUNK):
+                        await store.heartbeats(dict(entries[start:start + _REGISTRY_CHUNK]),
+                                               ttl_s=self.config.registry_ttl_s)
                     last_registry_s = time.monotonic()
                 except StoreUnavailable as exc:
                     controller.note_store_failure("heartbeat", exc)

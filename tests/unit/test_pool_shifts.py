@@ -4,6 +4,7 @@ the flags a decision carries."""
 
 from __future__ import annotations
 
+import itertools
 import struct
 from dataclasses import dataclass
 
@@ -243,11 +244,20 @@ def test_a_rebased_window_is_held_until_it_has_shift_min_samples_and_never_looks
                          seconds=140, shift_at_s=100)["a"]
     rebased = [e for e in estimates if e.window_rebased]
     assert rebased
-    held = [e for e in rebased if e.fit_held]
-    assert held and all(e.num_samples >= 1024 for e in held)  # the previous (full) window's fit
+    held = [(before, e) for before, e in itertools.pairwise(estimates) if e.fit_held]
+    assert held and all(e.window_rebased and e.fit is before.fit for before, e in held)  # the previous fit stands
     fitted = [e for e in rebased if not e.fit_held]
-    assert fitted and all(e.num_samples < 1024 for e in fitted)  # the completions fitted …
-    assert all(e.fit.stats.num_samples >= 1024 for e in fitted)  # … but the pool is not cold
+    assert fitted and all(e.num_samples == e.fit.stats.num_samples < 1024 for e in fitted)  # counts are honest
+    small = min(fitted, key=lambda e: e.num_samples)
+    policy = PolicyConfig(min_samples=small.num_samples + 1)
+    limits = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=1_500_000,
+                          max_model_len_tokens=32768)
+    hello = EngineHello(engine_id="e0", model="m", accelerator="a", vllm_version="", agent_version="", limits=limits,
+                        block_size_tokens=16)
+    loop = EngineLoop(hello=hello, config=config, policy=policy)
+    outcome = loop.decide(small, intent=OperatorIntent(), now_s=200.0)  # … yet the pool is not cold
+    assert outcome.decision.reason != "insufficient_data"
+    assert outcome.decision.diagnostics.num_samples == small.num_samples
 
 
 def test_a_seeded_window_has_no_running_requests_and_max_window_bounds_a_rebase() -> None:

@@ -104,7 +104,8 @@ def run(seed: int, kind: str, before: float, after: float, *, censoring: bool = 
         bucket += 1
         observations = Observations(output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
                                     costs=H200_QWEN3_8B, limits=LIMITS, n_obs=float(SLOTS))
-        decision, state = decide(observations, state, float(bucket), fit=estimate.fit)
+        decision, state = decide(observations, state, float(bucket), fit=estimate.fit,
+                                 established=estimate.window_rebased)
         if done < pre_shift:
             events_before = estimate.num_shifts
         else:
