@@ -40,7 +40,9 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     Returns a dict with engine_id, pool, source ("latest" or "decision"), computed_at(_s), the decision's
     version, mode, k, n, reason, flags, delta_source, a "terms" dict (keys of TERMS) and a "rule" dict:
     evaluated (False before the formulas ran: cold start or no cost model), verdict ("mb" | "eb" | None),
-    lhs_s_per_token, rhs_plus_delta_s_per_token, delta_flip_s_per_token and a one-line text.
+    lhs_s_per_token, rhs_plus_delta_s_per_token, delta_flip_s_per_token and a one-line text; a "window" dict:
+    the pool window the terms were fitted on (buckets, samples, running requests censored at its close and
+    truncated at its opening, whether it was re-based at a detected shift, the last shift) and its text.
     """
     use_latest = view.HasField("latest")
     decision = view.latest if use_latest else view.decision
@@ -64,6 +66,16 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     else:
         verdict = None
         text = f"not evaluated ({decision.reason or 'no computation yet'})"
+    shift = diag.last_shift if diag.HasField("last_shift") else None
+    window = {
+        "first_bucket": diag.window_first_bucket, "end_bucket": diag.pool_window_end_bucket,
+        "num_samples": diag.num_samples, "rebased": diag.window_rebased, "transient": diag.window_transient,
+        "num_censored": diag.num_censored, "num_truncated": diag.num_truncated, "num_shifts": diag.num_shifts,
+        "last_shift": None if shift is None else {
+            "start_bucket": shift.start_bucket, "detected_bucket": shift.detected_bucket,
+            "direction": "longer" if shift.direction > 0 else "shorter", "mean_ratio": shift.mean_ratio},
+    }
+    window["text"] = _window_text(window)
     return {
         "engine_id": view.engine_id,
         "pool": {"model": view.pool.model, "accelerator": view.pool.accelerator},
@@ -80,6 +92,7 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
         "delta_source": decision.delta_source,
         "advisory": decision.advisory,
         "terms": terms,
+        "window": window,
         "rule": {
             "evaluated": evaluated,
             "verdict": verdict,
@@ -91,12 +104,31 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     }
 
 
+def _window_text(window: dict[str, Any]) -> str:
+    if not window["end_bucket"]:
+        return "no pool window"
+    text = (f"{window['num_samples']} completions, buckets {window['first_bucket']}–{window['end_bucket']}"
+            if window["first_bucket"] else f"{window['num_samples']} completions up to bucket {window['end_bucket']}")
+    if window["num_censored"] or window["num_truncated"]:
+        text += f", running {window['num_censored']} at close / {window['num_truncated']} at opening"
+    shift = window["last_shift"]
+    if window["rebased"] and shift is not None:
+        text += (f"; re-based at bucket {shift['start_bucket']} after outputs got {shift['mean_ratio']:.2f}× "
+                 f"({shift['direction']}, detected at bucket {shift['detected_bucket']})")
+        if window["transient"]:
+            text += ", transient"
+    elif shift is not None:
+        text += f"; {window['num_shifts']} shift(s) detected, the last at bucket {shift['start_bucket']}"
+    return text
+
+
 def explain_rows(data: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     """The explain view as (SYMBOL, VALUE, UNIT, MEANING) rows for a table."""
     terms = data["terms"]
     rows: list[tuple[str, Any, str, str]] = [
         (symbol, terms[key], unit, meaning) for key, symbol, unit, meaning in TERMS
     ]
+    rows.append(("window", data["window"]["text"], "", "pool window the terms were fitted on"))
     rows.append(("rule", data["rule"]["text"], "", "MB when LHS < RHS + δ, else EB"))
     rows.append(("mode", data["mode"], "", f"in force (k={data['k']}, N={data['n']}); reason {data['reason']}"))
     rows.append(("δ source", data["delta_source"], "", "scope the margin comes from"))

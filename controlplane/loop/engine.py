@@ -187,8 +187,21 @@ class EngineLoop:
                                     trace_id="")
         message.trigger_traceparent = trigger
         if estimate is not None:
-            message.diagnostics.pool_window_end_bucket = estimate.end_bucket
-            message.diagnostics.cost_source = estimate.cost_source
+            diag = message.diagnostics
+            diag.pool_window_end_bucket = estimate.end_bucket
+            diag.cost_source = estimate.cost_source
+            diag.window_first_bucket = estimate.window_first_bucket or 0
+            diag.window_rebased = estimate.window_rebased
+            diag.window_transient = estimate.window_transient
+            diag.num_censored = estimate.num_censored
+            diag.num_truncated = estimate.num_truncated
+            diag.num_shifts = estimate.num_shifts
+            shift = estimate.last_shift
+            if shift is not None:
+                diag.last_shift.start_bucket = shift.start_bucket
+                diag.last_shift.detected_bucket = shift.detected_bucket
+                diag.last_shift.direction = shift.direction
+                diag.last_shift.mean_ratio = shift.mean_ratio
             if estimate.window_rebased:
                 message.flags.append(WINDOW_REBASED_FLAG)
         return message

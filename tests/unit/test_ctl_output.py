@@ -78,6 +78,25 @@ def test_explain_before_the_formulas_ran() -> None:
     assert data["terms"]["delta_flip_s_per_token"] is None
 
 
+def test_explain_shows_the_pool_window_and_its_last_shift() -> None:
+    rebased = view(lhs=1e-5, rhs=2e-6, delta=0.0, latest=False)
+    diag = rebased.decision.diagnostics
+    diag.num_samples, diag.pool_window_end_bucket, diag.window_first_bucket = 240, 130, 111
+    diag.window_rebased = diag.window_transient = True
+    diag.num_censored, diag.num_truncated, diag.num_shifts = 256, 250, 1
+    diag.last_shift.CopyFrom(common_pb2.PoolShift(start_bucket=111, detected_bucket=114, direction=1,
+                                                  mean_ratio=2.04))
+    window = explain(rebased)["window"]
+    assert window["rebased"] and window["last_shift"]["direction"] == "longer"
+    assert window["text"] == ("240 completions, buckets 111–130, running 256 at close / 250 at opening; re-based at "
+                              "bucket 111 after outputs got 2.04× (longer, detected at bucket 114), transient")
+    diag.window_rebased = False
+    assert explain(rebased)["window"]["text"].endswith("1 shift(s) detected, the last at bucket 111")
+    assert explain(view(lhs=1e-5, rhs=2e-6, delta=0.0, latest=False))["window"] == {
+        "first_bucket": 0, "end_bucket": 0, "num_samples": 0, "rebased": False, "transient": False, "num_censored": 0,
+        "num_truncated": 0, "num_shifts": 0, "last_shift": None, "text": "no pool window"}
+
+
 def test_report_escapes_what_it_is_given() -> None:
     engine_id = '<script>alert("x")</script>'
     page = render_report(

@@ -293,6 +293,11 @@ def test_a_decision_from_a_rebased_window_carries_the_flags() -> None:
     outcome = loop.decide(transient, intent=OperatorIntent(), now_s=200.0)
     assert outcome.decision.reason != "insufficient_data"
     assert WINDOW_REBASED_FLAG in loop.latest.flags and "hazard_shift_transient" in loop.latest.flags
+    diag = loop.latest.diagnostics  # the explain view's window
+    assert diag.window_rebased and diag.window_transient and diag.num_shifts == transient.num_shifts >= 1
+    assert diag.window_first_bucket == transient.window_first_bucket and diag.num_samples == transient.num_samples
+    assert diag.last_shift.start_bucket == transient.last_shift.start_bucket and diag.last_shift.direction == 1
+    assert diag.num_censored == transient.num_censored > 0
     steady = loop.decide(estimates[90], intent=OperatorIntent(), now_s=201.0)
     assert steady.decision.reason != "insufficient_data"
     assert WINDOW_REBASED_FLAG not in loop.latest.flags and "hazard_shift_transient" not in loop.latest.flags
