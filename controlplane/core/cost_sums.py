@@ -13,9 +13,10 @@ window a sum of time buckets and a fit O(1) in the number of steps. The models a
       a sub-block of the same sums — is used, as the sample-window estimator does)
 
 Bounds: the prefill and decode lines are bounded least squares (α ≥ MIN_ALPHA_S, β ≥ MIN_SLOPE), as in
-`cost_model`: from the sums alone, through the Cholesky factor L of the Gram matrix G = Σxxᵀ = LLᵀ, since
-‖Xb − y‖² = ‖Lᵀb − L⁻¹Σxy‖² + const; the bounded problem on (Lᵀ, L⁻¹Σxy) is solved by
-`scipy.optimize.lsq_linear`. The mixed fit is unbounded (the sign of its α_MB picks the additive model).
+`cost_model`: from the sums alone, since ‖Xb − y‖² = bᵀGb − 2bᵀΣxy + Σy² with G = Σxxᵀ; the bounded
+quadratic is solved exactly over the faces of the box (`_bounded_from_gram`, the same optimum as the
+sample-window estimator's `scipy.optimize.lsq_linear`). The mixed fit is unbounded (the sign of its α_MB
+picks the additive model).
 
 Outliers: sums cannot reject a sample after the fact, so `add_steps` takes a reference cost model and
 drops steps whose duration is beyond OUTLIER_RATIO× (or below 1/OUTLIER_RATIO of) its prediction before
@@ -98,18 +99,35 @@ class _PhaseSums:
 
 
 def _bounded_from_gram(gram: np.ndarray, xy: np.ndarray, lower: np.ndarray) -> np.ndarray | None:
-    """argmin bᵀ·gram·b − 2·bᵀ·xy subject to b ≥ lower, through gram = LLᵀ: ‖Lᵀb − L⁻¹xy‖² differs from the
-    objective by a constant. None when gram is not positive definite."""
-    # Imported here: scipy.optimize takes about half a second to import and is needed only when a bound binds.
-    from scipy.linalg import LinAlgError, cholesky, solve_triangular
-    from scipy.optimize import lsq_linear
+    """argmin bᵀ·gram·b − 2·bᵀ·xy subject to b ≥ lower (−inf: unbounded); None when gram is not positive
+    definite.
 
+    Exact, by faces of the box: the optimum of a strictly convex quadratic over the box is the stationary
+    point of the quadratic on the face it lies on (the variables at their bounds fixed, the others free),
+    so the feasible face stationary point with the least objective is the optimum. 2^n faces: n is 2 here
+    (a line's α and β). numpy only: the controller does not load scipy.optimize for it (40 MiB of RSS).
+    """
     try:
-        factor = cholesky(gram, lower=True)
-    except LinAlgError:
+        np.linalg.cholesky(gram)
+    except np.linalg.LinAlgError:
         return None
-    rhs = solve_triangular(factor, xy, lower=True)
-    return lsq_linear(factor.T, rhs, bounds=(lower, np.inf), method="bvls").x
+    n = xy.size
+    best, best_value = None, math.inf
+    for mask in range(1 << n):
+        fixed = [i for i in range(n) if mask >> i & 1]
+        if any(not math.isfinite(lower[i]) for i in fixed):
+            continue
+        free = [i for i in range(n) if not mask >> i & 1]
+        b = np.where(np.isfinite(lower), lower, 0.0).astype(np.float64)
+        if free:
+            rhs = xy[free] - gram[np.ix_(free, fixed)] @ b[fixed]
+            b[free] = np.linalg.solve(gram[np.ix_(free, free)], rhs)
+            if np.any(b[free] < lower[free]):
+                continue
+        value = float(b @ gram @ b - 2.0 * b @ xy)
+        if value < best_value:
+            best, best_value = b, value
+    return best
 
 
 @dataclass(frozen=True, slots=True)

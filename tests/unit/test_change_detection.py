@@ -177,10 +177,16 @@ def test_normal_quantile_matches_the_standard_library() -> None:
 
 
 def test_the_decision_loop_does_not_load_scipy() -> None:
-    """scipy.special and scipy.optimize cost a controller about 40 MiB of RSS; the loop needs neither."""
+    """scipy.special and scipy.optimize cost a controller about 40 MiB of RSS; the loop needs neither, not
+    even when a cost line's bound binds."""
     import subprocess
     import sys
-    code = ("import sys, controlplane.loop.pool_stats, controlplane.loop.engine; "
+    code = ("import sys, numpy as np, controlplane.loop.pool_stats, controlplane.loop.engine\n"
+            "from controlplane.core.cost_sums import CostSums, StepColumns\n"
+            "sums = CostSums()\n"  # decode steps whose line would have a negative intercept: a bound binds
+            "d = np.arange(1.0, 200.0)\n"
+            "sums.add_steps(StepColumns(np.zeros(d.size), d, d, np.maximum(1e-4, 1e-4 * d - 5e-3)))\n"
+            "sums.fit()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('scipy.special', 'scipy.optimize'))))")
     loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
     assert loaded == "[]"

@@ -378,3 +378,30 @@ def test_is_complete_means_no_fallback_is_consulted() -> None:
                     CostFit(prefill=linear(ALPHA_P, BETA_P), decode=linear(ALPHA_D, 0.0), mixed=linear(ALPHA_P, C0)),
                     CostFit(prefill=linear(ALPHA_P, BETA_P), decode=linear(ALPHA_D, BETA_D), mixed=linear(0.0, C0))):
         assert not partial.is_complete()
+
+
+def test_bounded_sums_fit_is_the_exact_box_constrained_optimum() -> None:
+    """`cost_sums` solves the bounded normal equations by faces of the box; scipy's BVLS on the same
+    problem (through the Cholesky factor) finds the same optimum."""
+    from scipy.optimize import lsq_linear
+
+    from controlplane.core.cost_sums import _bounded_from_gram
+
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n = 2 + trial % 2
+        design = rng.normal(size=(40, n))
+        design[:, 0] = 1.0
+        target = design @ rng.normal(size=n) + rng.normal(size=40)
+        gram, xy = design.T @ design, design.T @ target
+        lower = rng.normal(size=n)
+        if trial % 3 == 0:
+            lower[-1] = -np.inf
+        mine = _bounded_from_gram(gram, xy, lower)
+        factor = np.linalg.cholesky(gram)
+        reference = lsq_linear(factor.T, np.linalg.solve(factor, xy), bounds=(lower, np.inf), method="bvls").x
+        assert mine is not None and np.all(mine >= lower)
+        mine_value, reference_value = (float(b @ gram @ b - 2.0 * b @ xy) for b in (mine, reference))
+        assert mine_value <= reference_value + 1e-9 * max(1.0, abs(reference_value))
+        assert np.allclose(mine, reference, atol=1e-6)
+    assert _bounded_from_gram(np.array([[1.0, 2.0], [2.0, 1.0]]), np.ones(2), np.zeros(2)) is None  # indefinite
