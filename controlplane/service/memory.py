@@ -1,9 +1,10 @@
 """Process memory: returning freed heap to the operating system, and the garbage collector's pauses.
 
-Freed heap:
-CPython and numpy free an evicted engine's objects into the C allocator, which keeps the pages for reuse:
-after a churn of 100,000 engine ids the process's RSS stayed 15% above its baseline although no engine
-state was left. glibc's `malloc_trim(0)` hands the free pages back. Elsewhere (no glibc) this is a no-op.
+- Freed heap (`release_free_memory`): CPython and numpy free an evicted engine's objects into the C
+  allocator, which keeps the pages for reuse: after a churn of 100,000 engine ids the process's RSS stayed
+  15% above its baseline although no engine state was left. glibc's `malloc_trim(0)` hands the free pages
+  back. Elsewhere (no glibc) this is a no-op.
+- Collector pauses (`settle_garbage_collector`): see its docstring.
 """
 
 from __future__ import annotations
