@@ -55,6 +55,7 @@ _GAUGE_PERIOD_S = 1.0
 _TRIM_AFTER_EVICTIONS = 1000
 # The scheduler task calls `tick` this often (service/app.py).
 SCHEDULER_TICK_S = 0.25
+_KEEPALIVE_LEAD_S = 2 * SCHEDULER_TICK_S
 _RECENT_BUCKETS_REFETCHED = 3
 # A slow store must not hold a pool's estimate back: refresh from this replica's own buckets instead.
 _EXCHANGE_TIMEOUT_S = 0.5
@@ -467,8 +468,9 @@ class Controller:
                 continue
             if loop.is_due(now_s):
                 self._decide(record, now_s)
-            elif loop.keepalive_due(now_s + SCHEDULER_TICK_S):
-                # Sent at the last tick before it falls due, so no gap exceeds the keep-alive interval.
+            elif loop.keepalive_due(now_s + _KEEPALIVE_LEAD_S):
+                # Sent up to two ticks before it falls due: one tick of lead keeps the gap inside the
+                # keep-alive interval, the second absorbs a tick that runs late under load.
                 self._push(record, loop.current, now_s)
             if gauges:
                 age = now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0
