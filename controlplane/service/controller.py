@@ -305,7 +305,8 @@ class Controller:
         if not loop.excluded_from_pool:
             self._add_to_pool(pool, now_s, prompts, outputs,
                               StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests,
-                                          batch.duration_s), engine_id=session.engine_id, batch=batch)
+                                          batch.duration_s), engine_id=session.engine_id,
+                              running=(batch.running_lengths, batch.running_counts))
         self._batches_accepted.inc()
         self._completions_accepted.inc(batch.output_tokens.size)
         self._steps_accepted.inc(batch.duration_s.size)
@@ -315,10 +316,11 @@ class Controller:
             self._decide(record, now_s, trigger_traceparent=batch.traceparent)
 
     def _add_to_pool(self, pool: PoolRecord, now_s: float, prompts: np.ndarray, outputs: np.ndarray,
-                     steps: StepColumns | None, *, engine_id: str = "", batch: ValidatedBatch | None = None) -> None:
+                     steps: StepColumns | None, *, engine_id: str = "",
+                     running: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        lengths, counts = running if running is not None else (None, None)
         closed = pool.stats.add(now_s, prompts=prompts, outputs=outputs, steps=steps, engine_id=engine_id,
-                                running_lengths=batch.running_lengths if batch is not None else None,
-                                running_counts=batch.running_counts if batch is not None else None)
+                                running_lengths=lengths, running_counts=counts)
         if closed is not None:
             pool.unpublished.append((closed[1], closed[0]))
 
@@ -382,7 +384,7 @@ class Controller:
         elif result == "rejected":
             logger.warning("engine %s rejected decision %d: %s", session.engine_id, version, reason[:128])
         else:
-            self._set_engine_gauges(record.loop)
+            self._set_acked_gauge(record.loop)
 
     # ---- deciding ----
 
@@ -436,10 +438,18 @@ class Controller:
         m.engine_budget_cap.labels(*labels).set(d.budget.b_cap_tokens)
         m.engine_delta.labels(*labels).set(d.delta_s_per_token)
         epoch, sequence = split_version(d.version)
-        acked_epoch, acked_sequence = split_version(loop.acked_version)
         m.engine_epoch.labels(*labels).set(epoch)
         m.engine_sequence.labels(*labels).set(sequence)
-        m.engine_acked_sequence.labels(*labels).set(acked_sequence if acked_epoch == epoch else -1)
+        self._set_acked_gauge(loop)
+
+    def _set_acked_gauge(self, loop: EngineLoop) -> None:
+        """The acked version's sequence within the epoch of the decision in force (-1: none acked in it)."""
+        if loop.current is None:
+            return
+        epoch = split_version(loop.current.version)[0]
+        acked_epoch, acked_sequence = split_version(loop.acked_version)
+        self._metrics.engine_acked_sequence.labels(loop.hello.engine_id, loop.hello.pool_key).set(
+            acked_sequence if acked_epoch == epoch else -1)
 
     def redecide_all(self) -> None:
         """Re-decide every connected engine now (after an override or calibration change)."""
