@@ -15,6 +15,7 @@ No I/O, no clock: every method takes `now_s`.
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,6 +129,16 @@ class EngineLoop:
     def keepalive_due(self, now_s: float) -> bool:
         return self.current is not None and now_s - self.last_sent_s >= self.config.keepalive_s
 
+    def _dephase(self, now_s: float) -> None:
+        """Start the engine's recompute cycle at its own phase, so that engines that connect together and
+        complete at the same rate (a fleet restarted behind one load balancer) do not all become due on the
+        same batch: the first recompute after the first decision comes after a fraction f of
+        `recompute_completions` and of `interval_s` fewer, f in [0, 1) fixed per engine id (a hash, the
+        same in every replica and in the twin). Later cycles are full length and keep the phase."""
+        fraction = zlib.crc32(self.hello.engine_id.encode()) / 2.0**32
+        self.completions_since_decision = int(fraction * self.config.recompute_completions)
+        self.last_decided_s = now_s - fraction * self.config.interval_s
+
     # ---- deciding ----
 
     def decide(self, estimate: PoolEstimate | None, *, intent: OperatorIntent, now_s: float,
@@ -150,6 +161,8 @@ class EngineLoop:
         )
         self.last_decided_s = now_s
         self.completions_since_decision = 0
+        if self.current is None:
+            self._dephase(now_s)
         self.preemptions_since_decision = 0
         self._latest = (decision, now_s, trigger_traceparent, estimate)
         self._latest_message = None

@@ -16,16 +16,17 @@ EMPTY = np.zeros(0)
 INTENT = OperatorIntent()
 
 
-def _batch(seq: int, preemptions: int = 0, *, running: int | None = 4) -> ValidatedBatch:
-    return ValidatedBatch(seq=seq, prompt_tokens=EMPTY, output_tokens=EMPTY, prefill_tokens=EMPTY,
+def _batch(seq: int, preemptions: int = 0, *, running: int | None = 4, completions: int = 0) -> ValidatedBatch:
+    outputs = np.full(completions, 100.0)
+    return ValidatedBatch(seq=seq, prompt_tokens=outputs, output_tokens=outputs, prefill_tokens=EMPTY,
                           decode_tokens=EMPTY, decode_requests=EMPTY, duration_s=EMPTY, num_aborted=0, num_dropped=0,
                           kv_used_tokens=0, kv_total_tokens=1000, num_running=running, num_waiting=0,
                           num_preemptions=preemptions, num_events_dropped=0, traceparent="",
                           running_lengths=EMPTY.astype(np.int64), running_counts=EMPTY.astype(np.int64))
 
 
-def _loop(epoch: int = 0) -> EngineLoop:
-    hello = EngineHello(engine_id="e", model="m", accelerator="a", vllm_version="0", agent_version="0",
+def _loop(epoch: int = 0, *, engine_id: str = "e") -> EngineLoop:
+    hello = EngineHello(engine_id=engine_id, model="m", accelerator="a", vllm_version="0", agent_version="0",
                         limits=EngineLimits(max_num_seqs=8, max_num_batched_tokens=64, kv_capacity_tokens=1000,
                                             max_model_len_tokens=512),
                         block_size_tokens=16)
@@ -100,3 +101,39 @@ def test_latest_computation_is_kept_when_the_instruction_does_not_change() -> No
     assert not again.changed
     assert loop.latest_computed_at_s == 7.0 and loop.latest.decided_at_s == 7.0
     assert loop.latest.version == loop.version
+
+
+def _due_batches(loop: EngineLoop, num_batches: int, *, completions: int) -> list[int]:
+    """Feed one batch per second after a first decision at 0 s; the batches at which the loop was due."""
+    loop.decide(None, intent=INTENT, now_s=0.0, force_push=True)
+    due = []
+    for seq in range(1, num_batches + 1):
+        loop.on_batch(_batch(seq, completions=completions), now_s=float(seq))
+        if loop.is_due(float(seq)):
+            due.append(seq)
+            loop.decide(None, intent=INTENT, now_s=float(seq))
+    return due
+
+
+def test_engines_that_connect_together_recompute_at_their_own_phase() -> None:
+    # 1,000 engines connected at once, each completing 64 per one-second batch (a recompute every 256):
+    # without a per-engine phase all would be due on the same batch, and a fleet-wide burst of decisions,
+    # pushes and ACKs would follow every fourth second.
+    first_due = [_due_batches(_loop(engine_id=f"engine-{i}"), 4, completions=64)[0] for i in range(1000)]
+    spread = np.bincount(first_due, minlength=5)[1:]
+    assert spread.sum() == 1000 and spread.min() > 180, spread  # about 250 per batch
+    # The phase is a function of the engine id (every replica and the twin agree), and later cycles are
+    # full length: one recompute every 256 completions.
+    due = _due_batches(_loop(engine_id="engine-7"), 40, completions=64)
+    assert due == _due_batches(_loop(engine_id="engine-7"), 40, completions=64)
+    assert np.all(np.diff(due) == 4)
+
+
+def test_the_interval_recompute_is_phased_too() -> None:
+    # Engines with no completions recompute every interval_s, each at its own offset from the first.
+    first_due = [_due_batches(_loop(engine_id=f"engine-{i}"), 2 * int(LOOP.interval_s), completions=0)
+                 for i in range(200)]
+    offsets = {due[0] for due in first_due}
+    assert len(offsets) == int(LOOP.interval_s)  # every one-second slot of the interval is used
+    for due in first_due:
+        assert due[1] - due[0] == int(LOOP.interval_s)
