@@ -10,10 +10,15 @@ pool estimates, and with them k and N, keep changing and decisions keep being pu
 
 The controllers run as separate processes (`controlplane serve`) on one redis-server started here, with
 the pool's calibration put first (EB/MB decisions from the first completions). Printed per scenario:
-events/s and batches/s accepted (the controller's own counters), p50/p99/max batch → decision latency,
+events/s and batches/s accepted (the controller's own counters), p50/p99/max batch → decision latency
+(and the part of it up to the decision's `decided_at_s`, which tells the controller's share from the
+push and the generator's own read),
 streams never decided (no decision at all; no batch-triggered decision), controller CPU (cores) and RSS,
 the generator's own CPU, Redis commands/s; for several replicas, whether decisions computed from the same
 pool window carry identical pool terms (p0, η, μ_L, μ_O, θ0, samples) on every replica.
+
+Workers (`--workers N`: one `controlplane serve --workers N`, its processes sharing one port) show as
+"1xN" in the repl column; the default run ends with 1,000 and 2,000 streams on 2 workers.
 
     .venv/bin/python benchmarks/controller_load.py                      # 100, 1,000, 2,000 streams, 2 × 1,000
     .venv/bin/python benchmarks/controller_load.py --streams 300 --duration-s 20
@@ -29,6 +34,7 @@ import os
 import re
 import resource
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -100,7 +106,8 @@ def _heavy_variants(completions: int, steps: int, seed: int = 7) -> list[bytes]:
 
 def _message(heavy: bytes, *, stream: int, seq: int) -> bytes:
     traceparent = f"00-{'ab' * 16}-{stream:08x}{seq:08x}-01".encode()
-    inner = heavy + b"\x08" + _varint(seq) + b"\x4a" + _varint(len(traceparent)) + traceparent
+    inner = (heavy + b"\x08" + _varint(seq) + b"\x4a" + _varint(len(traceparent)) + traceparent
+             + b"\x41" + struct.pack("<d", time.time()))  # sent_at_s (field 8, fixed64): the last value wins
     return b"\x12" + _varint(len(inner)) + inner
 
 
@@ -119,8 +126,9 @@ def _ack(version: int) -> bytes:
 
 @dataclass
 class Results:
-    sent_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    sent_at: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)  # (monotonic, wall)
     latencies_s: list[float] = field(default_factory=list)
+    to_decided_s: list[float] = field(default_factory=list)  # batch sent → the controller's decided_at_s
     decided: set[int] = field(default_factory=set)
     triggered: set[int] = field(default_factory=set)
     by_bucket: dict[int, set[tuple]] = field(default_factory=lambda: defaultdict(set))
@@ -149,8 +157,9 @@ async def _stream(channel: grpc.aio.Channel, stream: int, variants: list[bytes],
             if match:
                 key = (int(match.group(1), 16), int(match.group(2), 16))
                 sent = results.sent_at.pop(key, None)
-                if sent is not None and sent >= measure_from:
-                    results.latencies_s.append(now - sent)
+                if sent is not None and sent[0] >= measure_from:
+                    results.latencies_s.append(now - sent[0])
+                    results.to_decided_s.append(decision.decided_at_s - sent[1])
                     results.triggered.add(stream)
 
     await call.write(_hello(stream))
@@ -163,7 +172,7 @@ async def _stream(channel: grpc.aio.Channel, stream: int, variants: list[bytes],
             seq += 1
             variant = int(time.time() / (DRIFT_PERIOD_S / NUM_VARIANTS)) % NUM_VARIANTS
             payload = _message(variants[variant], stream=stream, seq=seq)
-            results.sent_at[(stream, seq)] = time.monotonic()
+            results.sent_at[(stream, seq)] = (time.monotonic(), time.time())
             async with send_lock:
                 await call.write(payload)
             next_s += 1.0
@@ -205,17 +214,51 @@ def _accepted(metrics_port: int) -> tuple[float, float]:
     return events, batches
 
 
-def _start_controller(redis_url: str, name: str, tmp: Path) -> tuple[subprocess.Popen, int, int]:
-    port, metrics_port = _free_port(), _free_port()
+def _free_ports(count: int) -> int:
+    """The first of `count` consecutive free loopback ports."""
+    while True:
+        first = _free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of `pid` (the workers of `serve --workers N`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def _start_controller(redis_url: str, name: str, tmp: Path, *,
+                      workers: int = 1) -> tuple[subprocess.Popen, list[tuple[int, int, int]]]:
+    """`controlplane serve` (with `workers` processes on one port); returns the process and, per controller
+    process, (pid, port, metrics port)."""
+    port, metrics_port = _free_port(), _free_ports(workers)
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen(
         [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url", redis_url,
-         "--controller-id", name, "--metrics-port", str(metrics_port), "--log-level", "WARNING"],
+         "--controller-id", name, "--metrics-port", str(metrics_port), "--log-level", "WARNING",
+         "--workers", str(workers)],
         stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return process, port, metrics_port
+        with contextlib.suppress(OSError):
+            for i in range(workers):
+                socket.create_connection(("127.0.0.1", metrics_port + i), timeout=0.2).close()
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            pids = _children(process.pid) if workers > 1 else [process.pid]
+            if len(pids) == workers:
+                return process, [(pid, port, metrics_port + i) for i, pid in enumerate(sorted(pids))]
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"controller {name} did not listen; see {tmp / (name + '.log')}")
@@ -229,14 +272,15 @@ async def _put_calibration(port: int) -> None:
 
 
 async def _drive(ports: list[int], num_streams: int, variants: list[bytes], duration_s: float, warmup_s: float,
-                 results: Results) -> None:
-    # Channels alternate between the replicas, so the streams (and one pool's engines) split evenly.
+                 results: Results, *, streams_per_channel: int = STREAMS_PER_CHANNEL) -> None:
+    # Channels alternate between the replicas, so the streams (and one pool's engines) split evenly; each
+    # channel is its own TCP connection (workers on one port get the connections the kernel gives them).
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{ports[i % len(ports)]}",
                                           options=[("grpc.use_local_subchannel_pool", 1)])
-                for i in range(math.ceil(num_streams / STREAMS_PER_CHANNEL))]
+                for i in range(math.ceil(num_streams / streams_per_channel))]
     start = time.monotonic()
     stop_at = start + warmup_s + duration_s
-    tasks = [asyncio.create_task(_stream(channels[i // STREAMS_PER_CHANNEL], i, variants, results, stop_at,
+    tasks = [asyncio.create_task(_stream(channels[i // streams_per_channel], i, variants, results, stop_at,
                                          start + warmup_s)) for i in range(num_streams)]
     await asyncio.gather(*tasks, return_exceptions=True)
     for channel in channels:
@@ -244,11 +288,13 @@ async def _drive(ports: list[int], num_streams: int, variants: list[bytes], dura
 
 
 def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s: float, completions: int,
-                 steps: int, rss_every_s: float = 10.0) -> dict[str, object]:
+                 steps: int, rss_every_s: float = 10.0, workers: int = 1) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as raw:
         tmp = Path(raw)
         redis_url, server = start_redis_on_free_port(tmp)
-        controllers = [_start_controller(redis_url, f"replica-{i}", tmp) for i in range(replicas)]
+        started = [_start_controller(redis_url, f"replica-{i}", tmp, workers=workers) for i in range(replicas)]
+        processes = [process for process, _ in started]
+        controllers = [c for _, per_process in started for c in per_process]  # (pid, port, metrics port)
         try:
             asyncio.run(_put_calibration(controllers[0][1]))
             variants = _heavy_variants(completions, steps)
@@ -256,16 +302,26 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
             r = redis.Redis.from_url(redis_url)
             rss_samples: list[float] = []
             connected: list[float] = []
-            pids = [c[0].pid for c in controllers]
+            scrape_s: list[float] = []
+            pids = [c[0] for c in controllers]
             gen_cpu0 = resource.getrusage(resource.RUSAGE_SELF)
             wall0 = time.monotonic()
 
             async def main() -> tuple[list[float], list[tuple[float, float]], float, float]:
-                driver = asyncio.create_task(_drive([c[1] for c in controllers], num_streams, variants, duration_s,
-                                                    warmup_s, results))
-                await asyncio.sleep(warmup_s)
+                # Workers share a port: more, smaller channels spread the streams evenly over them.
+                measure_at = time.monotonic() + warmup_s
+                driver = asyncio.create_task(_drive(sorted({c[1] for c in controllers}), num_streams, variants,
+                                                    duration_s, warmup_s, results,
+                                                    streams_per_channel=10 if workers > 1 else STREAMS_PER_CHANNEL))
+                # The accepted-events counters are scraped outside the latency window (2 s before it and after
+                # the streams stopped): at 1,000 engines a scrape takes the controller ~0.1-0.2 s of CPU, which
+                # a load generator that scrapes nothing would not see. The scrape under load is timed instead.
+                await asyncio.sleep(max(0.0, warmup_s - 2.0))
+                scrape_at = time.monotonic()
+                acc0 = await asyncio.gather(*(asyncio.to_thread(_accepted, c[2]) for c in controllers))
+                scrape_s.append(time.monotonic() - scrape_at)
+                await asyncio.sleep(max(0.0, measure_at - time.monotonic()))
                 cpu0 = [_proc_cpu_s(p) for p in pids]
-                acc0 = [_accepted(c[2]) for c in controllers]
                 cmds0 = float(r.info("stats")["total_commands_processed"])
                 t0 = time.monotonic()
                 while time.monotonic() - t0 < duration_s:  # RSS sampled over the run (a soak shows growth)
@@ -273,12 +329,15 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
                     rss_samples.append(max(_proc_rss_mib(p) for p in pids))
                 elapsed = time.monotonic() - t0
                 cpu = [(_proc_cpu_s(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
-                acc = [tuple((b - a) / elapsed for a, b in zip(a0, _accepted(c[2]), strict=True))
-                       for a0, c in zip(acc0, controllers, strict=True)]
                 cmds = (float(r.info("stats")["total_commands_processed"]) - cmds0) / elapsed
                 rss = max(_proc_rss_mib(p) for p in pids)
-                connected.append(sum(_connected(c[2]) for c in controllers))
+                # The streams stop sending now: what follows is outside the window.
+                connected.append(sum(await asyncio.gather(*(asyncio.to_thread(_connected, c[2]) for c in controllers))))
                 await driver
+                acc1 = await asyncio.gather(*(asyncio.to_thread(_accepted, c[2]) for c in controllers))
+                counted_s = measure_at + duration_s - scrape_at
+                acc = [tuple((b - a) / counted_s for a, b in zip(a0, a1, strict=True))
+                       for a0, a1 in zip(acc0, acc1, strict=True)]
                 return cpu, acc, cmds, rss
 
             cpu, acc, cmds, rss = asyncio.run(main())
@@ -286,20 +345,23 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
             gen_cpu1 = resource.getrusage(resource.RUSAGE_SELF)
             gen_cores = (gen_cpu1.ru_utime + gen_cpu1.ru_stime - gen_cpu0.ru_utime - gen_cpu0.ru_stime) / wall
         finally:
-            for process, _, _ in controllers:
+            for process in processes:
                 process.terminate()
-            for process, _, _ in controllers:
+            for process in processes:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=10)
+                    process.wait(timeout=30)
             server.stop()
     lat = np.array(results.latencies_s) * 1000.0
+    to_decided = np.array(results.to_decided_s) * 1000.0
     disagreeing = sum(1 for terms in results.by_bucket.values() if len(terms) > 1)
     return {
-        "streams": num_streams, "replicas": replicas,
+        "streams": num_streams, "replicas": replicas, "workers": workers,
         "events_per_s": sum(a[0] for a in acc), "batches_per_s": sum(a[1] for a in acc),
         "p50_ms": float(np.percentile(lat, 50)) if lat.size else math.nan,
         "p99_ms": float(np.percentile(lat, 99)) if lat.size else math.nan,
         "max_ms": float(lat.max()) if lat.size else math.nan, "num_latencies": int(lat.size),
+        "to_decided_p50_ms": float(np.percentile(to_decided, 50)) if to_decided.size else math.nan,
+        "to_decided_p99_ms": float(np.percentile(to_decided, 99)) if to_decided.size else math.nan,
         "never_decided": num_streams - len(results.decided),
         "never_triggered": num_streams - len(results.triggered),
         "controller_cores": cpu, "controller_rss_mib": rss, "generator_cores": gen_cores,
@@ -308,6 +370,7 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
         "rss_samples_mib": rss_samples,
         "undecided_ids": sorted(set(range(num_streams)) - results.decided),
         "connected_at_end": connected[0] if connected else math.nan,
+        "scrape_ms": 1000.0 * scrape_s[0] if scrape_s else math.nan,
     }
 
 
@@ -315,6 +378,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, action="append", help="stream counts (default 100, 1000, 2000)")
     parser.add_argument("--replicas", type=int, default=1, help="controller processes for --streams runs")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="`serve --workers N` per replica: N processes sharing one port")
     parser.add_argument("--duration-s", type=float, default=30.0, help="measured seconds per scenario")
     parser.add_argument("--warmup-s", type=float, default=10.0, help="seconds before measuring")
     parser.add_argument("--completions", type=int, default=64, help="completions per batch")
@@ -322,21 +387,27 @@ def main() -> None:
     parser.add_argument("--rss-every-s", type=float, default=10.0,
                         help="sample the controllers' RSS this often while measuring (soak: --duration-s 600)")
     args = parser.parse_args()
-    scenarios = [(n, args.replicas) for n in args.streams] if args.streams else \
-        [(100, 1), (1000, 1), (2000, 1), (1000, 2)]
+    scenarios = [(n, args.replicas, args.workers) for n in args.streams] if args.streams else \
+        [(100, 1, 1), (1000, 1, 1), (2000, 1, 1), (1000, 2, 1), (1000, 1, 2), (2000, 1, 2)]
     header = (f"{'streams':>7} {'repl':>4} {'events/s':>10} {'batches/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
               f"{'max ms':>8} {'undecided':>9} {'untrig':>6} {'ctl cores':>10} {'RSS MiB':>8} {'gen cores':>9} "
               f"{'redis cmd/s':>11} {'agree':>9}")
     print(header)
-    for streams, replicas in scenarios:
+    for streams, replicas, workers in scenarios:
         row = run_scenario(streams, replicas=replicas, duration_s=args.duration_s, warmup_s=args.warmup_s,
-                           completions=args.completions, steps=args.steps, rss_every_s=args.rss_every_s)
+                           completions=args.completions, steps=args.steps, rss_every_s=args.rss_every_s,
+                           workers=workers)
         cores = "+".join(f"{c:.2f}" for c in row["controller_cores"])
         agree = f"{row['buckets_compared'] - row['buckets_disagreeing']}/{row['buckets_compared']}"
-        print(f"{streams:>7} {replicas:>4} {row['events_per_s']:>10.0f} {row['batches_per_s']:>9.0f} "
+        processes = f"{replicas}x{workers}" if workers > 1 else str(replicas)
+        print(f"{streams:>7} {processes:>4} {row['events_per_s']:>10.0f} {row['batches_per_s']:>9.0f} "
               f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {row['max_ms']:>8.1f} {row['never_decided']:>9} "
               f"{row['never_triggered']:>6} {cores:>10} {row['controller_rss_mib']:>8.0f} "
               f"{row['generator_cores']:>9.2f} {row['redis_cmds_per_s']:>11.0f} {agree:>9}", flush=True)
+        print(f"        of which batch sent → decided at the controller (its wall clock): "
+              f"p50 {row['to_decided_p50_ms']:.1f} ms, p99 {row['to_decided_p99_ms']:.1f} ms; the rest is the push "
+              f"and the generator's own read; a /metrics scrape under this load (outside the window) took "
+              f"{row['scrape_ms']:.0f} ms", flush=True)
         samples = row["rss_samples_mib"]
         if len(samples) >= 2:
             print(f"        RSS MiB over the run: first {samples[0]:.0f}, min {min(samples):.0f}, "
