@@ -15,10 +15,12 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from collections.abc import Mapping
 
 from controlplane.cli.settings import SettingsError, default_data_dir, parse_scopes, parse_tokens
 from controlplane.cli.settings_flags import add_settings_arguments, resolve_from_args
+from controlplane.cli.workers import check_workers, run_workers
 from controlplane.observability.tracing import create_tracer_provider, tracing_settings_from_env
 from controlplane.service.app import ControllerApp
 from controlplane.service.config import ControllerConfig
@@ -57,6 +59,14 @@ async def serve_until_signalled(app: ControllerApp) -> None:
         await stop.wait()
 
 
+def _serve_args() -> list[str]:
+    """This command's arguments from `serve` on, for the workers' command lines."""
+    try:
+        return sys.argv[sys.argv.index("serve"):]
+    except ValueError:
+        raise SystemExit("--workers > 1 needs `controlplane serve` on the command line") from None
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         resolved = resolve_from_args(args, os.environ)
@@ -64,6 +74,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except SettingsError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=resolved.settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = resolved.settings
+    if settings.workers > 1:
+        try:
+            check_workers(settings.workers, port=config.port, metrics_port=config.metrics_port)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return run_workers(_serve_args(), workers=settings.workers, controller_id=config.controller_id,
+                           redis_url=config.redis_url, data_dir=config.data_dir, metrics_port=config.metrics_port)
     provider = create_tracer_provider(tracing_settings_from_env(os.environ))
     asyncio.run(serve_until_signalled(ControllerApp(config, tracer_provider=provider)))
     return 0

@@ -132,6 +132,9 @@ class ControllerSettings(BaseSettings):
     registry_ttl_s: float = _setting(_SERVER["registry_ttl_s"], section="server", gt=0.0,
                                      doc="lifetime of this replica's registry entries, s",
                                      note="renewed every third of it")
+    workers: int = _setting(1, section="server", ge=1, le=64, rule="> 1 needs a fixed port",
+                            doc="controller processes on this host sharing the gRPC port, replicas of one another "
+                            "(worker i: controller_id-w<i>, /metrics on metrics_port + i)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = _setting(
         "INFO", section="server", doc="logging level")
     # store

@@ -8,8 +8,14 @@ Numeric codes: `cp_engine_mode` is 1 = MB, 2 = EB, 3 = PASSTHROUGH (0: no decisi
 from __future__ import annotations
 
 import contextlib
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from controlplane.observability.engine_series import EngineSeries
 
 ENGINE_LABELS = ("engine_id", "pool")
 
@@ -42,30 +48,9 @@ class ControllerMetrics:
         )
         self.acks = Counter("cp_decision_acks_total", "Decision acknowledgements by result "
                             "(applied, rejected, unknown_version)", ["result"], registry=r)
-        # ---- per engine (bounded: removed on eviction) ----
-        self.engine_mode = Gauge("cp_engine_mode", "Mode in force: 1 MB, 2 EB, 3 PASSTHROUGH", ENGINE_LABELS,
-                                 registry=r)
-        self.engine_k = Gauge("cp_engine_k", "EB phase-switch threshold k in force, requests", ENGINE_LABELS,
-                              registry=r)
-        self.engine_n = Gauge("cp_engine_n", "Admission cap N in force, requests", ENGINE_LABELS, registry=r)
-        self.engine_budget_max = Gauge("cp_engine_budget_max_tokens", "P-PAS B_max in force, tokens", ENGINE_LABELS,
-                                       registry=r)
-        self.engine_budget_cap = Gauge("cp_engine_budget_cap_tokens", "P-PAS B_cap in force, tokens", ENGINE_LABELS,
-                                       registry=r)
-        self.engine_delta = Gauge("cp_engine_delta_s_per_token", "Operator margin δ in force, s/token",
-                                  ENGINE_LABELS, registry=r)
-        # Versions are epoch · 10^9 + sequence, and epochs are floored at the clock's seconds, so a version is
-        # above 2^53 and no float (a Prometheus sample) holds it exactly: export its parts.
-        self.engine_epoch = Gauge("cp_engine_decision_epoch", "Epoch of the version of the decision in force",
-                                  ENGINE_LABELS, registry=r)
-        self.engine_sequence = Gauge("cp_engine_decision_sequence", "Sequence, within its epoch, of the version of "
-                                     "the decision in force", ENGINE_LABELS, registry=r)
-        self.engine_acked_sequence = Gauge("cp_engine_acked_sequence", "Sequence of the latest version the agent "
-                                           "applied, within the epoch of the decision in force (-1: none applied in "
-                                           "that epoch yet)", ENGINE_LABELS, registry=r)
-        self.engine_telemetry_age = Gauge("cp_engine_telemetry_age_seconds",
-                                          "Seconds since the engine's latest telemetry batch", ENGINE_LABELS,
-                                          registry=r)
+        # ---- per engine (bounded: removed on eviction): one table, see engine_series.py ----
+        self.engine_series = EngineSeries()
+        r.register(self.engine_series)
         self.stale_engines = Gauge("cp_stale_engines", "Connected engines whose telemetry is older than the "
                                    "stale threshold", registry=r)
         # ---- per pool ----
@@ -101,13 +86,9 @@ class ControllerMetrics:
         self.loop_restarts = Counter("cp_background_loop_restarts_total", "Background loops restarted after an "
                                      "error", ["loop"], registry=r)
 
-    def forget_engine(self, engine_id: str, pool: str) -> None:
+    def forget_engine(self, engine_id: str) -> None:
         """Remove an evicted engine's series (keeps the label set bounded)."""
-        for gauge in (self.engine_mode, self.engine_k, self.engine_n, self.engine_budget_max, self.engine_budget_cap,
-                      self.engine_delta, self.engine_epoch, self.engine_sequence, self.engine_acked_sequence,
-                      self.engine_telemetry_age):
-            with contextlib.suppress(KeyError):
-                gauge.remove(engine_id, pool)
+        self.engine_series.forget(engine_id)
 
     def forget_pool(self, pool: str) -> None:
         """Remove a forgotten pool's series."""
@@ -116,6 +97,36 @@ class ControllerMetrics:
             with contextlib.suppress(KeyError):
                 gauge.remove(pool)
 
-    def serve(self, port: int, *, addr: str = "127.0.0.1") -> None:
-        """Expose /metrics on addr:port (a daemon thread)."""
-        start_http_server(port, addr=addr, registry=self.registry)
+    def exposition(self) -> bytes:
+        """Every series in the Prometheus text format: the registry's, with the per-engine table rendered
+        by its own fast path."""
+        with self.engine_series.skipped():
+            general = generate_latest(self.registry)
+        return general + self.engine_series.render_text().encode()
+
+    def serve(self, port: int, *, addr: str = "127.0.0.1") -> ThreadingHTTPServer:
+        """Expose `exposition()` over HTTP on addr:port (any path, GET) from daemon threads."""
+        return serve_metrics(self.exposition, port=port, addr=addr)
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = self.server.render()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # one line per scrape is noise
+
+
+def serve_metrics(render: Callable[[], bytes], *, port: int, addr: str) -> ThreadingHTTPServer:
+    """Serve `render()` on addr:port (IPv4 or IPv6) in a daemon thread; returns the server (shutdown() stops it)."""
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("MetricsServer", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
+    server = server_class((addr, port), _MetricsHandler)
+    server.render = render  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

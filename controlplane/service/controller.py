@@ -30,11 +30,13 @@ from controlplane.loop.codec import calibration_to_cost_model, cost_model_to_cal
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.pool_stats import BucketStats, PoolEstimate, PoolStatistics
+from controlplane.observability.engine_series import COLUMN
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
 from controlplane.protocol import MODE_CODES, VERSION_EPOCH_FACTOR, split_version
 from controlplane.service.config import ControllerConfig
 from controlplane.service.epochs import EpochReserver
+from controlplane.service.fleet_view import registry_fields
 from controlplane.service.memory import release_free_memory
 from controlplane.service.sessions import Session, StreamRefusedError, check_engine_allowed, resolve_takeover
 from controlplane.service.writer import DecisionWriter
@@ -42,6 +44,9 @@ from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
 from controlplane.store.records import record_json
 
 logger = logging.getLogger(__name__)
+# Columns of the per-engine metrics table.
+_MODE, _SEQUENCE = COLUMN["cp_engine_mode"], COLUMN["cp_engine_decision_sequence"]
+_ACKED_SEQUENCE, _TELEMETRY_AGE = COLUMN["cp_engine_acked_sequence"], COLUMN["cp_engine_telemetry_age_seconds"]
 _EPOCH_TIMEOUT_S = 1.0
 _OUTLIER_BLOCK = 256
 _OUTLIER_Z = 8.0
@@ -87,7 +92,6 @@ class EngineRecord:
     # Probation: an engine's completions wait here until its first block is judged (not an outlier), so a
     # poisoning engine never reaches the pool statistics, even if it changes its id every block.
     probation: list[tuple[np.ndarray, np.ndarray]] | None = field(default_factory=list)
-    age_gauge: object | None = None  # the engine's telemetry-age gauge child, resolved once
 
 
 @dataclass(eq=False)
@@ -130,6 +134,10 @@ class Controller:
         self._completions_accepted = metrics.events.labels(kind="completion", result="accepted")
         self._steps_accepted = metrics.events.labels(kind="step", result="accepted")
         self._events_dropped = metrics.events.labels(kind="any", result="dropped")
+
+    @property
+    def controller_id(self) -> str:
+        return self._config.controller_id
 
     def now_s(self) -> float:
         """The controller clock (Unix seconds)."""
@@ -429,17 +437,10 @@ class Controller:
         d = loop.current
         if d is None:
             return
-        labels = (loop.hello.engine_id, loop.hello.pool_key)
-        m = self._metrics
-        m.engine_mode.labels(*labels).set(MODE_CODES.get(d.mode, 0))
-        m.engine_k.labels(*labels).set(d.k)
-        m.engine_n.labels(*labels).set(d.n)
-        m.engine_budget_max.labels(*labels).set(d.budget.b_max_tokens)
-        m.engine_budget_cap.labels(*labels).set(d.budget.b_cap_tokens)
-        m.engine_delta.labels(*labels).set(d.delta_s_per_token)
         epoch, sequence = split_version(d.version)
-        m.engine_epoch.labels(*labels).set(epoch)
-        m.engine_sequence.labels(*labels).set(sequence)
+        row = self._metrics.engine_series.row(loop.hello.engine_id, loop.hello.pool_key)
+        row[_MODE:_SEQUENCE + 1] = (MODE_CODES.get(d.mode, 0), d.k, d.n, d.budget.b_max_tokens, d.budget.b_cap_tokens,
+                                    d.delta_s_per_token, epoch, sequence)
         self._set_acked_gauge(loop)
 
     def _set_acked_gauge(self, loop: EngineLoop) -> None:
@@ -448,7 +449,7 @@ class Controller:
             return
         epoch = split_version(loop.current.version)[0]
         acked_epoch, acked_sequence = split_version(loop.acked_version)
-        self._metrics.engine_acked_sequence.labels(loop.hello.engine_id, loop.hello.pool_key).set(
+        self._metrics.engine_series.row(loop.hello.engine_id, loop.hello.pool_key)[_ACKED_SEQUENCE] = (
             acked_sequence if acked_epoch == epoch else -1)
 
     def redecide_all(self) -> None:
@@ -484,9 +485,7 @@ class Controller:
                 self._push(record, loop.current, now_s)
             if gauges:
                 age = now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0
-                if record.age_gauge is None:
-                    record.age_gauge = self._metrics.engine_telemetry_age.labels(engine_id, loop.hello.pool_key)
-                record.age_gauge.set(age)
+                self._metrics.engine_series.row(engine_id, loop.hello.pool_key)[_TELEMETRY_AGE] = age
                 stale += int(age > _STALE_AFTER_S)
         if self._evicted_since_trim >= _TRIM_AFTER_EVICTIONS:
             self._evicted_since_trim = 0
@@ -506,7 +505,7 @@ class Controller:
         del self._engines[engine_id]
         self._evicted_since_trim += 1
         key = record.loop.hello.pool_key
-        self._metrics.forget_engine(engine_id, key)
+        self._metrics.forget_engine(engine_id)
         logger.info("engine %s evicted after %.0f s disconnected", engine_id, self._config.loop.engine_ttl_s)
         pool = self._pools.get(key)
         if pool is not None and pool.num_connected == 0 and not any(
@@ -768,12 +767,10 @@ class Controller:
         return infos
 
     def registry_entries(self) -> dict[str, dict[str, str]]:
-        """Registry info of every connected engine (refreshed in the store by the app's store loop)."""
-        return {engine_id: {"pool": r.loop.hello.pool_key, "controller_id": self._config.controller_id,
-                            "vllm_version": r.loop.hello.vllm_version, "agent_version": r.loop.hello.agent_version,
-                            "decision_version": str(r.loop.version),
-                            "last_telemetry_s": repr(r.loop.last_telemetry_s)}
-                for engine_id, r in self._engines.items() if r.session is not None}
+        """Registry entry of every connected engine (`fleet_view.registry_fields`; written to the store by
+        the app's store loop, read by the other replicas' ListEngines)."""
+        now_s = self._clock()
+        return {info.engine_id: registry_fields(info, now_s=now_s) for info in self.engine_infos() if info.connected}
 
     def watch(self) -> asyncio.Queue[Pushed]:
         queue: asyncio.Queue[Pushed] = asyncio.Queue(maxsize=_WATCH_QUEUE)

@@ -8,6 +8,7 @@ calibration or override, UNAVAILABLE when the store cannot take or give what was
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import NoReturn
@@ -18,7 +19,10 @@ from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
 from controlplane.service.controller import Controller, OverrideError
+from controlplane.service.fleet_view import merge_engine_infos, stored_decision_view
 from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
+
+logger = logging.getLogger(__name__)
 
 # Bounds of a pinned k or n, requests: far above any engine's slot count, far below uint32.
 MAX_PINNED_REQUESTS = 1 << 20
@@ -148,17 +152,33 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def GetDecision(self, request: operator_pb2.GetDecisionRequest,  # noqa: N802
                           context: grpc.aio.ServicerContext) -> operator_pb2.DecisionView:
         view = self._controller.decision_view(request.engine_id)
+        if view is None and request.engine_id:
+            # Held by another replica (or gone): its stored decision.
+            try:
+                entry = await self._store.get_decision_entry(request.engine_id)
+            except StoreUnavailable:
+                entry = None
+            if entry is not None:
+                view = stored_decision_view(request.engine_id, *entry)
         if view is None:
             await _abort(context, grpc.StatusCode.NOT_FOUND, f"no decision for engine {bounded(request.engine_id)}")
         return view
 
     async def ListEngines(self, request: operator_pb2.ListEnginesRequest,  # noqa: N802
                           context: grpc.aio.ServicerContext) -> operator_pb2.ListEnginesResponse:
-        pool = None
+        pool, key = None, None
         if request.HasField("pool") and (request.pool.model or request.pool.accelerator):
-            await _pool_key(context, request.pool)
+            key = await _pool_key(context, request.pool)
             pool = request.pool
-        return operator_pb2.ListEnginesResponse(engines=self._controller.engine_infos(pool))
+        local = self._controller.engine_infos(pool)
+        try:
+            registry = await self._store.list_registry()  # the engines other replicas hold
+        except StoreUnavailable as exc:
+            logger.warning("ListEngines answers with this replica's engines only: %s", exc)
+            registry = {}
+        return operator_pb2.ListEnginesResponse(engines=merge_engine_infos(
+            local, registry, controller_id=self._controller.controller_id, now_s=self._controller.now_s(),
+            pool_key=key))
 
     async def WatchDecisions(self, request: operator_pb2.WatchDecisionsRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> AsyncIterator[operator_pb2.DecisionView]:

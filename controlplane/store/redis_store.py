@@ -172,10 +172,20 @@ class RedisStore(PoolStatisticsMixin):
         Raises:
             StoreUnavailable: when Redis fails.
         """
+        entry = await self.get_decision_entry(engine_id)
+        return entry[1] if entry is not None else None
+
+    async def get_decision_entry(self, engine_id: str) -> tuple[str, common_pb2.Decision] | None:
+        """(pool key, latest decision) of `engine_id`, or None (see `get_decision`).
+
+        Raises:
+            StoreUnavailable: when Redis fails.
+        """
         key = self._keys.decision(engine_id)
         async with self._operation("get_decision"):
-            raw = await self._redis.hget(key, "payload")
-        return parse_payload(common_pb2.Decision, raw, key=key)
+            pool, raw = await self._redis.hmget(key, "pool", "payload")
+        decision = parse_payload(common_pb2.Decision, raw, key=key)
+        return (text(pool or b""), decision) if decision is not None else None
 
     async def load_decisions(self) -> dict[str, tuple[str, common_pb2.Decision]]:
         """Every stored decision: engine_id → (pool_key, decision). Uses SCAN (every node of a cluster).
