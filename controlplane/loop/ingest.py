@@ -12,6 +12,7 @@ Error messages echo at most a bounded prefix of bad input (`protocol.bounded`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sized
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,18 +132,20 @@ class ValidatedBatch:
     running_counts: np.ndarray
 
 
-def _same_length(prefix: str, columns: dict[str, object]) -> int:
-    lengths = {name: len(values) for name, values in columns.items()}
-    if len(set(lengths.values())) > 1:
-        detail = ", ".join(f"{name}={n}" for name, n in lengths.items())
+def _same_length(prefix: str, names: tuple[str, ...], *columns: Sized) -> int:
+    size = len(columns[0])
+    if any(len(column) != size for column in columns):
+        detail = ", ".join(f"{name}={len(column)}" for name, column in zip(names, columns, strict=True))
         raise TelemetryError(prefix, f"columns must have equal lengths, got {detail}")
-    size = next(iter(lengths.values()))
     if size > MAX_BATCH_EVENTS:
         raise TelemetryError(prefix, f"at most {MAX_BATCH_EVENTS} events per batch, got {size}", cause="oversize")
     return size
 
 
 _EMPTY = np.zeros(0)
+_COMPLETION_COLUMNS = ("prompt_tokens", "output_tokens", "finish_time_s", "aborted")
+_STEP_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s")
+_RUNNING_COLUMNS = ("output_tokens", "num_requests")
 
 
 def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> ValidatedBatch:
@@ -150,13 +153,13 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
     if batch.seq < 1:
         raise TelemetryError("telemetry.seq", "must be ≥ 1")
     c = batch.completions
-    _same_length("telemetry.completions", {"prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
-                                           "finish_time_s": c.finish_time_s, "aborted": c.aborted})
+    _same_length("telemetry.completions", _COMPLETION_COLUMNS, c.prompt_tokens, c.output_tokens, c.finish_time_s,
+                 c.aborted)
     s = batch.steps
-    _same_length("telemetry.steps", {"prefill_tokens": s.prefill_tokens, "decode_tokens": s.decode_tokens,
-                                     "decode_requests": s.decode_requests, "duration_s": s.duration_s})
+    _same_length("telemetry.steps", _STEP_COLUMNS, s.prefill_tokens, s.decode_tokens, s.decode_requests,
+                 s.duration_s)
     r = batch.running
-    _same_length("telemetry.running", {"output_tokens": r.output_tokens, "num_requests": r.num_requests})
+    _same_length("telemetry.running", _RUNNING_COLUMNS, r.output_tokens, r.num_requests)
     if len(r.output_tokens) > MAX_RUNNING_BINS:
         raise TelemetryError("telemetry.running", f"at most {MAX_RUNNING_BINS} bins, got {len(r.output_tokens)}",
                              cause="oversize")

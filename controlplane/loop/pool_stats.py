@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -160,6 +161,15 @@ class _Window:
     rebased: bool
 
 
+@lru_cache(maxsize=64)
+def _evenly_spaced(size: int, count: int) -> np.ndarray:
+    """`count` evenly spaced indices into `size` items, first and last included (read-only; batches of one
+    size recur, so they are computed once)."""
+    keep = np.linspace(0, size - 1, count).astype(np.int64)
+    keep.flags.writeable = False
+    return keep
+
+
 @dataclass(slots=True)
 class _OpenBucket:
     """The bucket being filled: batches are only appended (O(1) per batch); the histogram and the cost
@@ -245,7 +255,7 @@ class PoolStatistics:
             if size > MAX_STEPS_PER_BATCH:
                 # A systematic subsample: a pool's cost fit needs thousands of steps, not the millions per
                 # second a large fleet reports (1,000 engines × 1,000 steps/s).
-                keep = np.linspace(0, size - 1, MAX_STEPS_PER_BATCH).astype(np.int64)
+                keep = _evenly_spaced(size, MAX_STEPS_PER_BATCH)
                 steps = StepColumns(steps.prefill_tokens[keep], steps.decode_tokens[keep],
                                     steps.decode_requests[keep], steps.duration_s[keep])
             bucket.steps.append(steps)

@@ -6,9 +6,18 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from controlplane.observability.tracing import tracing_settings_from_env
+from controlplane.core.policy import decide
+from controlplane.core.types import EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
+from controlplane.observability.tracing import (
+    DecisionTracer,
+    TracingSettings,
+    create_tracer_provider,
+    tracing_settings_from_env,
+)
 
 
 def test_nothing_is_exported_unless_asked() -> None:
@@ -46,3 +55,27 @@ def test_the_console_exporter_prints_spans() -> None:
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
                          check=True).stdout
     assert '"name": "controlplane.decide"' in out and "cp-test" in out
+
+
+def _decision():
+    limits = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192, kv_capacity_tokens=10**6,
+                          max_model_len_tokens=32768)
+    observations = Observations(output_lengths_tokens=np.zeros(0), prompt_lengths_tokens=np.zeros(0), costs=None,
+                                limits=limits, n_obs=10.0, num_rejected_samples=0, num_preemptions=0)
+    return decide(observations, PolicyState(), 0.0, intent=OperatorIntent(), config=PolicyConfig())[0]
+
+
+def test_a_decision_span_carries_the_batch_trace_with_or_without_an_exporter() -> None:
+    parent = "00-" + "4bf92f3577b34da6a3ce929d0e0e4736" + "-00f067aa0ba902b7-01"
+    exporter = InMemorySpanExporter()
+    exported = DecisionTracer(create_tracer_provider(TracingSettings(), exporter=exporter))
+    trace_id = exported.trace_decision(_decision(), engine_id="e1", pool="m|a", version=7, traceparent=parent)
+    [span] = exporter.get_finished_spans()
+    assert trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" == format(span.context.trace_id, "032x")
+    assert span.attributes["cp.engine_id"] == "e1" and span.attributes["cp.version"] == 7
+    # No exporter: no span is built, the decision still carries the batch's trace (or a fresh one).
+    silent = DecisionTracer(create_tracer_provider(TracingSettings()))
+    assert silent.trace_decision(_decision(), engine_id="e1", pool="m|a", version=7, traceparent=parent) == trace_id
+    fresh = {silent.trace_decision(_decision(), engine_id="e1", pool="m|a", version=7) for _ in range(3)}
+    assert len(fresh) == 3 and all(len(t) == 32 and int(t, 16) for t in fresh)
+    assert silent.trace_decision(_decision(), engine_id="e1", pool="m|a", version=7, traceparent="garbage") != ""
