@@ -8,6 +8,7 @@ calibration or override, UNAVAILABLE when the store cannot take or give what was
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -27,6 +28,9 @@ logger = logging.getLogger(__name__)
 # Bounds of a pinned k or n, requests: far above any engine's slot count, far below uint32.
 MAX_PINNED_REQUESTS = 1 << 20
 DEFAULT_LIST_LIMIT = 100
+# How long ListEngines / GetDecision wait for the store's fleet-wide view before answering with this
+# replica's own engines (a hanging store must not hang the operator).
+FLEET_READ_TIMEOUT_S = 2.0
 MAX_LIST_LIMIT = 10_000
 MAX_REASON_CHARS = 1024
 # At most this many per-engine warnings are listed on an override; the rest are counted.
@@ -155,8 +159,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         if view is None and request.engine_id:
             # Held by another replica (or gone): its stored decision.
             try:
-                entry = await self._store.get_decision_entry(request.engine_id)
-            except StoreUnavailable:
+                entry = await asyncio.wait_for(self._store.get_decision_entry(request.engine_id),
+                                               timeout=FLEET_READ_TIMEOUT_S)
+            except (StoreUnavailable, TimeoutError):
                 entry = None
             if entry is not None:
                 view = stored_decision_view(request.engine_id, *entry)
@@ -171,9 +176,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             key = await _pool_key(context, request.pool)
             pool = request.pool
         local = self._controller.engine_infos(pool)
-        try:
-            registry = await self._store.list_registry()  # the engines other replicas hold
-        except StoreUnavailable as exc:
+        try:  # the engines other replicas hold
+            registry = await asyncio.wait_for(self._store.list_registry(), timeout=FLEET_READ_TIMEOUT_S)
+        except (StoreUnavailable, TimeoutError) as exc:
             logger.warning("ListEngines answers with this replica's engines only: %s", exc)
             registry = {}
         return operator_pb2.ListEnginesResponse(engines=merge_engine_infos(

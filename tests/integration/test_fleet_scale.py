@@ -19,6 +19,7 @@ from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer, TracingSettings, create_tracer_provider
 from controlplane.protocol import split_version
 from controlplane.service.controller import Controller
+from controlplane.service.operator_servicer import FLEET_READ_TIMEOUT_S
 from controlplane.service.sessions import Session
 from controlplane.sim.control import OnlineControl, OnlineSettings
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
@@ -110,6 +111,15 @@ async def test_a_store_that_hangs_does_not_delay_pushes(redis_url: str) -> None:
             assert "memory_guard" in guarded.flags
             assert latency_s < 0.5, f"push took {latency_s:.3f} s with the store hanging"
             assert ctl.app.controller.num_pending_writes >= 1
+            # The operator's fleet-wide views fall back to this replica's own engines, in bounded time.
+            asked = time.monotonic()
+            listed = await stub.ListEngines(operator_pb2.ListEnginesRequest())
+            view = await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id="engine-p"))
+            assert [e.engine_id for e in listed.engines] == ["engine-p"] and view.decision.version >= guarded.version
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id="engine-elsewhere"))
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+            assert time.monotonic() - asked < 3 * FLEET_READ_TIMEOUT_S
             proxy.heal()
             for _ in range(100):
                 if ctl.app.controller.num_pending_writes == 0:
