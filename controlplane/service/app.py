@@ -184,10 +184,9 @@ class ControllerApp:
             controller.note_store_ping(ok)
             if ok and time.monotonic() - last_registry_s >= self.config.registry_ttl_s / 3:
                 try:
-                    entries = list(controller.registry_entries().items())
-                    for start in range(0, len(entries), _REGISTRY_CHUNK):
-                        await store.heartbeats(dict(entries[start:start + _REGISTRY_CHUNK]),
-                                               ttl_s=self.config.registry_ttl_s)
+                    for chunk in controller.registry_chunks(_REGISTRY_CHUNK):
+                        if chunk:
+                            await store.heartbeats(chunk, ttl_s=self.config.registry_ttl_s)
                     last_registry_s = time.monotonic()
                 except StoreUnavailable as exc:
                     controller.note_store_failure("heartbeat", exc)
