@@ -768,7 +768,7 @@ class Controller:
     def registry_chunks(self, size: int) -> Iterator[dict[str, dict[str, str]]]:
         """Registry entries (`fleet_view.registry_fields`) of the engines connected now, `size` at a time,
         each chunk built when asked for: the app's store loop writes one and lets the event loop run before
-        the next (1,000 entries at once held it for about 15 ms). An engine gone meanwhile is skipped."""
+        the next (1,000 entries at once hold it for about 10 ms). An engine gone meanwhile is skipped."""
         engine_ids = [engine_id for engine_id, record in self._engines.items() if record.session is not None]
         for start in range(0, len(engine_ids), size):
             now_s = self._clock()
