@@ -14,6 +14,7 @@ until set (NaN cells are skipped), like a gauge child that was never created.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Iterator
@@ -84,19 +85,14 @@ class EngineSeries(Collector):
                          for labels, _, values in rows if not math.isnan(values[i]))
         return "".join(parts)
 
-    class _Skipped:
-        def __init__(self, series: EngineSeries) -> None:
-            self._series = series
-
-        def __enter__(self) -> None:
-            self._series._skip.active = True
-
-        def __exit__(self, *exc_info: object) -> None:
-            self._series._skip.active = False
-
-    def skipped(self) -> EngineSeries._Skipped:
+    @contextlib.contextmanager
+    def skipped(self) -> Iterator[None]:
         """Within this context (on this thread) `collect` yields nothing: the caller renders the table itself."""
-        return EngineSeries._Skipped(self)
+        self._skip.active = True
+        try:
+            yield
+        finally:
+            self._skip.active = False
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         for name, doc in COLUMNS:

@@ -17,8 +17,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from controlplane.observability.engine_series import EngineSeries
 
-ENGINE_LABELS = ("engine_id", "pool")
-
 
 class ControllerMetrics:
     """Counters and gauges the service updates; `serve(port)` exposes them over HTTP."""
