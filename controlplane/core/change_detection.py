@@ -96,41 +96,43 @@ def cusum_threshold(*, drift: float, in_control_run_length: float) -> float:
 
 
 class _SortedReference:
-    """The reference sample as a FIFO of at most `capacity` lengths plus the same values sorted."""
+    """The reference sample as a FIFO of at most `capacity` lengths plus the same values sorted (both arrays
+    are replaced, never modified in place, so copies share them)."""
 
     __slots__ = ("_capacity", "_fifo", "_sorted")
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._fifo: deque[int] = deque()
+        self._fifo = np.zeros(0, dtype=np.int64)
         self._sorted = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
-        return len(self._fifo)
+        return self._fifo.size
 
     def reset(self, values: np.ndarray) -> None:
-        kept = np.asarray(values, dtype=np.int64)[-self._capacity :]
-        self._fifo = deque(int(v) for v in kept)
-        self._sorted = np.sort(kept)
+        self._fifo = np.asarray(values, dtype=np.int64)[-self._capacity :].copy()
+        self._sorted = np.sort(self._fifo)
 
     def extend(self, values: np.ndarray) -> None:
         if not values.size:
             return
-        self._fifo.extend(int(v) for v in values)
+        fifo = np.concatenate((self._fifo, values))
         # Sorted first: values sharing one insertion point must go in in order.
         ordered = np.sort(values)
         self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, ordered), ordered)
-        excess = len(self._fifo) - self._capacity
+        excess = fifo.size - self._capacity
         if excess > 0:
-            dropped = np.sort(np.array([self._fifo.popleft() for _ in range(excess)], dtype=np.int64))
+            dropped = np.sort(fifo[:excess])
+            fifo = fifo[excess:].copy()
             # Equal values must remove distinct positions: the i-th copy of a value goes at first + i.
             copy_rank = np.arange(dropped.size) - np.searchsorted(dropped, dropped, side="left")
             self._sorted = np.delete(self._sorted, np.searchsorted(self._sorted, dropped, side="left") + copy_rank)
+        self._fifo = fifo
 
     def copy(self) -> _SortedReference:
         clone = _SortedReference(self._capacity)
-        clone._fifo = self._fifo.copy()
-        clone._sorted = self._sorted  # replaced, never modified in place
+        clone._fifo = self._fifo
+        clone._sorted = self._sorted
         return clone
 
     def mean(self) -> float:
@@ -181,6 +183,19 @@ def normal_quantile(p: np.ndarray) -> np.ndarray:
     return np.where((p >= 0.0) & (p <= 1.0), x, np.nan)
 
 
+def _lindley(increments: np.ndarray, start: float) -> tuple[np.ndarray, np.ndarray]:
+    """(S_n for each n, the indices n where S_n = 0) of S_n = max(0, S_{n−1} + x_n), S_0 = start ≥ 0."""
+    partial = np.cumsum(increments)
+    sums = partial - np.minimum.accumulate(np.minimum(partial, -start))
+    return sums, np.nonzero(sums == 0.0)[0]
+
+
+def _last_below(zeros: np.ndarray, end: int, first: int, previous: int) -> int:
+    """first + the largest of the ascending indices `zeros` below end, or previous when there is none."""
+    kept = int(np.searchsorted(zeros, end))
+    return first + int(zeros[kept - 1]) if kept else previous
+
+
 def _jitter(first_index: int, size: int) -> np.ndarray:
     """Deterministic uniform [0, 1) values for samples first_index, first_index + 1, …: the golden-ratio
     Weyl sequence frac((i + 1)·φ⁻¹), evenly spread and independent of the lengths."""
@@ -224,7 +239,7 @@ class ShiftDetector:
         self._min_reference = min_reference
         self._lag = reference_lag
         self._reference = _SortedReference(max_reference)
-        self._pending: deque[int] = deque()
+        self._pending = np.zeros(0, dtype=np.int64)  # replaced, never modified in place
         self._history: deque[int] = deque(maxlen=history)
         self._num_samples = 0
         self._up = 0.0
@@ -242,7 +257,7 @@ class ShiftDetector:
         clone.threshold, clone.drift = self.threshold, self.drift
         clone._min_reference, clone._lag = self._min_reference, self._lag
         clone._reference = self._reference.copy()
-        clone._pending = self._pending.copy()
+        clone._pending = self._pending
         clone._history = self._history.copy()
         clone._num_samples = self._num_samples
         clone._up, clone._down = self._up, self._down
@@ -286,7 +301,7 @@ class ShiftDetector:
                 take = min(samples.size - position, self._min_reference - len(self._reference))
                 chunk = samples[position : position + take]
                 self._reference.extend(chunk)
-                self._history.extend(int(v) for v in chunk)
+                self._history.extend(chunk.tolist())
                 self._num_samples += take
                 position += take
                 if self.armed:
@@ -307,33 +322,32 @@ class ShiftDetector:
         """CUSUM over samples scored against the current reference; stops after the first alarm.
 
         Returns (samples consumed, event) on an alarm, None when every sample was consumed without one.
+        Vectorised (Lindley's form): with C_n the partial sums of the increments and S_0 the sum before the
+        call, S_n = C_n − min(−S_0, min_{j≤n} C_j), which is exactly 0 where the recursion max(0, ·) resets.
         """
         scores = self._reference.scores(samples, jitter=_jitter(self._num_samples + self._jitter_shift, samples.size))
-        up, down, k, h = self._up, self._down, self.drift, self.threshold
-        for offset, z in enumerate(scores.tolist()):
-            index = self._num_samples
-            self._num_samples += 1
-            self._history.append(int(samples[offset]))
-            up = max(0.0, up + z - k)
-            down = max(0.0, down - z - k)
-            if up == 0.0:
-                self._last_zero_up = index
-            if down == 0.0:
-                self._last_zero_down = index
-            if up > h or down > h:
-                self._up, self._down = up, down
-                self._age_pending(samples[: offset + 1])
-                return offset + 1, self._alarm(index, direction=1 if up > h else -1)
-        self._up, self._down = up, down
-        self._age_pending(samples)
-        return None
+        first = self._num_samples
+        up, last_zero_up = _lindley(scores - self.drift, self._up)
+        down, last_zero_down = _lindley(-scores - self.drift, self._down)
+        over = np.nonzero((up > self.threshold) | (down > self.threshold))[0]
+        consumed = int(over[0]) + 1 if over.size else samples.size
+        self._num_samples += consumed
+        self._history.extend(samples[:consumed].tolist())
+        self._up, self._down = float(up[consumed - 1]), float(down[consumed - 1])
+        self._last_zero_up = _last_below(last_zero_up, consumed, first, self._last_zero_up)
+        self._last_zero_down = _last_below(last_zero_down, consumed, first, self._last_zero_down)
+        self._age_pending(samples[:consumed])
+        if not over.size:
+            return None
+        return consumed, self._alarm(first + consumed - 1, direction=1 if self._up > self.threshold else -1)
 
     def _age_pending(self, scored: np.ndarray) -> None:
-        self._pending.extend(int(v) for v in scored)
-        excess = len(self._pending) - self._lag
+        pending = np.concatenate((self._pending, scored))
+        excess = pending.size - self._lag
         if excess > 0:
-            matured = np.array([self._pending.popleft() for _ in range(excess)], dtype=np.int64)
-            self._reference.extend(matured)
+            self._reference.extend(pending[:excess])
+            pending = pending[excess:]
+        self._pending = pending
 
     def _alarm(self, index: int, *, direction: int) -> ShiftEvent:
         last_zero = self._last_zero_up if direction > 0 else self._last_zero_down
@@ -350,7 +364,7 @@ class ShiftDetector:
         )
         self.num_events += 1
         # The new regime's reference: the samples since the change point; unarmed until it is large enough.
-        self._pending.clear()
+        self._pending = np.zeros(0, dtype=np.int64)
         self._reference.reset(recent)
         self._reset_sums()
         return event

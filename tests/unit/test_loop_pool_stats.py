@@ -11,7 +11,7 @@ from controlplane.core.cost_sums import CostSums, StepColumns, predict_duration_
 from controlplane.core.policy import decide
 from controlplane.core.types import EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.pool_stats import BucketStats, PoolStatistics
+from controlplane.loop.pool_stats import MAX_STEPS_PER_BUCKET, BucketStats, PoolStatistics
 from controlplane.sim.profiles import PROFILES
 
 COSTS = PROFILES["h200-qwen3-8b"].costs
@@ -130,3 +130,40 @@ def test_a_seeded_window_warm_starts_a_pool_and_newer_buckets_take_over() -> Non
         fresh.add(5000.2 + second, prompts=p, outputs=o, steps=None)
     later = fresh.refresh(5006.0, calibration=COSTS)
     assert later.num_samples == 4400  # the four new buckets alone: the snapshot no longer counts
+
+
+def test_a_bucket_closes_over_every_batch_added_to_it() -> None:
+    """A thousand engines' batches of one second: the closed bucket holds every completion and prompt, and
+    the cost sums the bucket's steps evenly thinned to MAX_STEPS_PER_BUCKET, first and last included."""
+    rng = np.random.default_rng(4)
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
+    outputs, prompts, steps = [], [], []
+    for engine in range(1000):
+        size = int(rng.integers(0, 70))
+        batch_outputs = rng.geometric(1 / 300, size).astype(np.float64)
+        batch_prompts = rng.integers(16, 2048, size).astype(np.float64)
+        num_steps = int(rng.integers(1, 64))
+        prefill = rng.integers(0, 2, num_steps) * rng.integers(64, 4096, num_steps).astype(np.float64)
+        decode = rng.integers(1, 256, num_steps).astype(np.float64)
+        batch_steps = StepColumns(prefill, decode, decode, predict_duration_s(COSTS, prefill, decode, decode))
+        pool.add(0.5 + engine / 4000, prompts=batch_prompts, outputs=batch_outputs, steps=batch_steps,
+                 engine_id=f"e{engine}")
+        outputs.append(batch_outputs)
+        prompts.append(batch_prompts)
+        steps.append(batch_steps)
+    closed = pool.close_due(1.0)
+    assert closed is not None and closed[1] == 0
+    stats = closed[0]
+    all_outputs = np.concatenate(outputs)
+    assert stats.outputs.count == all_outputs.size
+    np.testing.assert_array_equal(np.repeat(stats.outputs.lengths, stats.outputs.counts), np.sort(all_outputs))
+    assert stats.prompt_count == sum(p.size for p in prompts)
+    assert stats.prompt_sum_tokens == pytest.approx(float(np.concatenate(prompts).sum()))
+    columns = [np.concatenate([getattr(s, name) for s in steps])
+               for name in ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s")]
+    assert columns[0].size > MAX_STEPS_PER_BUCKET
+    keep = np.linspace(0, columns[0].size - 1, MAX_STEPS_PER_BUCKET).astype(np.int64)
+    expected = CostSums()
+    expected.add_steps(StepColumns(*(column[keep] for column in columns)))
+    np.testing.assert_allclose(stats.costs.to_array(), expected.to_array(), rtol=1e-12)
+    assert pool.close_due(1.5) is None  # nothing open any more

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_sums import CostSums
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
@@ -18,6 +19,7 @@ from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.ingest import EngineHello
 from controlplane.loop.pool_stats import SNAPSHOT_REPLICA, WINDOW_REBASED_FLAG, BucketStats, PoolStatistics
+from controlplane.loop.shift_tracker import MAX_SAMPLES_PER_BUCKET, ShiftTracker
 from controlplane.sim.profiles import PROFILES
 
 COSTS = PROFILES["h200-qwen3-8b"].costs
@@ -301,3 +303,21 @@ def test_a_decision_from_a_rebased_window_carries_the_flags() -> None:
     steady = loop.decide(estimates[90], intent=OperatorIntent(), now_s=201.0)
     assert steady.decision.reason != "insufficient_data"
     assert WINDOW_REBASED_FLAG not in loop.latest.flags and "hazard_shift_transient" not in loop.latest.flags
+
+
+def test_a_large_bucket_feeds_a_bounded_random_subset_that_every_replica_draws_alike() -> None:
+    """A pool of many engines completes tens of thousands of requests a second: each bucket feeds
+    MAX_SAMPLES_PER_BUCKET of them, chosen by the bucket id, so two replicas detect the same shift at the
+    same bucket, and a 2.5× shift is still found in the bucket where it starts."""
+    rng = np.random.default_rng(5)
+    buckets = {b: LengthHistogram.from_samples(rng.geometric(1 / (200 if b < 40 else 500), 20_000))
+               for b in range(60)}
+    trackers = [ShiftTracker(ShiftDetector()) for _ in range(2)]
+    for tracker in trackers:
+        tracker.advance(59, first_bucket=0, replicas_of=lambda _b: ("a",), completions_of=buckets.__getitem__)
+    first, second = trackers
+    assert first.last_shift == second.last_shift is not None
+    assert first.num_shifts == second.num_shifts == 1
+    assert first.last_shift.detected_bucket == 40 and first.last_shift.start_bucket in (39, 40)
+    assert first.last_shift.direction == 1 and first.last_shift.mean_ratio > 1.5
+    assert first._state.detector.num_samples == 60 * MAX_SAMPLES_PER_BUCKET
