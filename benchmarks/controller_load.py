@@ -142,6 +142,13 @@ async def _stream(channel: grpc.aio.Channel, stream: int, variants: list[bytes],
     send_lock = asyncio.Lock()
 
     async def reader() -> None:
+        try:
+            await read_decisions()
+        except grpc.aio.AioRpcError as exc:  # the controller ended the stream: counted like a write error
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                results.errors.append(f"{stream}: {exc.code().name} {exc.details()}")
+
+    async def read_decisions() -> None:
         async for message in call:
             now = time.monotonic()  # the decision's arrival, before the ACK is written (its write may wait)
             decision = message.decision
@@ -162,11 +169,11 @@ async def _stream(channel: grpc.aio.Channel, stream: int, variants: list[bytes],
                     results.to_decided_s.append(decision.decided_at_s - sent[1])
                     results.triggered.add(stream)
 
-    await call.write(_hello(stream))
     task = asyncio.create_task(reader())
     seq = 0
     next_s = time.monotonic() + (stream % 1000) / 1000.0
     try:
+        await call.write(_hello(stream))
         while time.monotonic() < stop_at and not task.done():
             await asyncio.sleep(max(0.0, next_s - time.monotonic()))
             seq += 1

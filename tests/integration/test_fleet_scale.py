@@ -215,3 +215,27 @@ async def test_a_pool_warm_starts_from_its_persisted_statistics(redis_url: str) 
         first = await agent.next_decision()  # the very first decision is data-driven
         assert first.mode == common_pb2.MODE_EB and first.diagnostics.num_samples >= 2000
         await agent.close()
+
+
+async def test_a_fleet_that_connects_at_once_is_taken_in_whole(redis_url: str) -> None:
+    """1,500 agents open their streams in the same instant, as a fleet does after a controller restart: every
+    one is held and gets its first decision. With gRPC core's default limit on calls waiting for the server
+    (1,000) the surplus streams were cancelled before the controller saw them."""
+    num_engines, per_channel = 1500, 150
+    async with running_controller(make_config(redis_url, controller_id="storm")) as ctl:
+        channels = [grpc.aio.insecure_channel(ctl.address, options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(num_engines // per_channel)]
+        try:
+            engines = [AgentStream(channels[i // per_channel], f"storm-{i}", POOL) for i in range(num_engines)]
+            await asyncio.gather(*(engine.open() for engine in engines))
+            first = await asyncio.gather(*(engine.next_decision(timeout_s=60.0) for engine in engines),
+                                         return_exceptions=True)
+            failed = {engine.engine_id: repr(engine.error or result)
+                      for engine, result in zip(engines, first, strict=True) if isinstance(result, BaseException)}
+            examples = list(failed.items())[:3]
+            assert not failed, f"{len(failed)} of {num_engines} streams got no decision, e.g. {examples}"
+            assert sum(info.connected for info in ctl.app.controller.engine_infos()) == num_engines
+            await asyncio.gather(*(engine.close() for engine in engines))
+        finally:
+            for channel in channels:
+                await channel.close()
