@@ -40,6 +40,13 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 COLUMN = {name: i for i, (name, _) in enumerate(COLUMNS)}
 LABELS = ("engine_id", "pool")
+# The columns a decision sets, in the order `decision_values` gives them: one slice of a row.
+DECISION_COLUMNS = ("cp_engine_mode", "cp_engine_k", "cp_engine_n", "cp_engine_budget_max_tokens",
+                    "cp_engine_budget_cap_tokens", "cp_engine_delta_s_per_token", "cp_engine_decision_epoch",
+                    "cp_engine_decision_sequence")
+DECISION_SLICE = slice(COLUMN[DECISION_COLUMNS[0]], COLUMN[DECISION_COLUMNS[-1]] + 1)
+if [COLUMN[name] for name in DECISION_COLUMNS] != list(range(DECISION_SLICE.start, DECISION_SLICE.stop)):
+    raise RuntimeError("DECISION_COLUMNS must be contiguous and in the order of COLUMNS")
 
 
 def _escape(value: str) -> str:

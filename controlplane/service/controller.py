@@ -30,14 +30,14 @@ from controlplane.loop.codec import calibration_to_cost_model, cost_model_to_cal
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.pool_stats import BucketStats, PoolEstimate, PoolStatistics
-from controlplane.observability.engine_series import COLUMN
+from controlplane.observability.engine_series import COLUMN, DECISION_SLICE
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
 from controlplane.protocol import MODE_CODES, VERSION_EPOCH_FACTOR, split_version
 from controlplane.service.config import ControllerConfig
 from controlplane.service.epochs import EpochReserver
 from controlplane.service.fleet_view import registry_fields
-from controlplane.service.memory import release_free_memory
+from controlplane.service.memory import collect_and_release
 from controlplane.service.sessions import Session, StreamRefusedError, check_engine_allowed, resolve_takeover
 from controlplane.service.writer import DecisionWriter
 from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
@@ -45,7 +45,6 @@ from controlplane.store.records import record_json
 
 logger = logging.getLogger(__name__)
 # Columns of the per-engine metrics table.
-_MODE, _SEQUENCE = COLUMN["cp_engine_mode"], COLUMN["cp_engine_decision_sequence"]
 _ACKED_SEQUENCE, _TELEMETRY_AGE = COLUMN["cp_engine_acked_sequence"], COLUMN["cp_engine_telemetry_age_seconds"]
 _EPOCH_TIMEOUT_S = 1.0
 _OUTLIER_BLOCK = 256
@@ -56,8 +55,10 @@ _STALE_AFTER_S = 30.0
 _EMPTY = np.zeros(0)
 _WATCH_QUEUE = 10_000
 _GAUGE_PERIOD_S = 1.0
-# Freed memory is handed back to the OS after this many evictions (service/memory.py).
+# Freed memory is handed back to the OS (service/memory.py) after this many evictions, or once evictions
+# have stopped for _TRIM_QUIET_S.
 _TRIM_AFTER_EVICTIONS = 1000
+_TRIM_QUIET_S = 5.0
 # The scheduler task calls `tick` this often (service/app.py).
 SCHEDULER_TICK_S = 0.25
 _KEEPALIVE_LEAD_S = 2 * SCHEDULER_TICK_S
@@ -129,6 +130,7 @@ class Controller:
         self._gauges_at_s = float("-inf")
         self._restored_at_s = 0.0
         self._evicted_since_trim = 0
+        self._last_evicted_s = -math.inf
         # Label children resolved once: the ingest path runs ~1,000 times per second per 1,000 engines.
         self._batches_accepted = metrics.batches.labels(result="accepted")
         self._completions_accepted = metrics.events.labels(kind="completion", result="accepted")
@@ -439,8 +441,8 @@ class Controller:
             return
         epoch, sequence = split_version(d.version)
         row = self._metrics.engine_series.row(loop.hello.engine_id, loop.hello.pool_key)
-        row[_MODE:_SEQUENCE + 1] = (MODE_CODES.get(d.mode, 0), d.k, d.n, d.budget.b_max_tokens, d.budget.b_cap_tokens,
-                                    d.delta_s_per_token, epoch, sequence)
+        row[DECISION_SLICE] = (MODE_CODES.get(d.mode, 0), d.k, d.n, d.budget.b_max_tokens, d.budget.b_cap_tokens,
+                               d.delta_s_per_token, epoch, sequence)  # in the order of DECISION_COLUMNS
         self._set_acked_gauge(loop)
 
     def _set_acked_gauge(self, loop: EngineLoop) -> None:
@@ -476,6 +478,7 @@ class Controller:
             if record.session is None:
                 if now_s - record.disconnected_at_s >= self._config.loop.engine_ttl_s:
                     self._evict(engine_id, record)
+                    self._last_evicted_s = now_s
                 continue
             if loop.is_due(now_s):
                 self._decide(record, now_s)
@@ -487,9 +490,10 @@ class Controller:
                 age = now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0
                 self._metrics.engine_series.row(engine_id, loop.hello.pool_key)[_TELEMETRY_AGE] = age
                 stale += int(age > _STALE_AFTER_S)
-        if self._evicted_since_trim >= _TRIM_AFTER_EVICTIONS:
+        if self._evicted_since_trim and (self._evicted_since_trim >= _TRIM_AFTER_EVICTIONS
+                                         or now_s - self._last_evicted_s >= _TRIM_QUIET_S):
             self._evicted_since_trim = 0
-            release_free_memory()
+            collect_and_release()
         if self._restored and now_s - self._restored_at_s >= self._config.loop.engine_ttl_s:
             # Decisions restored at start-up for engines that never came back (the store keeps them).
             self._restored = {}

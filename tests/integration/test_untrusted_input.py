@@ -16,7 +16,9 @@ the others. A real controller over real gRPC on loopback, a real redis-server.
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+import weakref
 from pathlib import Path
 
 import grpc
@@ -29,6 +31,7 @@ from controlplane.loop.ingest import MAX_BATCH_EVENTS, MAX_RUNNING_BINS
 from controlplane.protocol import UINT32_MAX, UINT64_MAX, split_version
 from controlplane.service.app import SERVICE_NAMES
 from controlplane.service.config import DecisionLoopConfig
+from controlplane.service.controller import _TRIM_QUIET_S
 from controlplane.store.embedded import EmbeddedRedis
 from tests.integration.controller_harness import LIMITS, geometric_batch, make_config, operator_stub, running_controller
 from tests.integration.fuzz_messages import CAUSES, LiveAgent, huge_batch
@@ -136,6 +139,44 @@ async def test_engines_gone_longer_than_engine_ttl_are_forgotten_with_their_metr
         await stays.close()
 
 
+class _Cycle:
+    """An object that refers to itself: only the cyclic garbage collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+async def test_the_end_of_an_eviction_wave_collects_cycles_and_returns_memory(redis_url: str) -> None:
+    """Streams that end leave reference cycles (exceptions holding their handlers' frames); the controller spaces
+    out the collector's full passes, so once evictions stop for _TRIM_QUIET_S it runs one, then trims the heap.
+    The collector's automatic passes are off here: only the controller's collection can free the cycle."""
+    engine_ttl_s = 0.5
+    async with running_controller(_config(redis_url, engine_ttl_s=engine_ttl_s)) as ctl, \
+            grpc.aio.insecure_channel(ctl.address) as channel:
+        gone = await LiveAgent(channel, _hello("engine-gone")).open()
+        await gone.decision()
+        gc.collect()
+        gc.disable()
+        try:
+            cycle = weakref.ref(_Cycle())
+            assert cycle() is not None
+            await gone.close()
+
+            async def evicted():
+                return "engine-gone" not in await _engines(channel)
+
+            assert await _until(evicted, timeout_s=engine_ttl_s + 5.0)
+            evicted_s = asyncio.get_running_loop().time()
+
+            async def collected():
+                return cycle() is None
+
+            assert await _until(collected, timeout_s=_TRIM_QUIET_S + 3.0)
+            assert asyncio.get_running_loop().time() - evicted_s >= _TRIM_QUIET_S - 1.0
+        finally:
+            gc.enable()
+
+
 async def test_pools_left_by_evicted_engines_are_forgotten(redis_url: str) -> None:
     """Every Hello may name a new pool: once all of a pool's engines are evicted its series go too, or a
     stream of made-up pool names grows the controller's memory and /metrics without bound."""
@@ -185,6 +226,11 @@ async def test_acks_of_versions_never_sent_are_ignored_and_counted(redis_url: st
         assert _sample(ctl, "cp_engine_acked_sequence", labels) == split_version(decision.version)[1]
         assert _sample(ctl, "cp_engine_decision_sequence", labels) == split_version(decision.version)[1]
         assert _sample(ctl, "cp_engine_decision_epoch", labels) == split_version(decision.version)[0]
+        # Every column the decision sets is under its own name (they are written as one slice of a row).
+        assert (_sample(ctl, "cp_engine_k", labels), _sample(ctl, "cp_engine_n", labels)) == (decision.k, decision.n)
+        assert _sample(ctl, "cp_engine_budget_max_tokens", labels) == decision.budget.b_max_tokens
+        assert _sample(ctl, "cp_engine_budget_cap_tokens", labels) == decision.budget.b_cap_tokens
+        assert _sample(ctl, "cp_engine_delta_s_per_token", labels) == decision.delta_s_per_token
         view = await operator_stub(channel).GetDecision(operator_pb2.GetDecisionRequest(engine_id="engine-ack"))
         assert view.acked_version == decision.version
         assert not agent.ended
