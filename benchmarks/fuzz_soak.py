@@ -48,6 +48,7 @@ from hypothesis import strategies as st  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
+from controlplane.service.controller import _TRIM_QUIET_S  # noqa: E402
 from controlplane.store.embedded import start_redis_on_free_port  # noqa: E402
 from tests.integration.controller_harness import LIMITS, geometric_batch  # noqa: E402
 from tests.integration.fuzz_messages import (  # noqa: E402
@@ -230,6 +231,7 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
     await _run_jobs(channels, churn_jobs(10_000_000, args.warmup_engines), warmup, concurrency=args.concurrency,
                     progress_every=10**9)
     await evicted(args.engine_ttl_s + 30)
+    await asyncio.sleep(_TRIM_QUIET_S + 1.0)  # the controller collects and trims once evictions stop
     rss_baseline = _rss_mib(controller.pid)
     keys_before = redis_client.dbsize()
     before = _metrics(metrics_port)
@@ -265,7 +267,7 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
         sending_s += sent_s - round_s
         num_known, evicted_at_s = await evicted(args.engine_ttl_s + 60)
         evicted_s = max(evicted_s, evicted_at_s - sent_s)
-        await asyncio.sleep(2.0)  # a scheduler tick or two after the last eviction
+        await asyncio.sleep(_TRIM_QUIET_S + 1.0)  # as for the baseline
         rss_after.append(_rss_mib(controller.pid))
         print(f"  round done: {tally.streams:,} streams; engines known {num_known}; RSS {rss_after[-1]:.0f} MiB",
               flush=True)
