@@ -41,6 +41,7 @@ lint: $(STAMP)
 ## bench: the micro-benchmarks (ratios and medians printed side by side)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/decide_latency.py
+	$(BIN)/python benchmarks/pool_second.py
 	$(BIN)/python benchmarks/controller_load.py --streams 100 --streams 1000 --duration-s 20
 
 clean:
