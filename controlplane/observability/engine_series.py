@@ -40,7 +40,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 COLUMN = {name: i for i, (name, _) in enumerate(COLUMNS)}
 LABELS = ("engine_id", "pool")
-# The columns a decision sets, in the order `decision_values` gives them: one slice of a row.
+# The columns a decision sets, one slice of a row, in the order `Controller._set_engine_gauges` writes them.
 DECISION_COLUMNS = ("cp_engine_mode", "cp_engine_k", "cp_engine_n", "cp_engine_budget_max_tokens",
                     "cp_engine_budget_cap_tokens", "cp_engine_delta_s_per_token", "cp_engine_decision_epoch",
                     "cp_engine_decision_sequence")
