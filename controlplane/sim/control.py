@@ -116,6 +116,7 @@ class OnlineControl:
         self._outputs: list[np.ndarray] = []
         self.num_decisions = 0
         self.timeline: list[DecisionRecord] = []
+        self.snapshot: BucketStats | None = None
 
     def start(self, engine: SimEngine) -> None:
         shape = engine.shape
@@ -136,8 +137,15 @@ class OnlineControl:
 
     @property
     def pool(self) -> PoolStatistics | None:
-        """The pool statistics (its `last_window` is what a warm start of a later run would use)."""
+        """The pool statistics."""
         return self._pool
+
+    def _refresh(self, pool: PoolStatistics, now_s: float) -> None:
+        """Refresh the pool estimate and keep the window the controller would persist for a warm start (the
+        latest fitted from at least min_samples completions): `snapshot`."""
+        estimate = pool.refresh(now_s, calibration=self._costs)
+        if estimate.num_samples >= self._settings.policy.min_samples and not estimate.fit_held:
+            self.snapshot = pool.last_window
 
     def after_step(self, engine: SimEngine, step: SimStep) -> None:
         finished = step.finished
@@ -175,7 +183,7 @@ class OnlineControl:
             raise RuntimeError("OnlineControl.start() was not called")
         if self._settings.warm_start is not None and pool.estimate is None:
             pool.seed(self._settings.warm_start, now_s=now_s)
-            pool.refresh(now_s, calibration=self._costs)
+            self._refresh(pool, now_s)
         self.num_decisions += 1
         return loop.decide(pool.estimate, intent=self._settings.intent, now_s=now_s, force_push=True)
 
@@ -187,7 +195,7 @@ class OnlineControl:
         if loop is None or pool is None:
             raise RuntimeError("OnlineControl.start() was not called")
         if pool.estimate is None or pool.estimate_bucket(now_s) > pool.estimate.end_bucket:
-            pool.refresh(now_s, calibration=self._costs)
+            self._refresh(pool, now_s)
         loop.on_batch(batch, now_s=now_s)
         pool.add(now_s, prompts=batch.prompt_tokens, outputs=batch.output_tokens, steps=None,
                  engine_id=loop.hello.engine_id, running_lengths=batch.running_lengths,

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from controlplane.loop.pool_stats import BucketStats
 from controlplane.sim.arrivals import RequestTrace, Workload, materialize
-from controlplane.sim.control import DecisionRecord
+from controlplane.sim.control import DecisionRecord, OnlineControl
 from controlplane.sim.engine import SimEngine
 from controlplane.sim.metrics import RunMetrics, summarize
 from controlplane.sim.profiles import SimProfile
@@ -43,6 +44,7 @@ class RunResult:
     max_kv_used_tokens: int
     kv_total_tokens: int
     num_fallback_steps: int
+    pool_window: BucketStats | None = None  # online schedulers: the window a warm start would use (snapshot)
 
 
 def run_scenario(workload: Workload, scheduler: SchedulerSpec, profile: SimProfile, *, seed: int = 0,
@@ -69,7 +71,8 @@ def run_scenario(workload: Workload, scheduler: SchedulerSpec, profile: SimProfi
         scenario=workload.name, scheduler=scheduler.name, profile=profile.name, seed=seed, metrics=metrics,
         timeline=tuple(control.timeline), steps=engine.log.arrays() if engine.log is not None else {},
         requests=engine.request_arrays(), wall_s=time.perf_counter() - started, max_kv_used_tokens=max_kv,
-        kv_total_tokens=engine.kv_total_tokens, num_fallback_steps=engine.num_fallback_steps)
+        kv_total_tokens=engine.kv_total_tokens, num_fallback_steps=engine.num_fallback_steps,
+        pool_window=control.snapshot if isinstance(control, OnlineControl) else None)
 
 
 def _cached(trace: RequestTrace, start: int, end: int) -> np.ndarray | None:

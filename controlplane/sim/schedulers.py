@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from controlplane.api.v1 import common_pb2
 from controlplane.core.types import Mode, ModePin, OperatorIntent, PolicyConfig
+from controlplane.loop.pool_stats import BucketStats
 from controlplane.sim.control import OnlineControl, OnlineSettings, StaticControl
 from controlplane.sim.profiles import EngineShape, SimProfile
 
@@ -33,7 +34,8 @@ STATIC_TTL_S = 1e9
 @dataclass(frozen=True, slots=True)
 class SchedulerSpec:
     """One scheduler: `kind` in {stock, eb, online-eb, online-ebplus, mb}, its parameters, and start-up
-    overrides (0: the profile's)."""
+    overrides (0: the profile's). warm_start: for the online kinds, a persisted pool window to start from
+    (`RunResult.pool_window` of an earlier run; None: a pool with no history)."""
 
     name: str
     kind: str
@@ -47,6 +49,7 @@ class SchedulerSpec:
     max_num_seqs: int = 0
     budget_tokens: int = 0
     policy: PolicyConfig | None = None
+    warm_start: BucketStats | None = None
 
     def shape_for(self, profile: SimProfile) -> EngineShape:
         """The engine's start-up limits under this scheduler."""
@@ -65,7 +68,8 @@ class SchedulerSpec:
         if self.kind in ("online-eb", "online-ebplus"):
             pin = ModePin(mode=Mode.EB) if self.kind == "online-eb" else ModePin()
             intent = OperatorIntent(delta_s_per_token=self.delta_s_per_token, pin=pin)
-            return OnlineControl(profile.costs, OnlineSettings(intent=intent, policy=self.policy or PolicyConfig()))
+            return OnlineControl(profile.costs, OnlineSettings(intent=intent, policy=self.policy or PolicyConfig(),
+                                                               warm_start=self.warm_start))
         n = self.n or shape.max_num_seqs
         if self.kind == "eb":
             if not 1 <= self.k <= n <= shape.max_num_seqs:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
+from controlplane.core.types import PolicyConfig
 from controlplane.sim.arrivals import closed_loop
 from controlplane.sim.lengths import synthetic_shape
 from controlplane.sim.profiles import get_profile
@@ -36,3 +41,18 @@ def test_eb_plus_starts_in_mb_for_lack_of_data_then_follows_the_crossover() -> N
 def test_a_large_delta_keeps_eb_plus_in_mb() -> None:
     result = run_scenario(WORKLOAD, parse_scheduler("eb+:0.005"), H200, seed=0)
     assert {d.mode for d in result.timeline} == {"mb"}
+
+
+def test_eb_plus_warm_started_from_an_earlier_runs_snapshot_decides_by_the_rule_from_the_start() -> None:
+    """A pool with history: the window the controller would have persisted (fitted from ≥ min_samples
+    completions) seeds the next run, whose first decision is the crossover rule's, not the cold-start MB."""
+    earlier = run_scenario(WORKLOAD, parse_scheduler("eb+"), H200, seed=1)
+    snapshot = earlier.pool_window
+    assert snapshot is not None and snapshot.outputs.count >= PolicyConfig().min_samples
+    assert snapshot.outputs.mean() == pytest.approx(128.0, rel=0.15)
+    warm = run_scenario(WORKLOAD, replace(parse_scheduler("eb+"), warm_start=snapshot), H200, seed=0)
+    first = warm.timeline[0]
+    assert first.at_s == 0.0 and first.reason in ("crossover_eb", "crossover_mb") and first.n_star > 0
+    assert warm.metrics.num_completed == 2500
+    # Static schedulers have no pool.
+    assert run_scenario(WORKLOAD, parse_scheduler("v1"), H200, seed=0).pool_window is None
