@@ -145,7 +145,7 @@ class ControllerSettings(BaseSettings):
                                      "redis_url is given)")
     engine_retention_s: float = _setting(_SERVER["engine_retention_s"], section="store", ge=0.0, note="0: forever",
                                          doc="an engine's decision and epoch keys expire this long after its last "
-                                         "decision write, s")
+                                         "decision write, and a pool's history after its latest entry, s")
     # security
     # CP_TLS_CERT / CP_TLS_KEY / CP_TLS_CA are `controlplane ctl`'s client credentials: the server's differ.
     tls_cert: Path | None = _setting(None, section="security", rule="with tls_key", env="CP_SERVER_TLS_CERT",

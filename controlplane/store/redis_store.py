@@ -24,7 +24,8 @@ Contracts:
 - Epochs: `reserve_epoch` INCRs the engine's epoch and never returns an epoch at or below the one of the
   engine's stored decision version; versions are epoch · 10^9 + sequence (`fencing`).
 - Retention: with `engine_retention_s` > 0, an engine's decision and epoch keys expire that long after its
-  last decision write or epoch reservation (an engine id seen once does not stay in Redis forever), and
+  last decision write or epoch reservation (an engine id seen once does not stay in Redis forever), a
+  pool's history stream that long after its latest entry (nor does a pool name), and
   epochs are floored at the server's Unix time so that versions still increase after an expiry; 0 keeps
   them forever.
 - An override or calibration change writes the record, appends an audit entry and (overrides) publishes a
@@ -157,8 +158,11 @@ class RedisStore(PoolStatisticsMixin):
         try:
             async with self._operation("append_history"), self._redis.pipeline(transaction=False) as pipe:
                 for write in accepted:
-                    pipe.xadd(self._keys.history(write.pool_key), history_fields(write),
-                              maxlen=self._history_maxlen, approximate=True)
+                    key = self._keys.history(write.pool_key)
+                    pipe.xadd(key, history_fields(write), maxlen=self._history_maxlen, approximate=True)
+                    if self._retention_arg != "0":
+                        # A pool nobody decides for any more (any agent may name a new one) is not kept forever.
+                        pipe.pexpire(key, int(self._retention_arg))
                 replies = await pipe.execute(raise_on_error=False)
             failed = [r for r in replies if isinstance(r, BaseException)]
             if failed:

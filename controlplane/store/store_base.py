@@ -71,7 +71,8 @@ class StoreBase:
             pool_timeout_s: how long an operation waits for a free connection before it fails with
                 StoreUnavailable, seconds.
             engine_retention_s: how long an engine's decision and epoch keys outlive its last decision
-                write or epoch reservation, seconds; 0 keeps them forever. With a retention, epochs are
+                write or epoch reservation, and a pool's history stream its latest entry, seconds; 0 keeps
+                them forever. With a retention, epochs are
                 also floored at the Redis server's Unix time (see `scripts.RESERVE_EPOCH`), which keeps
                 versions increasing across an expiry.
 

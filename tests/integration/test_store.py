@@ -226,9 +226,11 @@ async def test_engine_keys_expire_after_their_retention_and_versions_keep_increa
         await asyncio.sleep(0.6)
         assert await store.current_epoch("engine-a") == second
         assert (await store.get_decision("engine-a")).version == compose_version(second, 2)
+        assert await store.read_history(10, pool_key=POOL_KEY)  # the pool's history is renewed by each entry
 
         async def forgotten() -> bool:
-            return await store.current_epoch("engine-a") == 0 and await store.get_decision("engine-a") is None
+            return (await store.current_epoch("engine-a") == 0 and await store.get_decision("engine-a") is None
+                    and not await store.read_history(10, pool_key=POOL_KEY))
 
         await eventually(forgotten)
         # nothing left to fence with, yet the next epoch is above the one the engine had: the clock moved
@@ -240,6 +242,7 @@ async def test_engine_keys_expire_after_their_retention_and_versions_keep_increa
         assert await keeping.put_decision("engine-b", pool_key=POOL_KEY, decision=make_decision(compose_version(1, 1)))
         await asyncio.sleep(1.2)
         assert await keeping.current_epoch("engine-b") == 1 and await keeping.get_decision("engine-b") is not None
+        assert await keeping.read_history(10, pool_key=POOL_KEY)
 
 
 def test_engine_retention_must_be_a_non_negative_number() -> None:
