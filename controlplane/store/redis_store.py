@@ -25,7 +25,8 @@ Contracts:
   engine's stored decision version; versions are epoch · 10^9 + sequence (`fencing`).
 - Retention: with `engine_retention_s` > 0, an engine's decision and epoch keys expire that long after its
   last decision write or epoch reservation (an engine id seen once does not stay in Redis forever), a
-  pool's history stream that long after its latest entry (nor does a pool name), and
+  pool's history stream 0.9–1× that long after its latest entry (its expiry is renewed at most once per
+  tenth of the retention, or per hour if that is shorter: nor does a pool name stay), and
   epochs are floored at the server's Unix time so that versions still increase after an expiry; 0 keeps
   them forever.
 - An override or calibration change writes the record, appends an audit entry and (overrides) publishes a
@@ -87,6 +88,8 @@ __all__ = ["DEFAULT_AUDIT_MAXLEN", "DEFAULT_HISTORY_MAXLEN", "DEFAULT_MAX_CONNEC
            "RedisStore", "create_store"]
 
 logger = logging.getLogger(__name__)
+# Pools whose history renewal time is remembered before the stale ones are dropped.
+_RENEWAL_RECORD_MAX = 4096
 
 _MAX_CAS_ATTEMPTS = 32
 
@@ -157,18 +160,35 @@ class RedisStore(PoolStatisticsMixin):
         """Append the accepted writes to their pools' history streams; a failure is logged, not raised."""
         try:
             async with self._operation("append_history"), self._redis.pipeline(transaction=False) as pipe:
+                renewed = self._history_keys_to_renew(accepted)
                 for write in accepted:
-                    key = self._keys.history(write.pool_key)
-                    pipe.xadd(key, history_fields(write), maxlen=self._history_maxlen, approximate=True)
-                    if self._retention_arg != "0":
-                        # A pool nobody decides for any more (any agent may name a new one) is not kept forever.
-                        pipe.pexpire(key, int(self._retention_arg))
+                    pipe.xadd(self._keys.history(write.pool_key), history_fields(write), maxlen=self._history_maxlen,
+                              approximate=True)
+                for key in renewed:
+                    # A pool nobody decides for any more (any agent may name a new one) is not kept forever.
+                    pipe.pexpire(key, int(self._retention_arg))
                 replies = await pipe.execute(raise_on_error=False)
             failed = [r for r in replies if isinstance(r, BaseException)]
             if failed:
                 raise failed[0]
+            now_s = time.monotonic()
+            self._history_renewed_at.update(dict.fromkeys(renewed, now_s))
         except (StoreUnavailable, *REDIS_FAILURES) as err:
             logger.warning("%d accepted decisions may lack their history entries: %s", len(accepted), err)
+
+    def _history_keys_to_renew(self, accepted: Sequence[DecisionWrite]) -> list[str]:
+        """The history keys of `accepted` whose expiry was not renewed within the renewal interval (none
+        without a retention). Entries older than the interval are forgotten, so the record stays as small
+        as the set of pools decided for lately."""
+        if self._retention_arg == "0":
+            return []
+        now_s = time.monotonic()
+        renewed_at = self._history_renewed_at
+        if len(renewed_at) > _RENEWAL_RECORD_MAX:
+            self._history_renewed_at = renewed_at = {
+                key: at_s for key, at_s in renewed_at.items() if now_s - at_s < self._history_renewal_s}
+        keys = {self._keys.history(write.pool_key) for write in accepted}
+        return sorted(key for key in keys if now_s - renewed_at.get(key, -math.inf) >= self._history_renewal_s)
 
     async def get_decision(self, engine_id: str) -> common_pb2.Decision | None:
         """The latest decision of `engine_id`, or None when there is none (or it does not parse, logged).

@@ -33,6 +33,7 @@ DEFAULT_HISTORY_MAXLEN = 10_000
 DEFAULT_AUDIT_MAXLEN = 100_000
 DEFAULT_MAX_CONNECTIONS = 64
 _SCAN_BATCH = 500
+_HISTORY_RENEWAL_MAX_S = 3600.0
 
 
 class StoreBase:
@@ -99,6 +100,9 @@ class StoreBase:
         self._audit_maxlen = audit_maxlen
         self._pool_timeout_s = pool_timeout_s
         self._retention_arg = str(ttl_ms(engine_retention_s)) if engine_retention_s > 0.0 else "0"
+        # A pool history's expiry is renewed at most this often per pool (not with every entry).
+        self._history_renewal_s = min(engine_retention_s / 10.0, _HISTORY_RENEWAL_MAX_S)
+        self._history_renewed_at: dict[str, float] = {}
         self._connections = RedisConnections(address, settings)
         self._redis = self._connections.client
         self._slots = asyncio.Semaphore(max_connections)

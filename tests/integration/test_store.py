@@ -26,6 +26,7 @@ from controlplane.store import (
     DecisionWrite,
     EmbeddedRedis,
     EmbeddedRedisError,
+    KeySpace,
     OverrideNotice,
     RedisStore,
     StoreUnavailable,
@@ -243,6 +244,28 @@ async def test_engine_keys_expire_after_their_retention_and_versions_keep_increa
         await asyncio.sleep(1.2)
         assert await keeping.current_epoch("engine-b") == 1 and await keeping.get_decision("engine-b") is not None
         assert await keeping.read_history(10, pool_key=POOL_KEY)
+
+
+async def test_a_pool_history_expiry_is_renewed_once_per_tenth_of_the_retention_not_per_entry(
+        redis_url: str, prefix: str) -> None:
+    """Every decision appends to its pool's history; renewing the stream's expiry with each would double the
+    history's commands. With a 100 s retention it is renewed at most every 10 s."""
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        async with create_store(redis_url, prefix=prefix, engine_retention_s=100.0) as store:
+            key = KeySpace(prefix).history(POOL_KEY)
+            epoch = await store.reserve_epoch("engine-h")
+            assert await store.put_decision("engine-h", pool_key=POOL_KEY, decision=make_decision(
+                compose_version(epoch, 1)))
+            first_ms = await admin.pttl(key)
+            assert 99_000 < first_ms <= 100_000
+            await asyncio.sleep(0.3)
+            assert await store.put_decision("engine-h", pool_key=POOL_KEY, decision=make_decision(
+                compose_version(epoch, 2)))
+            assert len(await store.read_history(10, pool_key=POOL_KEY)) == 2
+            assert await admin.pttl(key) <= first_ms - 250  # not renewed by the second entry
+    finally:
+        await admin.aclose()
 
 
 def test_engine_retention_must_be_a_non_negative_number() -> None:
