@@ -15,45 +15,26 @@ fits), each a single event-loop callback in the controller. Printed side by side
 from __future__ import annotations
 
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.unit's reference
 
 import numpy as np
 
-from controlplane.core.change_detection import ShiftDetector, _jitter
+from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.pool_stats import MAX_STEPS_PER_BUCKET, BucketStats, PoolStatistics
 from controlplane.loop.shift_tracker import ShiftTracker
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
+from tests.unit.cusum_reference import RecursionDetector
 
 ENGINES = 1000
 SECONDS = 16
 WARM_UP_S = 6
-
-
-class RecursionDetector(ShiftDetector):
-    """The baseline detector: the CUSUM written as its recursion (one Python iteration per sample)."""
-
-    def _scan(self, samples):
-        scores = self._reference.scores(samples, jitter=_jitter(self._num_samples + self._jitter_shift, samples.size))
-        up, down, k, h = self._up, self._down, self.drift, self.threshold
-        for offset, z in enumerate(scores.tolist()):
-            index = self._num_samples
-            self._num_samples += 1
-            self._history.append(int(samples[offset]))
-            up, down = max(0.0, up + z - k), max(0.0, down - z - k)
-            if up == 0.0:
-                self._last_zero_up = index
-            if down == 0.0:
-                self._last_zero_down = index
-            if up > h or down > h:
-                self._up, self._down = up, down
-                self._age_pending(samples[: offset + 1])
-                return offset + 1, self._alarm(index, direction=1 if up > h else -1)
-        self._up, self._down = up, down
-        self._age_pending(samples)
-        return None
 
 
 def _concatenating_close(batches: list[tuple[np.ndarray, StepColumns]], reference) -> BucketStats:

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from controlplane.core.change_detection import ShiftDetector, _jitter, _lindley, cusum_threshold, normal_quantile
+from controlplane.core.change_detection import ShiftDetector, _lindley, cusum_threshold, normal_quantile
+from tests.unit.cusum_reference import RecursionDetector
 
 FAMILIES = ["geometric", "uniform", "lognormal", "bimodal"]
 BATCH = 10  # completions per update, the decision loop's cadence
@@ -181,36 +182,12 @@ def test_the_vectorised_cusum_equals_the_recursion(start: float) -> None:
     assert zeros.size > 100
 
 
-class SequentialDetector(ShiftDetector):
-    """The CUSUM written as its recursion, one sample at a time: the reference for the vectorised scan."""
-
-    def _scan(self, samples):
-        scores = self._reference.scores(samples, jitter=_jitter(self._num_samples + self._jitter_shift, samples.size))
-        up, down, k, h = self._up, self._down, self.drift, self.threshold
-        for offset, z in enumerate(scores.tolist()):
-            index = self._num_samples
-            self._num_samples += 1
-            self._history.append(int(samples[offset]))
-            up, down = max(0.0, up + z - k), max(0.0, down - z - k)
-            if up == 0.0:
-                self._last_zero_up = index
-            if down == 0.0:
-                self._last_zero_down = index
-            if up > h or down > h:
-                self._up, self._down = up, down
-                self._age_pending(samples[: offset + 1])
-                return offset + 1, self._alarm(index, direction=1 if up > h else -1)
-        self._up, self._down = up, down
-        self._age_pending(samples)
-        return None
-
-
 @pytest.mark.parametrize("batch", [1, 10, 1024])
 def test_the_vectorised_detector_raises_the_alarms_of_the_recursion(batch: int) -> None:
     rng = np.random.default_rng(batch)
     stream = np.concatenate([rng.geometric(1 / 200, 3000), rng.geometric(1 / 500, 2000), rng.geometric(1 / 90, 3000),
                              rng.integers(50, 150, 2000)])
-    vectorised, sequential = ShiftDetector(), SequentialDetector()
+    vectorised, sequential = ShiftDetector(), RecursionDetector()
     events = {id(vectorised): [], id(sequential): []}
     for detector in (vectorised, sequential):
         for i in range(0, stream.size, batch):
