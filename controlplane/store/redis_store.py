@@ -88,7 +88,7 @@ __all__ = ["DEFAULT_AUDIT_MAXLEN", "DEFAULT_HISTORY_MAXLEN", "DEFAULT_MAX_CONNEC
            "RedisStore", "create_store"]
 
 logger = logging.getLogger(__name__)
-# Pools whose history renewal time is remembered before the stale ones are dropped.
+# Pools whose history renewal times are kept before those older than the renewal interval are dropped.
 _RENEWAL_RECORD_MAX = 4096
 
 _MAX_CAS_ATTEMPTS = 32
