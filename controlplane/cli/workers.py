@@ -11,7 +11,9 @@ overrides and calibrations, and answer ListEngines / GetDecision for the whole f
 
 This process serves nothing itself. It restarts a worker that exits (after a back-off that doubles up to
 `MAX_BACKOFF_S` while the worker keeps failing within `STABLE_AFTER_S` of its start), and on SIGTERM or
-SIGINT passes the signal on, waits for the workers to drain and stop, then stops the embedded Redis.
+SIGINT passes the signal on, waits for the workers to drain and stop, then stops the embedded Redis. The
+workers and the embedded Redis get SIGTERM from the kernel when this process dies any other way (kill -9
+included: the parent-death signal), so a restarted supervisor never finds orphans holding its port.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.store.embedded import EmbeddedRedis
+from controlplane.store.embedded import EmbeddedRedis, tied_to_this_process
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +111,9 @@ class WorkerSupervisor:
     def _start(self, worker: _Worker, url: str) -> None:
         argv = worker_argv(self._cli_args, index=worker.index, controller_id=self._controller_id, redis_url=url,
                            metrics_port=self._metrics_port)
-        worker.process = subprocess.Popen(argv)
+        # Tied to this process (the main thread starts every worker): a supervisor killed with SIGKILL takes
+        # its workers with it (SIGTERM: they drain and stop) instead of leaving them serving the port.
+        worker.process = subprocess.Popen(tied_to_this_process(argv))
         worker.started_at_s = time.monotonic()
         logger.info("worker %s started (pid %d)", worker_id(self._controller_id, worker.index), worker.process.pid)
 

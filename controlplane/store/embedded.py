@@ -146,11 +146,16 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
-def _tied_to_this_process(argv: list[str]) -> list[str]:
-    """`argv` run so that it gets SIGTERM when its parent thread ends (Linux); `argv` itself elsewhere."""
+def tied_to_this_process(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when the thread that starts it ends, even by kill -9 of this
+    process (Linux: the parent-death signal); `argv` itself elsewhere, with a warning.
+
+    The child exits with status 75 before running `argv` when this process died before the signal was armed.
+    Start it from a thread that lives as long as the child should (the main thread, or a keeper thread).
+    """
     if not sys.platform.startswith("linux") or not sys.executable:
-        logger.warning("redis-server is not tied to this process (no parent-death signal on %s): it outlives a "
-                       "kill -9 of the owner until the next start on its directory stops it", sys.platform)
+        logger.warning("%s is not tied to this process (no parent-death signal on %s): it outlives a kill -9 of "
+                       "this process", Path(argv[0]).name, sys.platform)
         return argv
     return [sys.executable, "-I", "-S", "-c", _TIE_TO_PARENT, str(os.getpid()), *argv]
 
@@ -164,7 +169,7 @@ def _spawn_tied(argv: list[str], *, cwd: Path, log_fd: int) -> tuple[subprocess.
     """
     release = threading.Event()
     outcome: queue.SimpleQueue[subprocess.Popen[bytes] | BaseException] = queue.SimpleQueue()
-    tied_argv = _tied_to_this_process(argv)
+    tied_argv = tied_to_this_process(argv)
 
     def keep() -> None:
         try:

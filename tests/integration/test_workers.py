@@ -1,7 +1,8 @@
 """`controlplane serve --workers 2` as real processes on one port and one embedded Redis: connections spread
 over both workers, every worker answers ListEngines and GetDecision for the whole fleet, an override set
 through any worker reaches every engine, a killed worker is restarted and its engines' versions keep
-increasing on reconnect, and SIGTERM stops workers and Redis."""
+increasing on reconnect, and SIGTERM stops workers and Redis; a supervisor killed with SIGKILL takes its
+workers and Redis with it, and a new one starts on the same port and data directory."""
 
 from __future__ import annotations
 
@@ -172,3 +173,30 @@ def test_workers_need_a_fixed_port(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="fixed --port"):
         ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", port=0, args=("--workers", "2"),
                            timeout_s=30)
+
+
+def test_a_supervisor_killed_with_sigkill_takes_its_workers_and_redis_with_it(tmp_path: Path) -> None:
+    port = _free_ports(1)
+    args = ("--workers", "2", "--controller-id", "host")
+    serve = ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", port=port, args=args)
+    again: ServeProcess | None = None
+    children: list[int] = []
+    try:
+        _wait(lambda: _listening(serve) == 2, timeout_s=60, what="both workers listening")
+        children = _worker_pids(serve.pid) + child_pids(serve.pid, name="redis-server")
+        assert len(children) == 3
+        serve.kill()
+        _wait(lambda: not any(pid_running(pid) for pid in children), timeout_s=40,
+              what=f"the workers and redis-server {children} gone after the supervisor's SIGKILL")
+        # Nothing is left holding the port or the data directory: a new supervisor starts on both.
+        log = tmp_path / "again.log"
+        again = ServeProcess.start(tmp_path / "data", log_path=log, port=port, args=args)
+        _wait(lambda: log.read_text(errors="replace").count("listening on") == 2, timeout_s=60,
+              what="both new workers listening")
+    finally:
+        serve.stop()
+        for pid in children:  # orphans, when the test fails
+            if pid_running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if again is not None:
+            assert again.stop(timeout_s=60) == 0
