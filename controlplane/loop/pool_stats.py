@@ -43,7 +43,7 @@ from controlplane.core.length_histogram import LengthHistogram, sum_of
 from controlplane.core.survival import is_shift_transient
 from controlplane.core.types import CostModel
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.shift_tracker import PoolShift, ShiftTracker
+from controlplane.loop.shift_tracker import REWIND_BUCKETS, PoolShift, ShiftTracker
 
 # Replica id of a persisted window seeded at start (warm start).
 SNAPSHOT_REPLICA = "snapshot"
@@ -159,6 +159,7 @@ class _Window:
     censored: LengthHistogram | None
     truncated: LengthHistogram | None
     rebased: bool
+    keep_from: int | None = None  # the oldest bucket a later window can read (`PoolStatistics.prune`)
 
 
 @lru_cache(maxsize=64)
@@ -234,6 +235,7 @@ class PoolStatistics:
         self._shifts = ShiftTracker(ShiftDetector()) if config.shift_detection else None
         self.estimate: PoolEstimate | None = None
         self.last_window: BucketStats | None = None
+        self._keep_from: int | None = None  # set by refresh: older buckets can enter no later window
 
     # ---- time ----
 
@@ -323,14 +325,30 @@ class PoolStatistics:
             outputs=stats.outputs, prompt_count=stats.prompt_count, prompt_sum_tokens=stats.prompt_sum_tokens,
             costs=stats.costs, running=None)
 
+    @property
+    def num_buckets_held(self) -> int:
+        """Closed buckets held (each with one entry per replica that sent it)."""
+        return len(self._buckets)
+
     def has_bucket(self, bucket_id: int, replica_id: str) -> bool:
         return replica_id in self._buckets.get(bucket_id, {})
 
     def prune(self, now_s: float) -> None:
-        """Forget buckets that can no longer enter a window."""
+        """Forget buckets that can no longer enter a window: older than max_window_s, or older than what the
+        latest refresh's window read (`_Window.keep_from`).
+
+        A later window reads no older bucket than the latest one did: buckets only gain data, a window sums
+        the newest first until it is full, and the change point it must not reach behind only moves forward
+        (kept: the buckets the window would read without it, in case a rewind of the shift tracker undoes
+        it; the bucket before the window, for its opening; the tracker's last REWIND_BUCKETS). A busy pool
+        fills its window in a few buckets, so it holds a few buckets instead of max_window_s of them.
+        """
         oldest = self.oldest_bucket(self.estimate_bucket(now_s))
-        for bucket_id in [b for b in self._buckets if b < oldest]:
-            del self._buckets[bucket_id]
+        if self._keep_from is not None:
+            oldest = max(oldest, self._keep_from)
+        if self._buckets and min(self._buckets) < oldest:
+            for bucket_id in [b for b in self._buckets if b < oldest]:
+                del self._buckets[bucket_id]
 
     # ---- estimate ----
 
@@ -367,14 +385,25 @@ class PoolStatistics:
         used = 0
         replicas: set[str] = set()
         first_output = last_output = None
-        for bucket_id in sorted((b for b in self._buckets if oldest <= b <= end_bucket), reverse=True):
+        # What the window would read from without the change point's floor (kept by `prune`).
+        needed_from: int | None = None
+        unfloored_outputs = unfloored_prompts = 0
+        in_range = sorted(b for b in self._buckets if oldest <= b <= end_bucket)
+        for bucket_id in reversed(in_range):
             in_floor = bucket_id >= floor
             take_outputs = in_floor and num_outputs < config.output_window
             take_prompts = in_floor and prompt_count < config.prompt_window
             take_costs = costs.num_steps < 3 * config.step_window
-            if not (take_outputs or take_prompts or take_costs):
+            unfloored = unfloored_outputs < config.output_window or unfloored_prompts < config.prompt_window
+            if not (take_outputs or take_prompts or take_costs or unfloored):
                 break
             by_replica = self._buckets[bucket_id]
+            needed_from = bucket_id
+            for stats in by_replica.values():
+                unfloored_outputs += stats.outputs.count
+                unfloored_prompts += stats.prompt_count
+            if not (take_outputs or take_prompts or take_costs):
+                continue
             used += 1
             if take_outputs:
                 first_output = bucket_id
@@ -400,9 +429,14 @@ class PoolStatistics:
             if censored is None or truncated is None or (censored.count == 0 and truncated.count == 0):
                 censored = truncated = None
         stats = BucketStats(outputs=merged, prompt_count=prompt_count, prompt_sum_tokens=prompt_sum, costs=costs)
+        keep_from = None
+        if needed_from is not None:  # and the bucket before it, the opening of a window that starts there
+            position = in_range.index(needed_from)
+            keep_from = in_range[position - 1] if position > 0 else needed_from
         return _Window(stats=stats, num_buckets=used, contributors=tuple(sorted(replicas)),
                        first_output_bucket=first_output, censored=censored,
-                       truncated=truncated, rebased=floor > oldest and num_outputs < config.output_window)
+                       truncated=truncated, rebased=floor > oldest and num_outputs < config.output_window,
+                       keep_from=keep_from)
 
     def window(self, end_bucket: int) -> tuple[BucketStats, int, tuple[str, ...]]:
         """The window ending at end_bucket (see the module docstring): (summed stats, buckets used,
@@ -420,6 +454,8 @@ class PoolStatistics:
             shifts.advance(end_bucket, first_bucket=self.oldest_bucket(end_bucket), replicas_of=self._replicas_of,
                            completions_of=self._completions_of)
         window = self._window(end_bucket)
+        recent = end_bucket - REWIND_BUCKETS  # the shift tracker may read these again
+        self._keep_from = recent if window.keep_from is None else min(window.keep_from, recent)
         stats = window.stats
         transient = is_shift_transient(rebased=window.rebased, num_completed=stats.outputs.count,
                                        truncated=window.truncated)

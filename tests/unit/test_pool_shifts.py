@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from controlplane.core.change_detection import ShiftDetector
-from controlplane.core.cost_sums import CostSums
+from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
@@ -56,9 +56,16 @@ class SaturatedEngine:
         return self.rng.integers(100, 900, outputs.size).astype(np.float64), outputs, lengths, counts
 
 
-def feed(pool: PoolStatistics, engine_id: str, engine: SaturatedEngine, now_s: float) -> None:
+def feed(pool: PoolStatistics, engine_id: str, engine: SaturatedEngine, now_s: float, *, num_steps: int = 0) -> None:
+    """One second of the engine into the pool, with num_steps decode steps of its running requests."""
     prompts, outputs, lengths, counts = engine.second()
-    pool.add(now_s, prompts=prompts, outputs=outputs, steps=None, engine_id=engine_id, running_lengths=lengths,
+    steps = None
+    if num_steps:
+        requests = np.full(num_steps, float(engine.lengths.size))
+        steps = StepColumns(np.zeros(num_steps), requests, requests,
+                            COSTS.alpha_d_s + COSTS.beta_d_s_per_request * requests * engine.rng.uniform(0.9, 1.1,
+                                                                                                      num_steps))
+    pool.add(now_s, prompts=prompts, outputs=outputs, steps=steps, engine_id=engine_id, running_lengths=lengths,
              running_counts=counts)
 
 
@@ -134,10 +141,11 @@ def test_the_window_is_fitted_with_the_running_requests_at_its_close_and_at_its_
 
 
 def run_pool(pools: dict[str, PoolStatistics], placement: dict[str, str], *, seconds: int, shift_at_s: int,
-             late_every: int = 0) -> dict[str, list]:
-    """Four saturated engines (geometric outputs of mean 128, 512 from shift_at_s on) placed on the given
-    replicas, which exchange their closed buckets every second (every late_every-th bucket of replica "a"
-    reaches the others one second late). Returns each replica's estimates, one per second."""
+             late_every: int = 0, num_steps: int = 0, prune: bool = False) -> dict[str, list]:
+    """Four saturated engines (geometric outputs of mean 128, 512 from shift_at_s on; num_steps decode steps
+    each per second) placed on the given replicas, which exchange their closed buckets every second (every
+    late_every-th bucket of replica "a" reaches the others one second late) and prune after each refresh
+    when asked. Returns each replica's estimates, one per second."""
     engines = {engine_id: SaturatedEngine.create(seed) for seed, engine_id in enumerate(sorted(placement))}
     estimates: dict[str, list] = {name: [] for name in pools}
     late: list[tuple[int, BucketStats]] = []
@@ -146,7 +154,7 @@ def run_pool(pools: dict[str, PoolStatistics], placement: dict[str, str], *, sec
             for engine in engines.values():
                 engine.mean_tokens = 512.0
         for engine_id, engine in engines.items():
-            feed(pools[placement[engine_id]], engine_id, engine, second + 0.3)
+            feed(pools[placement[engine_id]], engine_id, engine, second + 0.3, num_steps=num_steps)
         closed = {name: pool.close_due(second + 1.0) for name, pool in pools.items()}
         for name, bucket in closed.items():
             if bucket is None:
@@ -158,6 +166,8 @@ def run_pool(pools: dict[str, PoolStatistics], placement: dict[str, str], *, sec
                     target.put_remote(bucket[1], name, bucket[0])
         for name, pool in pools.items():
             estimates[name].append(pool.refresh(second + 1.6, calibration=COSTS))
+            if prune:
+                pool.prune(second + 1.6)
         for bucket_id, stats in late:  # one second late: after the refresh that needed them
             for target_name, target in pools.items():
                 if target_name != "a":
@@ -188,6 +198,29 @@ def test_replicas_sharing_a_pool_detect_the_same_shift_and_fit_the_same_window_a
     assert all(e.num_censored > 0 and e.num_truncated > 0 for e in split["a"][40:])
     # Long after the shift the window is full again, of the new workload only.
     assert not final.window_rebased and final.fit.stats.mu_o_tokens == pytest.approx(512.0, rel=0.15)
+
+
+def test_pruning_to_what_the_window_reads_changes_no_estimate_and_bounds_the_buckets_held() -> None:
+    """A busy pool keeps the buckets its window reads, not max_window_s of them, and every refresh gives what it
+    gives without pruning: across a shift (the window re-based, then refilled), with buckets arriving late."""
+    placement = {"e0": "a", "e1": "a", "e2": "b", "e3": "b"}
+
+    def run(prune: bool) -> tuple[dict[str, list], dict[str, PoolStatistics]]:
+        pools = {name: PoolStatistics("m|a", CONFIG, replica_id=name) for name in ("a", "b")}
+        return run_pool(pools, placement, seconds=220, shift_at_s=100, late_every=7, num_steps=100,
+                        prune=prune), pools
+
+    (kept, kept_pools), (pruned, pruned_pools) = run(False), run(True)
+    for name in ("a", "b"):
+        for whole, small in zip(kept[name], pruned[name], strict=True):
+            assert comparable(whole) == comparable(small)
+            assert (whole.num_buckets, whole.cost_fit, whole.contributors) == (
+                small.num_buckets, small.cost_fit, small.contributors)
+        assert any(e.window_rebased for e in pruned[name]) and pruned[name][-1].costs is not None
+        held, unpruned = pruned_pools[name].num_buckets_held, kept_pools[name].num_buckets_held
+        # The output window after the shift, 1,024 completions at ~32 a second, and the bucket before it: ~34
+        # buckets; never pruned: every one.
+        assert held <= 40 and unpruned >= 220, (held, unpruned)
 
 
 def test_a_bucket_that_arrives_late_is_fed_again_and_the_replicas_agree_again() -> None:
