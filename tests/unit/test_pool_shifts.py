@@ -223,6 +223,29 @@ def test_pruning_to_what_the_window_reads_changes_no_estimate_and_bounds_the_buc
         assert held <= 40 and unpruned >= 220, (held, unpruned)
 
 
+def test_pruning_keeps_what_the_window_reads_without_the_change_points_floor() -> None:
+    """A rewind of the shift tracker can undo a re-base (a bucket read late changes what was fed): the
+    buckets the window reads without the floor stay, so the window after the undo is the unpruned one's."""
+    config = DecisionLoopConfig(output_window=1024, prompt_window=1024, step_window=64)  # costs: 2 buckets
+    floored, whole = (PoolStatistics("m|a", config, replica_id="a") for _ in range(2))
+    engines = [SaturatedEngine.create(seed) for seed in range(2)], [SaturatedEngine.create(seed) for seed in range(2)]
+    for second in range(60):
+        for pool, fleet in zip((floored, whole), engines, strict=True):
+            for index, engine in enumerate(fleet):
+                feed(pool, f"e{index}", engine, second + 0.3, num_steps=100)
+        if second == 50:  # as if a shift had been detected 4 buckets back
+            floored._shifts._state.rebase_bucket = floored.estimate_bucket(second + 1.6) - 4
+        for pool in (floored, whole):
+            pool.refresh(second + 1.6, calibration=COSTS)
+            pool.prune(second + 1.6)
+    assert floored.estimate.window_rebased and not whole.estimate.window_rebased
+    assert floored.num_buckets_held == whole.num_buckets_held < 30  # kept although the floored window reads 5
+    floored._shifts._state.rebase_bucket = None  # the rewind's undo
+    undone, unpruned = floored.refresh(60.6, calibration=COSTS), whole.refresh(60.6, calibration=COSTS)
+    assert (undone.fit.stats, undone.num_samples, undone.window_first_bucket, undone.num_buckets) == (
+        unpruned.fit.stats, unpruned.num_samples, unpruned.window_first_bucket, unpruned.num_buckets)
+
+
 def test_a_bucket_that_arrives_late_is_fed_again_and_the_replicas_agree_again() -> None:
     pools = {name: PoolStatistics("m|a", CONFIG, replica_id=name) for name in ("a", "b")}
     placement = {"e0": "a", "e1": "a", "e2": "b", "e3": "b"}
