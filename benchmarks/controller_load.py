@@ -266,9 +266,15 @@ def _start_controller(redis_url: str, name: str, tmp: Path, *,
             pids = _children(process.pid) if workers > 1 else [process.pid]
             if len(pids) == workers:
                 return process, [(pid, port, metrics_port + i) for i, pid in enumerate(sorted(pids))]
+        if process.poll() is not None:
+            break
         time.sleep(0.1)
     process.kill()
-    raise RuntimeError(f"controller {name} did not listen; see {tmp / (name + '.log')}")
+    process.wait()
+    log.close()
+    tail = (tmp / f"{name}.log").read_bytes()[-3000:].decode(errors="replace")  # the directory goes with the run
+    raise RuntimeError(f"controller {name} did not listen (exit code {process.returncode}); its log "
+                       f"ends:\n{tail}")
 
 
 async def _put_calibration(port: int) -> None:
