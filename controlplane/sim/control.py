@@ -116,7 +116,7 @@ class OnlineControl:
         self._outputs: list[np.ndarray] = []
         self.num_decisions = 0
         self.timeline: list[DecisionRecord] = []
-        self.snapshot: BucketStats | None = None
+        self.pool_window: BucketStats | None = None  # the window a warm start would seed (see _refresh)
 
     def start(self, engine: SimEngine) -> None:
         shape = engine.shape
@@ -142,10 +142,10 @@ class OnlineControl:
 
     def _refresh(self, pool: PoolStatistics, now_s: float) -> None:
         """Refresh the pool estimate and keep the window the controller would persist for a warm start (the
-        latest fitted from at least min_samples completions): `snapshot`."""
+        latest fitted from at least min_samples completions): `pool_window`."""
         estimate = pool.refresh(now_s, calibration=self._costs)
         if estimate.num_samples >= self._settings.policy.min_samples and not estimate.fit_held:
-            self.snapshot = pool.last_window
+            self.pool_window = pool.last_window
 
     def after_step(self, engine: SimEngine, step: SimStep) -> None:
         finished = step.finished

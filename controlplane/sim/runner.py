@@ -72,7 +72,7 @@ def run_scenario(workload: Workload, scheduler: SchedulerSpec, profile: SimProfi
         timeline=tuple(control.timeline), steps=engine.log.arrays() if engine.log is not None else {},
         requests=engine.request_arrays(), wall_s=time.perf_counter() - started, max_kv_used_tokens=max_kv,
         kv_total_tokens=engine.kv_total_tokens, num_fallback_steps=engine.num_fallback_steps,
-        pool_window=control.snapshot if isinstance(control, OnlineControl) else None)
+        pool_window=control.pool_window if isinstance(control, OnlineControl) else None)
 
 
 def _cached(trace: RequestTrace, start: int, end: int) -> np.ndarray | None:

@@ -160,10 +160,10 @@ class RedisStore(PoolStatisticsMixin):
         """Append the accepted writes to their pools' history streams; a failure is logged, not raised."""
         try:
             async with self._operation("append_history"), self._redis.pipeline(transaction=False) as pipe:
-                renewed = self._history_keys_to_renew(accepted)
-                for write in accepted:
-                    pipe.xadd(self._keys.history(write.pool_key), history_fields(write), maxlen=self._history_maxlen,
-                              approximate=True)
+                keys = [self._keys.history(write.pool_key) for write in accepted]
+                renewed = self._history_keys_to_renew(keys)
+                for key, write in zip(keys, accepted, strict=True):
+                    pipe.xadd(key, history_fields(write), maxlen=self._history_maxlen, approximate=True)
                 for key in renewed:
                     # A pool nobody decides for any more (any agent may name a new one) is not kept forever.
                     pipe.pexpire(key, int(self._retention_arg))
@@ -176,8 +176,8 @@ class RedisStore(PoolStatisticsMixin):
         except (StoreUnavailable, *REDIS_FAILURES) as err:
             logger.warning("%d accepted decisions may lack their history entries: %s", len(accepted), err)
 
-    def _history_keys_to_renew(self, accepted: Sequence[DecisionWrite]) -> list[str]:
-        """The history keys of `accepted` whose expiry was not renewed within the renewal interval (none
+    def _history_keys_to_renew(self, keys: Sequence[str]) -> list[str]:
+        """The distinct history `keys` whose expiry was not renewed within the renewal interval (none
         without a retention). Entries older than the interval are forgotten, so the record stays as small
         as the set of pools decided for lately."""
         if self._retention_arg == "0":
@@ -187,8 +187,7 @@ class RedisStore(PoolStatisticsMixin):
         if len(renewed_at) > _RENEWAL_RECORD_MAX:
             self._history_renewed_at = renewed_at = {
                 key: at_s for key, at_s in renewed_at.items() if now_s - at_s < self._history_renewal_s}
-        keys = {self._keys.history(write.pool_key) for write in accepted}
-        return sorted(key for key in keys if now_s - renewed_at.get(key, -math.inf) >= self._history_renewal_s)
+        return sorted(key for key in set(keys) if now_s - renewed_at.get(key, -math.inf) >= self._history_renewal_s)
 
     async def get_decision(self, engine_id: str) -> common_pb2.Decision | None:
         """The latest decision of `engine_id`, or None when there is none (or it does not parse, logged).
