@@ -15,8 +15,9 @@ Printed: the run's figures as a table — streams and messages sent, the statuse
 OK nor a rejection), non-finite numbers in any decision or view, `cp_rejections_total` by cause against the
 bad streams sent, the good engines' longest gap between decisions, the engines and pools still known after
 eviction, Redis keys before, at the end and once the gone engines' keys expired (`--engine-retention-s`),
-and the controller's RSS (VmRSS from /proc/PID/status) at the
-baseline, at its peak and after eviction. Exits 1 when a crash or a non-finite number is seen (RSS is
+and the controller's RSS (VmRSS from /proc/PID/status) at the baseline, at its peak and after each round's
+eviction, and what each round after the first adds (the first leaves the allocators' high water at the churn's
+peak; later rounds show what stays per engine id). Exits 1 when a crash or a non-finite number is seen (RSS is
 reported, not judged: the goal is "back within 10% of the baseline after eviction").
 
     .venv/bin/python benchmarks/fuzz_soak.py                                   # the default run, ≤ ~5 min
@@ -333,6 +334,13 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
                            + ", ".join(f"{r:.0f} MiB ({100 * (r / rss_baseline - 1):+.1f}%)" for r in rss_after)
                            + " (goal ≤ +10%)"),
     ]
+    if len(rss_after) >= 2:
+        # What the first round leaves is the allocators' high water at the churn's peak; what each later
+        # round adds is what stays per engine id.
+        ids_per_round = (args.engines + len(scripts)) / len(rss_after)
+        per_10k = 10_000 * (rss_after[-1] - rss_after[0]) / (ids_per_round * (len(rss_after) - 1))
+        rows.append(("RSS added per round after the first", f"{per_10k:+.2f} MiB per 10,000 streams (first round: "
+                                                          f"{rss_after[0] - rss_baseline:+.0f} MiB)"))
     width = max(len(name) for name, _ in rows)
     print()
     for name, value in rows:
