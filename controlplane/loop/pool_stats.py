@@ -346,9 +346,8 @@ class PoolStatistics:
         oldest = self.oldest_bucket(self.estimate_bucket(now_s))
         if self._keep_from is not None:
             oldest = max(oldest, self._keep_from)
-        if self._buckets and min(self._buckets) < oldest:
-            for bucket_id in [b for b in self._buckets if b < oldest]:
-                del self._buckets[bucket_id]
+        for bucket_id in [b for b in self._buckets if b < oldest]:
+            del self._buckets[bucket_id]
 
     # ---- estimate ----
 
