@@ -148,6 +148,49 @@ _STEP_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "duration
 _RUNNING_COLUMNS = ("output_tokens", "num_requests")
 
 
+# The value checks run in two tiers: the common batch (every value valid) passes a handful of whole-column
+# reductions over one 2-D array, and only a batch that fails them pays for the per-value masks that tell
+# which values to drop. Both tiers accept exactly the same values (NaN fails every comparison, so a column
+# holding one takes the masked tier).
+
+def _usable_completions(c: agent_pb2.Completions, max_len: float) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(prompts, outputs, num_aborted, num_dropped): the completions the estimators may use."""
+    if not len(c.output_tokens):
+        return _EMPTY, _EMPTY, 0, 0
+    columns = np.array((c.prompt_tokens, c.output_tokens, c.finish_time_s), dtype=np.float64)
+    prompts, outputs, finish = columns
+    if not any(c.aborted):
+        low = columns.min(axis=1)
+        if (low[0] >= 1 and low[1] >= 1 and math.isfinite(low[2]) and math.isfinite(finish.max())
+                and (prompts + outputs).max() <= max_len):
+            return prompts, outputs, 0, 0
+    aborted = np.asarray(c.aborted, dtype=bool)
+    good = ~aborted & (prompts >= 1) & (outputs >= 1) & np.isfinite(finish) & (prompts + outputs <= max_len)
+    num_good = int(np.count_nonzero(good))
+    num_aborted = int(np.count_nonzero(aborted))
+    return prompts[good], outputs[good], num_aborted, prompts.size - num_good - num_aborted
+
+
+def _usable_steps(s: agent_pb2.Steps, limits: EngineLimits) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                                     int]:
+    """(prefill, decode tokens, decode requests, durations, num_dropped): the steps the cost fits may use."""
+    if not len(s.duration_s):
+        return _EMPTY, _EMPTY, _EMPTY, _EMPTY, 0
+    columns = np.array((s.prefill_tokens, s.decode_tokens, s.decode_requests, s.duration_s), dtype=np.float64)
+    prefill, decode_tok, decode_req, duration = columns
+    tokens = prefill + decode_tok
+    low, high = columns.min(axis=1), columns.max(axis=1)
+    if (low[3] > 0 and high[3] <= MAX_STEP_DURATION_S and tokens.min() > 0
+            and tokens.max() <= limits.max_num_batched_tokens and high[2] <= limits.max_num_seqs
+            and (decode_tok - decode_req).min() >= 0):
+        return prefill, decode_tok, decode_req, duration, 0
+    good = np.isfinite(duration) & (duration > 0) & (duration <= MAX_STEP_DURATION_S) & (tokens > 0)
+    good &= (decode_req <= decode_tok) & (tokens <= limits.max_num_batched_tokens)
+    good &= decode_req <= limits.max_num_seqs
+    num_good = int(np.count_nonzero(good))
+    return prefill[good], decode_tok[good], decode_req[good], duration[good], duration.size - num_good
+
+
 def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> ValidatedBatch:
     """Check structure (raises TelemetryError) and drop values impossible for an engine with `limits`."""
     if batch.seq < 1:
@@ -173,30 +216,9 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
         raise TelemetryError("telemetry.sent_at_s", "must be finite")
 
     max_len = float(limits.max_model_len_tokens)
-    prompts = np.asarray(c.prompt_tokens, dtype=np.float64)
-    outputs = np.asarray(c.output_tokens, dtype=np.float64)
-    finish = np.asarray(c.finish_time_s, dtype=np.float64)
-    aborted = np.asarray(c.aborted, dtype=bool)
-    good = ~aborted & (prompts >= 1) & (outputs >= 1) & np.isfinite(finish) & (prompts + outputs <= max_len)
-    num_good = int(np.count_nonzero(good))
-    num_aborted = int(np.count_nonzero(aborted))
-    dropped = prompts.size - num_good - num_aborted
-    if num_good < prompts.size:
-        prompts, outputs = prompts[good], outputs[good]
-
-    prefill = np.asarray(s.prefill_tokens, dtype=np.float64)
-    decode_tok = np.asarray(s.decode_tokens, dtype=np.float64)
-    decode_req = np.asarray(s.decode_requests, dtype=np.float64)
-    duration = np.asarray(s.duration_s, dtype=np.float64)
-    tokens = prefill + decode_tok
-    good_steps = np.isfinite(duration) & (duration > 0) & (duration <= MAX_STEP_DURATION_S) & (tokens > 0)
-    good_steps &= (decode_req <= decode_tok) & (tokens <= limits.max_num_batched_tokens)
-    good_steps &= decode_req <= limits.max_num_seqs
-    num_good_steps = int(np.count_nonzero(good_steps))
-    dropped += duration.size - num_good_steps
-    if num_good_steps < duration.size:  # the common case keeps every step and skips the copies
-        prefill, decode_tok = prefill[good_steps], decode_tok[good_steps]
-        decode_req, duration = decode_req[good_steps], duration[good_steps]
+    prompts, outputs, num_aborted, dropped = _usable_completions(c, max_len)
+    prefill, decode_tok, decode_req, duration, dropped_steps = _usable_steps(s, limits)
+    dropped += dropped_steps
 
     scheduler = batch.scheduler
     num_running: int | None = scheduler.num_running_prefills + scheduler.num_running_decodes
