@@ -8,7 +8,8 @@ completions and the running requests' lengths go in with `add` (as the controlle
 the window at each detected change point and fits it with the running requests at both ends — and
 `core.policy.decide` on the pool's fit with the published H200 Qwen3-8B costs, as `EngineLoop.decide` does
 (`min_samples` included). It measures, over 20 seeds, how many post-shift completions it takes until k̂* and
-N̂* stay within 10% and 5% of the values the same fit gives on the new workload in steady state.
+N̂* stay within 10% and 5% of the values the same fit gives on the new workload in steady state. The same loop
+also runs on an i.i.d. completion stream (`run_iid`: no requests in flight, so no length bias).
 
 k̂* is compared before its floor (θ̂*·N̂*): k̂* = ⌊θ̂*·N̂*⌋ = 7 for a steady mean of 1,024 tokens, where 10% is
 less than one request. `pytest -s` prints the table.
@@ -116,6 +117,36 @@ def run(seed: int, kind: str, before: float, after: float, *, censoring: bool = 
     return Trace(np.array(post), np.array(k_real), np.array(n_star), pool.estimate.num_shifts - events_before)
 
 
+def run_iid(seed: int, kind: str, before: float, after: float, *, pre_shift: int = PRE_SHIFT,
+            post_shift: int = POST_SHIFT) -> Trace:
+    """The same loop on an i.i.d. completion stream: every completion after the shift follows the new law (no
+    requests in flight, so no length bias and no running requests to report)."""
+    rng = np.random.default_rng(seed)
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0", settle_s=0.0)
+    state = PolicyState()
+    post, k_real, n_star = [], [], []
+    events_before = 0
+    for bucket in range((pre_shift + post_shift) // DECISION_EVERY):
+        done = (bucket + 1) * DECISION_EVERY
+        mean = after if done > pre_shift else before
+        completed = draw(rng, kind, mean, DECISION_EVERY).astype(np.float64)
+        pool.add(bucket + 0.5, prompts=prompts(rng, completed.size).astype(np.float64), outputs=completed,
+                 steps=None, engine_id="engine")
+        estimate = pool.refresh(bucket + 1.0, calibration=H200_QWEN3_8B)
+        observations = Observations(output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
+                                    costs=H200_QWEN3_8B, limits=LIMITS, n_obs=float(SLOTS))
+        decision, state = decide(observations, state, float(bucket + 1), fit=estimate.fit,
+                                 established=estimate.window_rebased)
+        if done <= pre_shift:
+            events_before = estimate.num_shifts
+        else:
+            post.append(done - pre_shift)
+            k_real.append(decision.diagnostics.theta_star * decision.diagnostics.n_star)
+            n_star.append(decision.diagnostics.n_star)
+    assert pool.estimate is not None
+    return Trace(np.array(post), np.array(k_real), np.array(n_star), pool.estimate.num_shifts - events_before)
+
+
 def relative_error(trace: Trace, steady: Evaluation) -> np.ndarray:
     """Per decision, the larger of the relative errors of θ̂*·N̂* and N̂*."""
     k_error = np.abs(trace.k_real / (steady.theta_star * steady.n_star) - 1.0)
@@ -140,16 +171,19 @@ class Summary:
     error_600: float
 
 
-def summarise(kind: str, before: float, after: float, *, censoring: bool = True, seeds: int = SEEDS) -> Summary:
+def summarise(kind: str, before: float, after: float, *, censoring: bool = True, seeds: int = SEEDS,
+              iid: bool = False) -> Summary:
     steady = steady_state(kind, after)
-    traces = [run(seed, kind, before, after, censoring=censoring) for seed in range(seeds)]
+    traces = [run_iid(seed, kind, before, after) if iid else run(seed, kind, before, after, censoring=censoring)
+              for seed in range(seeds)]
     summary = Summary(
         settle_10=float(np.median([settling(t, steady, 0.10) for t in traces])),
         settle_5=float(np.median([settling(t, steady, 0.05) for t in traces])),
         error_300=float(np.median([error_at(t, steady, 300) for t in traces])),
         error_600=float(np.median([error_at(t, steady, 600) for t in traces])),
     )
-    print(f"{kind} {before:.0f} → {after:.0f}{'' if censoring else ' (completions only)'}: steady k̂*="
+    setting = " (i.i.d. stream)" if iid else "" if censoring else " (completions only)"
+    print(f"{kind} {before:.0f} → {after:.0f}{setting}: steady k̂*="
           f"{steady.k_star} (θ̂*·N̂*={steady.theta_star * steady.n_star:.2f}) N̂*={steady.n_star}; median over "
           f"{seeds} seeds: within 10% after {summary.settle_10:.0f} completions, within 5% after "
           f"{summary.settle_5:.0f}; error at 300: {summary.error_300:.1%}, at 600: {summary.error_600:.1%}; "
@@ -173,6 +207,27 @@ def test_decisions_follow_a_shift(kind: str, before: float, after: float, settle
     assert summary.settle_10 <= settle_10
     assert summary.settle_5 <= settle_5
     assert summary.error_600 <= error_600
+
+
+# The i.i.d. stream (measured: geometric 128 → 1,024 within 10% / 5% after 375 / 825 completions, error 7.7% at
+# 300 and 3.4% at 600; 1,024 → 256: 210 / 815, 5.4%, 3.7%; uniform 512 → 1,024: 50 / 105, 2.0%, 0.7%). The error
+# at 300 and at 600 completions is within the goal's 10% and 5%; what stays above the goal when read as "stays
+# within from then on" is the spread of θ̂*·N̂* on a few hundred geometric samples (η̂ of a constant hazard).
+@pytest.mark.parametrize(
+    ("kind", "before", "after", "settle_10", "settle_5"),
+    [
+        ("geometric", 128.0, 1024.0, 450, 1000),
+        ("geometric", 1024.0, 256.0, 300, 1000),
+        ("uniform", 512.0, 1024.0, 100, 150),
+    ],
+)
+def test_decisions_follow_a_shift_in_an_iid_stream(kind: str, before: float, after: float, settle_10: int,
+                                                   settle_5: int) -> None:
+    summary = summarise(kind, before, after, iid=True)
+    assert summary.error_300 <= 0.10
+    assert summary.error_600 <= 0.05
+    assert summary.settle_10 <= settle_10
+    assert summary.settle_5 <= settle_5
 
 
 def test_censoring_speeds_up_the_reaction() -> None:
