@@ -191,6 +191,14 @@ class Enforcer:
         return self._last_plan
 
     @property
+    def steers(self) -> bool:
+        """Whether the last planned step applies a decision's knobs. False before the first step and for the
+        stock plan (no decision held, an expired, PASSTHROUGH or advisory one): the engine's knobs are then
+        its own, whatever their values, and the adapter leaves them alone."""
+        plan = self._last_plan
+        return plan is not None and plan is not self._stock_plan
+
+    @property
     def would_plan(self) -> StepPlan | None:
         """What the active policy would have planned for the last step: under an advisory decision the plan
         it would apply (the engine ran stock), otherwise the applied plan itself. None before the first step."""

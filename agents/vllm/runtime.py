@@ -7,8 +7,10 @@ duration) and `record_finish` (finished requests). The network lives in the link
 file in its own thread (agents/report.py).
 
 Knobs (docs/ARCHITECTURE.md, "The agent"): `max_num_scheduled_tokens` (only lowered), `max_num_active_reqs`
-(admission gate; never above the engine's own start-up value, so "stock until the first decision" holds
-even with `--max-num-active-seqs`), decode-only steps through `schedule(throttle_prefills=True)` with
+(admission gate; never above the engine's own start-up value, so `--max-num-active-seqs` holds under every
+decision). They are written only while a decision steers them: before the first decision, and after one
+expires (its knobs handed back at their start-up values, once), the engine's knobs are its own and are not
+touched, whatever another tool sets them to. Decode-only steps run through `schedule(throttle_prefills=True)` with
 `prefill_capacity_bound = False`, prefill-only steps by pushing `next_decode_eligible_step` of the
 decoding requests past this step. Every internal is checked once at start (`agents.vllm.probe`); when one
 is missing the runtime is not created and the engine is stock for its whole life.
@@ -98,6 +100,7 @@ class AgentRuntime:
         self._last_update_s = 0.0
         self._next_running_lengths_s = 0.0
         self._prompt_tokens_ema = 0.0
+        self._knobs_set = False  # a decision's knobs are in the scheduler (restored when it ends)
         self._aborted_status: Any = None
         self.num_steps = 0
         self.hook_time_s = 0.0
@@ -223,8 +226,12 @@ class AgentRuntime:
             kv_tokens_per_new_request=int(self._prompt_tokens_ema) + self._block_size,
             largest_remaining_prefill_tokens=largest_remaining,
         )
-        s.max_num_scheduled_tokens = plan.token_budget_tokens
-        s.max_num_active_reqs = plan.max_num_active_reqs
+        if enforcer.steers:
+            s.max_num_scheduled_tokens = plan.token_budget_tokens
+            s.max_num_active_reqs = plan.max_num_active_reqs
+            self._knobs_set = True
+        elif self._knobs_set:  # back to stock: the engine's own values, once; then its knobs are left alone
+            self._restore_knobs(s)
         kind = plan.kind
         if kind is _PREFILL_ONLY:
             skip_until = s.current_step + 2
@@ -363,15 +370,21 @@ class AgentRuntime:
         `next_decode_eligible_step` lapses by itself after one step.
         """
         self.disabled_reason = reason or "disabled"
+        self._restore_knobs(scheduler)
+        self.link.stop(timeout_s=0.0)
+        if self._report is not None:
+            self._report.stop(timeout_s=0.0)
+
+    def _restore_knobs(self, scheduler: Any) -> None:
+        """Hand the knobs a decision set (token budget, admission cap) back at their start-up values (never
+        raises)."""
+        self._knobs_set = False
         for name, value in (("max_num_scheduled_tokens", self._start_budget_tokens),
                             ("max_num_active_reqs", self._start_active_reqs_raw)):
             try:
                 setattr(scheduler, name, value)
             except Exception:
                 logger.exception("could not restore scheduler.%s", name)
-        self.link.stop(timeout_s=0.0)
-        if self._report is not None:
-            self._report.stop(timeout_s=0.0)
 
     def report(self) -> dict[str, Any]:
         """The agent's counters as JSON-ready data (read by the report thread: plain reads and list copies)."""

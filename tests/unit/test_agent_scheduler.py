@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import subprocess
 import sys
@@ -162,6 +163,41 @@ def test_stock_until_the_first_decision_keeps_the_engines_own_active_cap(model_d
     # A decision with N above the engine's own cap does not raise it either.
     decision = common_pb2.Decision(version=1, mode=common_pb2.MODE_MB, k=1, n=8, ttl_s=60)
     assert agent.cp_agent.enforcer.apply(decision, now_s=time.monotonic()) == (True, "")  # the runtime's clock
+    add_requests(agent, 6)
+    assert max(s["running"] for s in run_steps(agent)) == 2
+
+
+def test_knobs_another_tool_sets_are_left_alone_until_a_decision_and_after_it(
+        model_dir: Path, agent_env: Path, schedulers: Callable[..., Any]) -> None:
+    """A runtime tool lowers the token budget and the admission cap between steps: stock vLLM keeps its values,
+    and so does the agent while no decision steers the knobs. A decision sets them; when it expires they are
+    handed back at their start-up values once, and a tool's later change holds again."""
+    stock = schedulers(Scheduler, model_dir)
+    agent = schedulers(with_agent(Scheduler), model_dir)
+    runtime = agent.cp_agent
+    assert runtime is not None
+    for scheduler in (stock, agent):
+        scheduler.max_num_scheduled_tokens, scheduler.max_num_active_reqs = 64, 3
+        add_requests(scheduler, 6)
+    stock_steps = run_steps(stock)
+    agent_steps = run_steps(agent)
+    assert max(s["running"] for s in stock_steps) == 3
+    assert max(sum(s["tokens"].values()) for s in stock_steps) <= 64
+    assert agent_steps == stock_steps
+    assert (agent.max_num_scheduled_tokens, agent.max_num_active_reqs) == (64, 3)
+
+    decision = common_pb2.Decision(version=1, mode=common_pb2.MODE_MB, k=1, n=5, ttl_s=60,
+                                   budget=common_pb2.BudgetPolicy(b_max_tokens=256, b_cap_tokens=256))
+    assert runtime.enforcer.apply(decision, now_s=time.monotonic()) == (True, "")
+    add_requests(agent, 6)
+    assert max(s["running"] for s in run_steps(agent)) == 5
+    assert (agent.max_num_scheduled_tokens, agent.max_num_active_reqs) == (256, 5)
+
+    assert runtime.enforcer.expire(math.inf)
+    add_requests(agent, 1)
+    run_steps(agent)
+    assert (agent.max_num_scheduled_tokens, agent.max_num_active_reqs) == (512, 8)  # start-up values, once
+    agent.max_num_active_reqs = 2
     add_requests(agent, 6)
     assert max(s["running"] for s in run_steps(agent)) == 2
 
