@@ -27,7 +27,7 @@ from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.policy import decide, evaluate
 from controlplane.core.types import EngineLimits, Evaluation, Observations, PolicyState
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.pool_stats import PoolStatistics
+from controlplane.loop.pool_stats import PoolEstimate, PoolStatistics
 from controlplane.sim.profiles import H200_QWEN3_8B
 
 LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=700_000)
@@ -73,6 +73,36 @@ class Trace:
     num_events: int  # shifts detected after the shift
 
 
+class _Decisions:
+    """Decides on each refreshed pool estimate as `EngineLoop.decide` does, and keeps the decisions taken from
+    the shift on (and the shifts detected before it)."""
+
+    def __init__(self, pre_shift: int) -> None:
+        self._pre_shift = pre_shift
+        self._state = PolicyState()
+        self._post: list[int] = []
+        self._k_real: list[float] = []
+        self._n: list[int] = []
+        self._events_before = 0
+
+    def decide(self, estimate: PoolEstimate, *, now_s: float, done: int) -> None:
+        observations = Observations(output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
+                                    costs=H200_QWEN3_8B, limits=LIMITS, n_obs=float(SLOTS))
+        decision, self._state = decide(observations, self._state, now_s, fit=estimate.fit,
+                                       established=estimate.window_rebased)
+        if done < self._pre_shift:
+            self._events_before = estimate.num_shifts
+        else:
+            self._post.append(done - self._pre_shift)
+            self._k_real.append(decision.diagnostics.theta_star * decision.diagnostics.n_star)
+            self._n.append(decision.diagnostics.n_star)
+
+    def trace(self, pool: PoolStatistics) -> Trace:
+        assert pool.estimate is not None
+        return Trace(np.array(self._post), np.array(self._k_real), np.array(self._n),
+                     pool.estimate.num_shifts - self._events_before)
+
+
 def run(seed: int, kind: str, before: float, after: float, *, censoring: bool = True,
         config: DecisionLoopConfig = CONFIG, pre_shift: int = PRE_SHIFT, post_shift: int = POST_SHIFT) -> Trace:
     rng = np.random.default_rng(seed)
@@ -80,10 +110,9 @@ def run(seed: int, kind: str, before: float, after: float, *, censoring: bool = 
     length = draw(rng, kind, before, SLOTS).astype(np.float64)
     finish = start + length
     pool = PoolStatistics("m|a", config, replica_id="r0", settle_s=0.0)
-    state = PolicyState()
+    decisions = _Decisions(pre_shift)
     batch: list[int] = []
-    post, k_real, n_star = [], [], []
-    done, bucket, events_before = 0, 0, 0
+    done, bucket = 0, 0
     while done < pre_shift + post_shift:
         i = int(np.argmin(finish))
         now = finish[i]
@@ -103,18 +132,8 @@ def run(seed: int, kind: str, before: float, after: float, *, censoring: bool = 
                  running_counts=np.ones_like(running) if censoring else None)
         estimate = pool.refresh(bucket + 1.0, calibration=H200_QWEN3_8B)
         bucket += 1
-        observations = Observations(output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
-                                    costs=H200_QWEN3_8B, limits=LIMITS, n_obs=float(SLOTS))
-        decision, state = decide(observations, state, float(bucket), fit=estimate.fit,
-                                 established=estimate.window_rebased)
-        if done < pre_shift:
-            events_before = estimate.num_shifts
-        else:
-            post.append(done - pre_shift)
-            k_real.append(decision.diagnostics.theta_star * decision.diagnostics.n_star)
-            n_star.append(decision.diagnostics.n_star)
-    assert pool.estimate is not None
-    return Trace(np.array(post), np.array(k_real), np.array(n_star), pool.estimate.num_shifts - events_before)
+        decisions.decide(estimate, now_s=float(bucket), done=done)
+    return decisions.trace(pool)
 
 
 def run_iid(seed: int, kind: str, before: float, after: float, *, pre_shift: int = PRE_SHIFT,
@@ -123,9 +142,7 @@ def run_iid(seed: int, kind: str, before: float, after: float, *, pre_shift: int
     requests in flight, so no length bias and no running requests to report)."""
     rng = np.random.default_rng(seed)
     pool = PoolStatistics("m|a", CONFIG, replica_id="r0", settle_s=0.0)
-    state = PolicyState()
-    post, k_real, n_star = [], [], []
-    events_before = 0
+    decisions = _Decisions(pre_shift)
     for bucket in range((pre_shift + post_shift) // DECISION_EVERY):
         done = (bucket + 1) * DECISION_EVERY
         mean = after if done > pre_shift else before
@@ -133,18 +150,8 @@ def run_iid(seed: int, kind: str, before: float, after: float, *, pre_shift: int
         pool.add(bucket + 0.5, prompts=prompts(rng, completed.size).astype(np.float64), outputs=completed,
                  steps=None, engine_id="engine")
         estimate = pool.refresh(bucket + 1.0, calibration=H200_QWEN3_8B)
-        observations = Observations(output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
-                                    costs=H200_QWEN3_8B, limits=LIMITS, n_obs=float(SLOTS))
-        decision, state = decide(observations, state, float(bucket + 1), fit=estimate.fit,
-                                 established=estimate.window_rebased)
-        if done <= pre_shift:
-            events_before = estimate.num_shifts
-        else:
-            post.append(done - pre_shift)
-            k_real.append(decision.diagnostics.theta_star * decision.diagnostics.n_star)
-            n_star.append(decision.diagnostics.n_star)
-    assert pool.estimate is not None
-    return Trace(np.array(post), np.array(k_real), np.array(n_star), pool.estimate.num_shifts - events_before)
+        decisions.decide(estimate, now_s=float(bucket + 1), done=done)
+    return decisions.trace(pool)
 
 
 def relative_error(trace: Trace, steady: Evaluation) -> np.ndarray:
