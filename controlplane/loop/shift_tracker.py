@@ -1,8 +1,9 @@
 """Shift detection over a pool's settled buckets: where the pool's output-length window is re-based.
 
 `ShiftTracker` feeds the completions of each settled bucket, oldest first, to a
-`core.change_detection.ShiftDetector` and maps every detected change point to the bucket it fell in. The pool's
-window (`loop.pool_stats`) never reaches back before that bucket (`rebase_bucket`), and the shift is kept
+`core.change_detection.ShiftDetector` and maps every detected change point to a bucket (the one it fell in, or
+the next when it fell past the first quarter of its bucket: `_bucket_of_sample`). The pool's window
+(`loop.pool_stats`) never reaches back before that bucket (`rebase_bucket`), and the shift is kept
 (`last_shift`) for the explain view.
 
 Deterministic: what is fed depends only on the merged bucket (every replica's completions summed) and its id.
@@ -36,6 +37,8 @@ from controlplane.core.length_histogram import LengthHistogram
 MAX_SAMPLES_PER_BUCKET = 1024
 # Buckets whose late change is still honoured by re-feeding them (controllers re-read the last 3).
 REWIND_BUCKETS = 8
+# A change point past this fraction of its bucket's fed completions starts the re-based window at the next bucket.
+_LATE_IN_BUCKET = 0.25
 # Tie-spreading positions are (bucket id mod this) · MAX_SAMPLES_PER_BUCKET + position in the bucket.
 _JITTER_PERIOD_BUCKETS = 1 << 20
 
@@ -44,7 +47,7 @@ _JITTER_PERIOD_BUCKETS = 1 << 20
 class PoolShift:
     """A shift of a pool's output-length distribution.
 
-    start_bucket: the bucket of the change point (the re-based window starts there). detected_bucket: the
+    start_bucket: where the re-based window starts (`ShiftTracker._bucket_of_sample`). detected_bucket: the
     bucket whose completions raised the alarm. direction: +1 towards longer outputs, −1 towards shorter ones.
     mean_ratio: mean length since the change point over the mean of the detector's reference before it.
     """
@@ -152,10 +155,17 @@ class ShiftTracker:
             state.spans.popleft()
 
     def _bucket_of_sample(self, sample_index: int) -> int:
+        """The bucket where the window re-based at a change point at `sample_index` starts: the bucket holding
+        that sample, or the next one fed when the sample lies past the first quarter of its bucket's fed
+        samples. A bucket's completions are fed in a shuffled order, so a change point deep in a bucket means
+        that few of its completions are the new regime's: a window that starts with the bucket starts with
+        old-regime completions (a bias), one that starts after it only waits one bucket longer."""
         spans = self._state.spans
-        bucket_id = spans[0][1]
-        for first, span_bucket in spans:
-            if first > sample_index:
-                break
-            bucket_id = span_bucket
-        return bucket_id
+        position = 0
+        while position + 1 < len(spans) and spans[position + 1][0] <= sample_index:
+            position += 1
+        first, bucket_id = spans[position]
+        if position + 1 == len(spans):
+            return bucket_id  # the newest bucket fed: there is no later one yet
+        end, next_bucket = spans[position + 1]
+        return next_bucket if sample_index - first >= _LATE_IN_BUCKET * (end - first) else bucket_id
