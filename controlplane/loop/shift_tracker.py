@@ -23,6 +23,7 @@ of the detector's state (O(4096)) for the last REWIND_BUCKETS buckets.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,11 +162,7 @@ class ShiftTracker:
         that few of its completions are the new regime's: a window that starts with the bucket starts with
         old-regime completions (a bias), one that starts after it only waits one bucket longer."""
         spans = self._state.spans
-        position = 0
-        while position + 1 < len(spans) and spans[position + 1][0] <= sample_index:
-            position += 1
-        first, bucket_id = spans[position]
-        if position + 1 == len(spans):
-            return bucket_id  # the newest bucket fed: there is no later one yet
-        end, next_bucket = spans[position + 1]
-        return next_bucket if sample_index - first >= _LATE_IN_BUCKET * (end - first) else bucket_id
+        for (first, bucket_id), (end, next_bucket) in itertools.pairwise(spans):
+            if sample_index < end:
+                return next_bucket if sample_index - first >= _LATE_IN_BUCKET * (end - first) else bucket_id
+        return spans[-1][1]  # the newest bucket fed: there is no later one yet
