@@ -16,8 +16,11 @@ The window: the newest buckets up to the end bucket until they hold the configur
 prompts and steps, never older than max_window_s. Its completions are fitted with the requests running at
 its close (right-censored) and at its opening (left-truncated), when both are known (`core.survival`).
 Shifts: each refresh first feeds the settled buckets to a `loop.shift_tracker.ShiftTracker`; after a
-detected shift the completions and prompts of the window never reach back before the change point's bucket
-(the window is re-based; costs are not, a workload shift is not a hardware one). A re-based window is fitted
+confirmed shift the completions and prompts of the window never reach back before the change point's bucket
+(the window is re-based; costs are not, a workload shift is not a hardware one). An alarm of the length
+detector is confirmed by a log-rank test of the hazard between the buckets before its change point and those
+since, each with its running requests at both ends (`_compare_at_shift`), so that a length-biased completion
+stream of one law does not re-base the window. A re-based window is fitted
 once it holds shift_min_samples completions (the previous fit stands until then), and while the requests in
 flight at its opening still weigh on it, it is fitted as transient (`core.survival.is_shift_transient`). A
 shift is not a cold start: a decision from a re-based window is made whatever its size
@@ -40,10 +43,10 @@ from controlplane.core.cost_model import CostFit
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.hazard import HazardFit, fit_hazard_histogram
 from controlplane.core.length_histogram import LengthHistogram, sum_of
-from controlplane.core.survival import is_shift_transient
+from controlplane.core.survival import HazardComparison, WindowObservations, compare_hazards, is_shift_transient
 from controlplane.core.types import CostModel
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.shift_tracker import REWIND_BUCKETS, PoolShift, ShiftTracker
+from controlplane.loop.shift_tracker import PRE_BUCKETS, REWIND_BUCKETS, PoolShift, ShiftTracker
 
 # Replica id of a persisted window seeded at start (warm start).
 SNAPSHOT_REPLICA = "snapshot"
@@ -340,7 +343,8 @@ class PoolStatistics:
         A later window reads no older bucket than the latest one did: buckets only gain data, a window sums
         the newest first until it is full, and the change point it must not reach behind only moves forward
         (kept: the buckets the window would read without it, in case a rewind of the shift tracker undoes
-        it; the bucket before the window, for its opening; the tracker's last REWIND_BUCKETS). A busy pool
+        it; the bucket before the window, for its opening; the buckets a shift confirmation may read, the last
+        PRE_BUCKETS + 2 · REWIND_BUCKETS + 1 and those of a pending one, `ShiftTracker.keep_from`). A busy pool
         fills its window in a few buckets, so it holds a few buckets instead of max_window_s of them.
         """
         oldest = self.oldest_bucket(self.estimate_bucket(now_s))
@@ -369,6 +373,30 @@ class PoolStatistics:
                 return None
             parts.append(stats.running)
         return sum_of(parts) if parts else None
+
+    def _segment(self, first: int, last: int) -> tuple[LengthHistogram, LengthHistogram | None,
+                                                         LengthHistogram | None]:
+        """(completions, running at the close of `last`, running at the close of first − 1) of the buckets
+        [first, last]; a running histogram is None when unknown."""
+        completed = sum_of(self._completions_of(b) for b in range(first, last + 1) if b in self._buckets)
+        return completed, self._running_at(last), self._running_at(first - 1)
+
+    def _compare_at_shift(self, pre_first: int, start_bucket: int, through_bucket: int) -> HazardComparison | None:
+        """The shift tracker's confirmation test (`loop.shift_tracker.Compare`): the hazards of the buckets
+        [pre_first, start_bucket) against [start_bucket, through_bucket], each with its running requests at
+        both ends when all four are known (else completions only, for both). None when the buckets before
+        hold no completion. The buckets before start after the first bucket whose opening is known, when one
+        is (a pool's first bucket has none)."""
+        pre_first = max(pre_first, self.oldest_bucket(through_bucket))
+        pre_first = next((b for b in range(pre_first, start_bucket) if self._running_at(b - 1) is not None),
+                         pre_first)
+        before = self._segment(pre_first, start_bucket - 1)
+        after = self._segment(start_bucket, through_bucket)
+        if not before[0].count:
+            return None
+        if any(part is None for part in (*before[1:], *after[1:])):
+            return compare_hazards(WindowObservations(completed=before[0]), WindowObservations(completed=after[0]))
+        return compare_hazards(WindowObservations(*before), WindowObservations(*after))
 
     def _window(self, end_bucket: int) -> _Window:
         """Sum the newest buckets ≤ end_bucket until they hold the configured window (never beyond
@@ -451,9 +479,13 @@ class PoolStatistics:
         shifts = self._shifts
         if shifts is not None:
             shifts.advance(end_bucket, first_bucket=self.oldest_bucket(end_bucket), replicas_of=self._replicas_of,
-                           completions_of=self._completions_of)
+                           completions_of=self._completions_of, compare=self._compare_at_shift)
         window = self._window(end_bucket)
-        recent = end_bucket - REWIND_BUCKETS  # the shift tracker may read these again
+        # The shift tracker may feed the last REWIND_BUCKETS again, and a confirmation started in one of them
+        # reads PRE_BUCKETS + REWIND_BUCKETS before it and the opening of those (`shift_tracker._Pending`).
+        recent = end_bucket - PRE_BUCKETS - 2 * REWIND_BUCKETS - 1
+        if shifts is not None and shifts.keep_from is not None:
+            recent = min(recent, shifts.keep_from - 1)
         self._keep_from = recent if window.keep_from is None else min(window.keep_from, recent)
         stats = window.stats
         transient = is_shift_transient(rebased=window.rebased, num_completed=stats.outputs.count,

@@ -6,6 +6,21 @@ the next when it fell past the first quarter of its bucket: `_bucket_of_sample`)
 (`loop.pool_stats`) never reaches back before that bucket (`rebase_bucket`), and the shift is kept
 (`last_shift`) for the explain view.
 
+Confirmation (when `advance` is given `compare`): the detector watches the completed lengths, and those also
+move when the law does not. After a shift to longer outputs the requests of the new law finish short ones
+first, and the completed lengths keep growing for several mean lifetimes while the running requests' ages
+fill in; in an engine with a queue, requests of the old law keep starting (and finishing) after the shift.
+Each such move raised a new alarm, and each re-based the window on fewer completions (measured in the twin,
+H200, c = 2,048, geometric 128 → 1,024: nine re-bases after the first, one of them taking a converged
+estimate to −100%). So an alarm is pending until a log-rank test of the hazard (`core.survival.
+compare_hazards`, which counts the running requests as censored and truncated observations and is therefore
+blind to length bias) between the buckets before its change point (at most PRE_BUCKETS, none before the
+current re-base) and those since says whether the law changed: confirmed (|z| ≥ CONFIRM_Z in the alarm's
+direction) the window is re-based at the change point found by the detector; refuted (REFUTE_EVENTS
+completions at comparable ages without that) it is dropped and counted (`num_unconfirmed`). An alarm while
+one is pending is ignored (the pending test's later buckets hold its data). With nothing to compare (no
+completion before the change point) an alarm is confirmed at once, as it is without `compare`.
+
 Deterministic: what is fed depends only on the merged bucket (every replica's completions summed) and its id.
 A histogram has no order, and a sorted one would drive the CUSUM far off, so a bucket's completions are fed in
 a pseudo-random order seeded by the bucket id, at most MAX_SAMPLES_PER_BUCKET of them (a random subset
@@ -30,8 +45,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.core.change_detection import ShiftDetector
+from controlplane.core.change_detection import ShiftDetector, ShiftEvent
 from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.survival import HazardComparison
 
 # At most this many completions of one bucket are fed (1.4 µs each): a detection needs tens of them, and a
 # pool completing tens of thousands per second must not pay the detector for each.
@@ -42,6 +58,32 @@ REWIND_BUCKETS = 8
 _LATE_IN_BUCKET = 0.25
 # Tie-spreading positions are (bucket id mod this) · MAX_SAMPLES_PER_BUCKET + position in the bucket.
 _JITTER_PERIOD_BUCKETS = 1 << 20
+# Confirmation of an alarm (see the module docstring): the log-rank z in the alarm's direction that confirms
+# it (one-sided 0.13% under one law), and the completions of the buckets since its change point, at ages the
+# buckets before it also cover, after which an unconfirmed alarm is dropped (a 1.3× hazard ratio reaches
+# z = 3 after about 130 of them, a 2× one after about 20).
+CONFIRM_Z = 3.0
+REFUTE_EVENTS = 400
+# The buckets before a change point that the confirmation compares with: at most this many, and none older
+# than PRE_BUCKETS + REWIND_BUCKETS before the alarm's bucket (every replica still holds those, whatever its
+# refresh history: `PoolStatistics.refresh` keeps them; see `ShiftTracker.keep_from`).
+PRE_BUCKETS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """An alarm waiting for its confirmation: the buckets [pre_first, start_bucket) are compared with
+    [start_bucket, the newest bucket fed]."""
+
+    event: ShiftEvent
+    start_bucket: int
+    detected_bucket: int
+    pre_first: int
+
+
+# compare(pre_first, start_bucket, through_bucket): the hazards of [pre_first, start_bucket) against
+# [start_bucket, through_bucket]; None when there is nothing before the change point to compare with.
+Compare = Callable[[int, int, int], HazardComparison | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +108,12 @@ class _State:
     rebase_bucket: int | None
     last_shift: PoolShift | None
     num_shifts: int
+    pending: _Pending | None = None
+    num_unconfirmed: int = 0
 
     def copy(self) -> _State:
         return _State(self.detector.copy(), self.spans.copy(), self.rebase_bucket, self.last_shift,
-                      self.num_shifts)
+                      self.num_shifts, self.pending, self.num_unconfirmed)
 
 
 # Buckets older than the newest this many fed samples are forgotten: a change point is at most the detector's
@@ -101,14 +145,27 @@ class ShiftTracker:
 
     @property
     def num_shifts(self) -> int:
+        """Shifts confirmed (each re-based the window)."""
         return self._state.num_shifts
 
+    @property
+    def num_unconfirmed(self) -> int:
+        """Alarms dropped because the hazard did not change (see the module docstring)."""
+        return self._state.num_unconfirmed
+
+    @property
+    def keep_from(self) -> int | None:
+        """The oldest bucket a pending confirmation still reads (None: none pending)."""
+        pending = self._state.pending
+        return pending.pre_first if pending is not None else None
+
     def advance(self, end_bucket: int, *, first_bucket: int, replicas_of: Callable[[int], tuple[str, ...]],
-                completions_of: Callable[[int], LengthHistogram]) -> None:
+                completions_of: Callable[[int], LengthHistogram], compare: Compare | None = None) -> None:
         """Feed every bucket up to end_bucket not fed yet (from first_bucket on the first call).
 
         replicas_of(bucket): the replicas holding the bucket, sorted (() when none); completions_of(bucket): their
-        completions merged. The newest REWIND_BUCKETS buckets fed whose replicas changed since are fed again
+        completions merged; compare: the confirmation test (see the module docstring; None: every alarm
+        re-bases at once). The newest REWIND_BUCKETS buckets fed whose replicas changed since are fed again
         (from the oldest such one on). Otherwise no bucket is fed twice: an end_bucket at or below the newest
         bucket fed only re-checks those.
         """
@@ -126,10 +183,10 @@ class ShiftTracker:
             if bucket_id > target - REWIND_BUCKETS:
                 self._recent.append((bucket_id, replicas, self._state.copy()))
             if replicas:
-                self._feed(bucket_id, completions_of(bucket_id))
+                self._feed(bucket_id, completions_of(bucket_id), compare)
         self._fed_through = target
 
-    def _feed(self, bucket_id: int, completions: LengthHistogram) -> None:
+    def _feed(self, bucket_id: int, completions: LengthHistogram, compare: Compare | None) -> None:
         if not completions.count:
             return
         state = self._state
@@ -145,15 +202,37 @@ class ShiftTracker:
         first_index = detector.num_samples
         state.spans.append((first_index, bucket_id))
         event = detector.update(samples, jitter_index=(bucket_id % _JITTER_PERIOD_BUCKETS) * MAX_SAMPLES_PER_BUCKET)
-        if event is not None:
+        if event is not None and state.pending is None:
             start_bucket = self._bucket_of_sample(event.start_index)
-            state.rebase_bucket = start_bucket if state.rebase_bucket is None else max(state.rebase_bucket,
-                                                                                      start_bucket)
-            state.last_shift = PoolShift(start_bucket=start_bucket, detected_bucket=bucket_id,
-                                         direction=event.direction, mean_ratio=event.mean_ratio)
-            state.num_shifts += 1
+            pre_first = max(start_bucket - PRE_BUCKETS, bucket_id - PRE_BUCKETS - REWIND_BUCKETS)
+            if state.rebase_bucket is not None:
+                pre_first = max(pre_first, state.rebase_bucket)
+            state.pending = _Pending(event=event, start_bucket=start_bucket, detected_bucket=bucket_id,
+                                     pre_first=pre_first)
+        if state.pending is not None:
+            self._resolve(bucket_id, compare)
         while len(state.spans) > 1 and state.spans[1][0] <= detector.num_samples - _SPAN_SAMPLES:
             state.spans.popleft()
+
+    def _resolve(self, through_bucket: int, compare: Compare | None) -> None:
+        """Confirm, drop or keep waiting on the pending alarm, with the buckets fed through through_bucket."""
+        state = self._state
+        pending = state.pending
+        assert pending is not None
+        comparison = None
+        if compare is not None and pending.pre_first < pending.start_bucket:
+            comparison = compare(pending.pre_first, pending.start_bucket, through_bucket)
+        if comparison is not None and not -pending.event.direction * comparison.z >= CONFIRM_Z:
+            if comparison.events_after >= REFUTE_EVENTS:
+                state.pending = None
+                state.num_unconfirmed += 1
+            return
+        state.pending = None
+        start_bucket, event = pending.start_bucket, pending.event
+        state.rebase_bucket = start_bucket if state.rebase_bucket is None else max(state.rebase_bucket, start_bucket)
+        state.last_shift = PoolShift(start_bucket=start_bucket, detected_bucket=pending.detected_bucket,
+                                     direction=event.direction, mean_ratio=event.mean_ratio)
+        state.num_shifts += 1
 
     def _bucket_of_sample(self, sample_index: int) -> int:
         """The bucket where the window re-based at a change point at `sample_index` starts: the bucket holding

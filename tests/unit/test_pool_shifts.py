@@ -14,12 +14,13 @@ import pytest
 from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.survival import HazardComparison
 from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.ingest import EngineHello
 from controlplane.loop.pool_stats import SNAPSHOT_REPLICA, WINDOW_REBASED_FLAG, BucketStats, PoolStatistics
-from controlplane.loop.shift_tracker import MAX_SAMPLES_PER_BUCKET, ShiftTracker
+from controlplane.loop.shift_tracker import MAX_SAMPLES_PER_BUCKET, PRE_BUCKETS, REWIND_BUCKETS, ShiftTracker
 from controlplane.sim.profiles import PROFILES
 
 COSTS = PROFILES["h200-qwen3-8b"].costs
@@ -219,29 +220,33 @@ def test_pruning_to_what_the_window_reads_changes_no_estimate_and_bounds_the_buc
         assert any(e.window_rebased for e in pruned[name]) and pruned[name][-1].costs is not None
         held, unpruned = pruned_pools[name].num_buckets_held, kept_pools[name].num_buckets_held
         # The output window after the shift, 1,024 completions at ~32 a second, and the bucket before it: ~34
-        # buckets; never pruned: every one.
-        assert held <= 40 and unpruned >= 220, (held, unpruned)
+        # buckets, fewer than what the shift confirmation may read (PRE_BUCKETS + 2 · REWIND_BUCKETS before the
+        # end bucket, and the opening before them); never pruned: every one.
+        assert held <= PRE_BUCKETS + 2 * REWIND_BUCKETS + 2 and unpruned >= 220, (held, unpruned)
 
 
 def test_pruning_keeps_what_the_window_reads_without_the_change_points_floor() -> None:
     """A rewind of the shift tracker can undo a re-base (a bucket read late changes what was fed): the
     buckets the window reads without the floor stay, so the window after the undo is the unpruned one's."""
-    config = DecisionLoopConfig(output_window=1024, prompt_window=1024, step_window=64)  # costs: 2 buckets
+    # An unfloored window of ~100 buckets (4,096 completions at ~40 a second), more than the shift tracker's
+    # own retention (PRE_BUCKETS + 2 · REWIND_BUCKETS + 2); costs: 2 buckets.
+    config = DecisionLoopConfig(output_window=4096, prompt_window=4096, step_window=64)
     floored, whole = (PoolStatistics("m|a", config, replica_id="a") for _ in range(2))
     engines = [SaturatedEngine.create(seed) for seed in range(2)], [SaturatedEngine.create(seed) for seed in range(2)]
-    for second in range(60):
+    for second in range(160):
         for pool, fleet in zip((floored, whole), engines, strict=True):
             for index, engine in enumerate(fleet):
                 feed(pool, f"e{index}", engine, second + 0.3, num_steps=100)
-        if second == 50:  # as if a shift had been detected 4 buckets back
+        if second == 150:  # as if a shift had been detected 4 buckets back
             floored._shifts._state.rebase_bucket = floored.estimate_bucket(second + 1.6) - 4
         for pool in (floored, whole):
             pool.refresh(second + 1.6, calibration=COSTS)
             pool.prune(second + 1.6)
     assert floored.estimate.window_rebased and not whole.estimate.window_rebased
-    assert floored.num_buckets_held == whole.num_buckets_held < 30  # kept although the floored window reads 5
+    retention = PRE_BUCKETS + 2 * REWIND_BUCKETS + 2
+    assert retention < floored.num_buckets_held == whole.num_buckets_held < 150  # although the floored window reads 5
     floored._shifts._state.rebase_bucket = None  # the rewind's undo
-    undone, unpruned = floored.refresh(60.6, calibration=COSTS), whole.refresh(60.6, calibration=COSTS)
+    undone, unpruned = floored.refresh(160.6, calibration=COSTS), whole.refresh(160.6, calibration=COSTS)
     assert (undone.fit.stats, undone.num_samples, undone.window_first_bucket, undone.num_buckets) == (
         unpruned.fit.stats, unpruned.num_samples, unpruned.window_first_bucket, unpruned.num_buckets)
 
@@ -397,3 +402,70 @@ def test_a_window_rebased_at_a_shift_starts_at_the_first_new_bucket(before: floa
         exact += tracker.rebase_bucket == shift_bucket
     print(f"{before:.0f} → {after:.0f}: the window starts at the first new bucket in {exact} of 30 seeds")
     assert exact >= 24
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_length_biased_completion_stream_of_one_law_is_not_a_shift(seed: int) -> None:
+    """Four engines whose 64 requests each start at once (geometric outputs of mean 512 throughout): the
+    completed lengths grow for minutes, as after a shift to longer outputs, and the length detector raises
+    an alarm (without the confirmation it re-based the window 1 to 3 times per seed). The log-rank test
+    with the running requests sees one law: the alarm is dropped and counted, the window never re-based."""
+    pool = PoolStatistics("m|a", CONFIG, replica_id="a")
+    engines = []
+    for index in range(4):
+        rng = np.random.default_rng(10 * seed + index)
+        engines.append(SaturatedEngine(rng, 512.0, rng.geometric(1.0 / 512.0, 64), np.zeros(64, dtype=np.int64)))
+    estimates = []
+    for second in range(400):
+        for index, engine in enumerate(engines):
+            feed(pool, f"e{index}", engine, second + 0.3)
+        estimates.append(pool.refresh(second + 1.6, calibration=COSTS))
+    assert pool._shifts.num_unconfirmed >= 1
+    assert all(e.num_shifts == 0 and not e.window_rebased for e in estimates)
+    assert estimates[-1].fit.stats.mu_o_tokens == pytest.approx(512.0, rel=0.12)
+
+
+def test_an_alarm_waits_for_its_confirmation_and_is_dropped_when_the_hazard_stays() -> None:
+    """The tracker's side of the confirmation, with scripted test results: an alarm re-bases nothing while
+    the test is undecided, re-bases at the detector's change point (not at the confirming bucket) once |z| ≥ 3
+    in the alarm's direction, and is dropped and counted once REFUTE_EVENTS completions say nothing changed;
+    while it waits, the buckets it reads are kept (`keep_from`). A test with nothing to compare confirms at once."""
+    rng = np.random.default_rng(3)
+    buckets = {b: LengthHistogram.from_samples(rng.geometric(1 / (128 if b < 100 else 1024), 10)) for b in range(135)}
+
+    def run(verdict) -> tuple[ShiftTracker, list]:
+        tracker, calls = ShiftTracker(ShiftDetector()), []
+
+        def compare(pre_first: int, start: int, through: int):
+            calls.append((pre_first, start, through))
+            return verdict(start, through)
+
+        for b in buckets:
+            tracker.advance(b, first_bucket=0, replicas_of=lambda _b: ("a",), completions_of=buckets.__getitem__,
+                            compare=compare)
+            if calls and calls[-1][2] == b and tracker.rebase_bucket is None and tracker.num_unconfirmed == 0:
+                assert tracker.keep_from == calls[-1][0]  # pending: its buckets are kept
+        return tracker, calls
+
+    alone = ShiftTracker(ShiftDetector())
+    for b in buckets:
+        alone.advance(b, first_bucket=0, replicas_of=lambda _b: ("a",), completions_of=buckets.__getitem__)
+    start = alone.rebase_bucket
+    assert start is not None and 100 <= start <= alone.last_shift.detected_bucket < 110
+
+    # Undecided for 5 buckets, then z = −4 (the hazard fell: outputs longer, the alarm's direction).
+    confirmed, calls = run(lambda s, t: HazardComparison(z=-4.0 if t >= s + 5 else -1.0,
+                                                         events_after=10.0 * (t - s + 1)))
+    first_call = calls[0]
+    assert first_call[1] == start and start - PRE_BUCKETS <= first_call[0] < start
+    assert confirmed.rebase_bucket == start and confirmed.last_shift == alone.last_shift
+    assert confirmed.num_shifts == 1 and confirmed.num_unconfirmed == 0 and confirmed.keep_from is None
+    assert any(t > alone.last_shift.detected_bucket for _, _, t in calls)  # it waited
+    # A strong z in the other direction never confirms a shift towards longer outputs.
+    dropped, _ = run(lambda s, t: HazardComparison(z=+9.0, events_after=100.0 * (t - s + 1)))
+    assert dropped.rebase_bucket is None and dropped.num_shifts == 0 and dropped.num_unconfirmed >= 1
+    assert dropped.keep_from is None or dropped.keep_from > start
+    # Nothing to compare with: confirmed at the alarm, as without a test.
+    at_once, _ = run(lambda s, t: None)
+    assert (at_once.rebase_bucket, at_once.last_shift, at_once.num_shifts) == (
+        alone.rebase_bucket, alone.last_shift, alone.num_shifts)

@@ -1,5 +1,6 @@
 """Censored and left-truncated hazard fits: the length-biased engine snapshot, Kaplan–Meier moments,
-the window exposure in a stationary engine, and the shift-transient fit."""
+the window exposure in a stationary engine, the shift-transient fit, and the log-rank comparison of two
+windows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from controlplane.core.hazard import fit_hazard_histogram
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.survival import (
+    HazardComparison,
     WindowObservations,
+    compare_hazards,
     dense_events_and_exposure,
     geometric_mean_length,
     km_percentile,
@@ -187,3 +190,51 @@ def test_shift_transient_fit_keeps_the_intercept_and_drops_the_slope() -> None:
         # The mixture's mean is the old requests' (≈190 tokens); the young requests' rate is nearer the new law.
         assert normal.stats.mu_o_tokens < 250.0
         assert 1.5 * normal.stats.mu_o_tokens < transient.stats.mu_o_tokens < 1024.0 * 1.5
+
+
+def engine_window(seed: int, *, first: int, last: int, mean_before: float, mean_after: float = 0.0,
+                  shift_at: int = 0, with_running: bool = True) -> WindowObservations:
+    """The window of completions first..last of `saturated_engine` (one trajectory per seed), with the running
+    requests at both ends or completions only."""
+    outputs, opening, closing = saturated_engine(seed, mean_before=mean_before, mean_after=mean_after or mean_before,
+                                                 shift_at=shift_at, open_at=first, close_at=last)
+    return WindowObservations(outputs, censored=closing, truncated=opening) if with_running else WindowObservations(
+        outputs)
+
+
+def test_the_hazard_comparison_is_standard_normal_over_a_length_biased_stream_of_one_law() -> None:
+    """An engine whose 256 requests all start at once: its first 300 completions are the short ones, the
+    next 1,200 longer (a length-biased stream, as after a shift to longer outputs), of one law. Counting the
+    running requests, the log-rank z is N(0, 1) (100 seeds: mean and spread, no |z| ≥ 3.3); on the
+    completions alone it says "the law changed" every time."""
+    with_running, completions_only = [], []
+    for seed in range(100):
+        windows = [engine_window(seed, first=a, last=b, mean_before=300.0, with_running=running)
+                   for running in (True, False) for a, b in ((0, 300), (300, 1500))]
+        with_running.append(compare_hazards(windows[0], windows[1]).z)
+        completions_only.append(compare_hazards(windows[2], windows[3]).z)
+    z = np.array(with_running)
+    assert abs(z.mean()) < 0.3 and 0.8 < z.std() < 1.25 and np.abs(z).max() < 3.3, (z.mean(), z.std())
+    assert max(completions_only) < -8.0  # the later completions look like a lower hazard
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_hazard_comparison_sees_a_change_of_law_with_the_requests_in_flight_still_finishing(seed: int) -> None:
+    """Mean 150 → 300 tokens at completion 3,000: the next 400 completions are mostly of the 256 requests in
+    flight then (old law), and still the log-rank z says "lower hazard after" past 3 (signed: `after` has the
+    lower hazard); the same two windows of a stationary engine do not."""
+    before = engine_window(seed, first=1000, last=3000, mean_before=150.0, mean_after=300.0, shift_at=3000)
+    after = engine_window(seed, first=3000, last=3400, mean_before=150.0, mean_after=300.0, shift_at=3000)
+    comparison = compare_hazards(before, after)
+    assert comparison.z < -3.0 and comparison.events_after > 350.0
+    swapped = compare_hazards(after, before)
+    assert swapped.z == pytest.approx(-comparison.z, rel=0.05)
+    steady = compare_hazards(engine_window(seed, first=1000, last=3000, mean_before=150.0),
+                             engine_window(seed, first=3000, last=3400, mean_before=150.0))
+    assert abs(steady.z) < 3.0
+
+
+def test_the_hazard_comparison_of_windows_with_nothing_to_compare_or_equal_ones_is_zero() -> None:
+    short = WindowObservations(hist([1, 2, 3]))
+    assert compare_hazards(short, WindowObservations(LengthHistogram.empty())) == HazardComparison(0.0, 0.0)
+    assert compare_hazards(short, short).z == 0.0 and compare_hazards(short, short).events_after == 3.0
