@@ -14,7 +14,8 @@ The estimate used at time t is the one for the window ending at bucket `estimate
 
 The window: the newest buckets up to the end bucket until they hold the configured number of completions,
 prompts and steps, never older than max_window_s. Its completions are fitted with the requests running at
-its close (right-censored) and at its opening (left-truncated), when both are known (`core.survival`).
+its close (right-censored) and at its opening (left-truncated), when both are known (`core.survival`); a
+window that would start at a bucket whose opening is unknown (the pool's first) starts one bucket later.
 Shifts: each refresh first feeds the settled buckets to a `loop.shift_tracker.ShiftTracker`; after a
 confirmed shift the completions and prompts of the window never reach back before the change point's bucket
 (the window is re-based; costs are not, a workload shift is not a hardware one). An alarm of the length
@@ -398,13 +399,19 @@ class PoolStatistics:
             return compare_hazards(WindowObservations(completed=before[0]), WindowObservations(completed=after[0]))
         return compare_hazards(WindowObservations(*before), WindowObservations(*after))
 
-    def _window(self, end_bucket: int) -> _Window:
+    def _window(self, end_bucket: int, *, opens_after: int | None = None) -> _Window:
         """Sum the newest buckets ≤ end_bucket until they hold the configured window (never beyond
-        max_window_s; completions and prompts never before the re-base bucket)."""
+        max_window_s; completions and prompts never before the re-base bucket, nor before opens_after + 1).
+
+        A window whose requests running at its close are known but whose opening is not (it starts at the
+        pool's first bucket: the requests then running had started before it, unseen) would be fitted on its
+        completions alone, length-biased; it starts one bucket later instead, whose opening is that first
+        bucket's close (not for a warm-start snapshot, which has no running requests to know)."""
         config = self._config
         oldest = self.oldest_bucket(end_bucket)
         rebase = self._shifts.rebase_bucket if self._shifts is not None else None
         floor = rebase if rebase is not None and rebase > oldest else oldest
+        output_floor = floor if opens_after is None else max(floor, opens_after + 1)
         hists: list[LengthHistogram] = []
         prompt_count, prompt_sum = 0, 0.0
         costs = CostSums()
@@ -417,7 +424,7 @@ class PoolStatistics:
         unfloored_outputs = unfloored_prompts = 0
         in_range = sorted(b for b in self._buckets if oldest <= b <= end_bucket)
         for bucket_id in reversed(in_range):
-            in_floor = bucket_id >= floor
+            in_floor = bucket_id >= output_floor
             take_outputs = in_floor and num_outputs < config.output_window
             take_prompts = in_floor and prompt_count < config.prompt_window
             take_costs = costs.num_steps < 3 * config.step_window
@@ -453,6 +460,10 @@ class PoolStatistics:
             opening = next((b for b in range(first_output - 1, oldest - 2, -1) if b in self._buckets), None)
             censored = self._running_at(last_output)
             truncated = self._running_at(opening) if opening is not None else None
+            if (truncated is None and censored is not None and censored.count and opens_after is None
+                    and first_output < last_output and SNAPSHOT_REPLICA not in self._buckets[first_output]
+                    and self._running_at(first_output) is not None):
+                return self._window(end_bucket, opens_after=first_output)
             if censored is None or truncated is None or (censored.count == 0 and truncated.count == 0):
                 censored = truncated = None
         stats = BucketStats(outputs=merged, prompt_count=prompt_count, prompt_sum_tokens=prompt_sum, costs=costs)
