@@ -71,6 +71,7 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
         "first_bucket": diag.window_first_bucket, "end_bucket": diag.pool_window_end_bucket,
         "num_samples": diag.num_samples, "rebased": diag.window_rebased, "transient": diag.window_transient,
         "num_censored": diag.num_censored, "num_truncated": diag.num_truncated, "num_shifts": diag.num_shifts,
+        "num_unconfirmed_shifts": diag.num_unconfirmed_shifts,
         "last_shift": None if shift is None else {
             "start_bucket": shift.start_bucket, "detected_bucket": shift.detected_bucket,
             "direction": "longer" if shift.direction > 0 else "shorter", "mean_ratio": shift.mean_ratio},
@@ -119,6 +120,9 @@ def _window_text(window: dict[str, Any]) -> str:
             text += ", transient"
     elif shift is not None:
         text += f"; {window['num_shifts']} shift(s) detected, the last at bucket {shift['start_bucket']}"
+    if window["num_unconfirmed_shifts"]:
+        text += (f"; {window['num_unconfirmed_shifts']} length alarm(s) not confirmed by the hazard "
+                 "(length-biased completions of one law)")
     return text
 
 

@@ -209,6 +209,7 @@ class EngineLoop:
             diag.num_censored = estimate.num_censored
             diag.num_truncated = estimate.num_truncated
             diag.num_shifts = estimate.num_shifts
+            diag.num_unconfirmed_shifts = estimate.num_unconfirmed_shifts
             shift = estimate.last_shift
             if shift is not None:
                 diag.last_shift.start_bucket = shift.start_bucket

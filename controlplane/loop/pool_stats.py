@@ -129,7 +129,8 @@ class PoolEstimate:
       than shift_min_samples completions: `fit` is the previous estimate's.
     num_censored / num_truncated: requests running at the window's close / opening used by the fit (0 when
       either end is unknown). last_shift: the latest shift detected in the pool (None: none yet); num_shifts:
-      how many were detected.
+      how many were detected (and confirmed); num_unconfirmed_shifts: the detector's alarms the hazard test
+      dropped (`loop.shift_tracker`).
     """
 
     pool_key: str
@@ -150,6 +151,7 @@ class PoolEstimate:
     num_truncated: int = 0
     last_shift: PoolShift | None = None
     num_shifts: int = 0
+    num_unconfirmed_shifts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,5 +532,6 @@ class PoolStatistics:
             num_truncated=window.truncated.count if window.truncated is not None and not held else 0,
             last_shift=shifts.last_shift if shifts is not None else None,
             num_shifts=shifts.num_shifts if shifts is not None else 0,
+            num_unconfirmed_shifts=shifts.num_unconfirmed if shifts is not None else 0,
         )
         return self.estimate

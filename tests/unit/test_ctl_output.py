@@ -92,9 +92,14 @@ def test_explain_shows_the_pool_window_and_its_last_shift() -> None:
                               "bucket 111 after outputs got 2.04× (longer, detected at bucket 114), transient")
     diag.window_rebased = False
     assert explain(rebased)["window"]["text"].endswith("1 shift(s) detected, the last at bucket 111")
+    diag.num_unconfirmed_shifts = 2
+    assert explain(rebased)["window"]["num_unconfirmed_shifts"] == 2
+    assert explain(rebased)["window"]["text"].endswith(
+        "the last at bucket 111; 2 length alarm(s) not confirmed by the hazard (length-biased completions of one law)")
     assert explain(view(lhs=1e-5, rhs=2e-6, delta=0.0, latest=False))["window"] == {
         "first_bucket": 0, "end_bucket": 0, "num_samples": 0, "rebased": False, "transient": False, "num_censored": 0,
-        "num_truncated": 0, "num_shifts": 0, "last_shift": None, "text": "no pool window"}
+        "num_truncated": 0, "num_shifts": 0, "num_unconfirmed_shifts": 0, "last_shift": None,
+        "text": "no pool window"}
 
 
 def test_report_escapes_what_it_is_given() -> None:

@@ -427,7 +427,7 @@ def test_a_length_biased_completion_stream_of_one_law_is_not_a_shift(seed: int) 
         for index, engine in enumerate(engines):
             feed(pool, f"e{index}", engine, second + 0.3)
         estimates.append(pool.refresh(second + 1.6, calibration=COSTS))
-    assert pool._shifts.num_unconfirmed >= 1
+    assert pool._shifts.num_unconfirmed >= 1 and estimates[-1].num_unconfirmed_shifts == pool._shifts.num_unconfirmed
     assert all(e.num_shifts == 0 and not e.window_rebased for e in estimates)
     fitted = [e for e in estimates if e.fit is not None and e.num_samples >= 400]
     assert fitted[0].num_censored > 0 and fitted[0].window_first_bucket == 1
