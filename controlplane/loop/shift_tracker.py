@@ -17,7 +17,8 @@ compare_hazards`, which counts the running requests as censored and truncated ob
 blind to length bias) between the buckets before its change point (at most PRE_BUCKETS, none before the
 current re-base) and those since says whether the law changed: confirmed (|z| ≥ CONFIRM_Z in the alarm's
 direction) the window is re-based at the change point found by the detector; refuted (REFUTE_EVENTS
-completions at comparable ages without that) it is dropped and counted (`num_unconfirmed`). An alarm while
+completions at comparable ages without that, or REFUTE_FED_SAMPLES fed since the alarm) it is dropped and
+counted (`num_unconfirmed`). An alarm while
 one is pending is ignored (the pending test's later buckets hold its data). With nothing to compare (no
 completion before the change point) an alarm is confirmed at once, as it is without `compare`.
 
@@ -64,6 +65,7 @@ _JITTER_PERIOD_BUCKETS = 1 << 20
 # z = 3 after about 130 of them, a 2× one after about 20).
 CONFIRM_Z = 3.0
 REFUTE_EVENTS = 400
+REFUTE_FED_SAMPLES = 4 * REFUTE_EVENTS
 # The buckets before a change point that the confirmation compares with: at most this many, and none older
 # than PRE_BUCKETS + REWIND_BUCKETS before the alarm's bucket (every replica still holds those, whatever its
 # refresh history: `PoolStatistics.refresh` keeps them; see `ShiftTracker.keep_from`).
@@ -223,7 +225,11 @@ class ShiftTracker:
         if compare is not None and pending.pre_first < pending.start_bucket:
             comparison = compare(pending.pre_first, pending.start_bucket, through_bucket)
         if comparison is not None and not -pending.event.direction * comparison.z >= CONFIRM_Z:
-            if comparison.events_after >= REFUTE_EVENTS:
+            # Dropped once enough comparable completions say nothing changed, or once the detector has seen
+            # REFUTE_FED_SAMPLES completions since the alarm without a verdict (few of them at comparable ages:
+            # a pending alarm must not block the next one for ever).
+            fed_since = state.detector.num_samples - pending.event.detected_index
+            if comparison.events_after >= REFUTE_EVENTS or fed_since >= REFUTE_FED_SAMPLES:
                 state.pending = None
                 state.num_unconfirmed += 1
             return
