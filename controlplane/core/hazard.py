@@ -308,19 +308,10 @@ def fit_hazard_histogram(
 def _intercept_std_error(events: np.ndarray, at_risk: np.ndarray) -> float:
     """Standard error of the WLS line's intercept (`_wls_counts`) under the binomial model:
     √(h̄(1 − h̄)·(1/Σn + t̄²/S_tt)); inf when the line is under-determined."""
-    t = np.arange(1, events.size + 1, dtype=np.float64)
-    used = at_risk > 0
-    weights = at_risk[used].astype(np.float64)
-    sum_w = float(weights.sum())
-    if np.count_nonzero(used) < MIN_FIT_POINTS or not sum_w > 0.0:
+    sums = _line_sums(events, at_risk)
+    if sums is None:
         return math.inf
-    t = t[used]
-    h_mean = float(events[used].sum()) / sum_w
-    t_mean = float((weights * t).sum()) / sum_w
-    s_tt = float((weights * (t - t_mean) ** 2).sum())
-    if not s_tt > 0.0:
-        return math.inf
-    return math.sqrt(max(h_mean * (1.0 - h_mean), 0.0) * (1.0 / sum_w + t_mean * t_mean / s_tt))
+    return math.sqrt(sums.binomial_variance * (1.0 / sums.sum_w + sums.t_mean * sums.t_mean / sums.s_tt))
 
 
 def _young_hazard(events: np.ndarray, at_risk: np.ndarray) -> float | None:
@@ -360,12 +351,27 @@ def _wls_line(outputs: np.ndarray, *, t_max: int) -> tuple[float, float] | None:
     return _wls_counts(completions, at_risk)
 
 
-def _wls_counts(completions: np.ndarray, at_risk: np.ndarray) -> tuple[float, float] | None:
-    """Fit ĥ(t) = d(t)/n(t) = p0 + η·t over t = 1..len with weights n(t); None when under-determined.
+@dataclass(frozen=True, slots=True)
+class _LineSums:
+    """The weighted sums of the hazard line's least squares over the ages with someone at risk."""
 
-    completions: d(t), at_risk: n(t), integer arrays indexed from t = 1. Shared by the sample and the
-    histogram forms of the fit, so that equal counts give bit-for-bit equal fits.
-    """
+    t: np.ndarray  # ages
+    weights: np.ndarray  # n(t)
+    hazard: np.ndarray  # d(t)/n(t)
+    sum_w: float
+    t_mean: float
+    h_mean: float
+    s_tt: float  # Σ n(t)·(t − t̄)²
+
+    @property
+    def binomial_variance(self) -> float:
+        """h̄(1 − h̄), the variance of one at-risk token's outcome under the binomial model."""
+        return max(self.h_mean * (1.0 - self.h_mean), 0.0)
+
+
+def _line_sums(completions: np.ndarray, at_risk: np.ndarray) -> _LineSums | None:
+    """The sums of the line d(t)/n(t) = p0 + η·t over t = 1..len, weights n(t); None when under-determined
+    (fewer than MIN_FIT_POINTS ages at risk, or S_tt ≤ 0)."""
     t_max = completions.size
     t = np.arange(1, t_max + 1, dtype=np.float64)
     used = at_risk > 0
@@ -381,9 +387,24 @@ def _wls_counts(completions: np.ndarray, at_risk: np.ndarray) -> tuple[float, fl
     s_tt = float((weights * dt * dt).sum())
     if s_tt <= 0.0:
         return None
-    eta = float((weights * dt * (hazard - h_mean)).sum() / s_tt)
+    return _LineSums(t=t, weights=weights, hazard=hazard, sum_w=float(sum_w), t_mean=t_mean, h_mean=h_mean,
+                     s_tt=s_tt)
+
+
+def _wls_counts(completions: np.ndarray, at_risk: np.ndarray) -> tuple[float, float] | None:
+    """Fit ĥ(t) = d(t)/n(t) = p0 + η·t over t = 1..len with weights n(t); None when under-determined.
+
+    completions: d(t), at_risk: n(t), integer arrays indexed from t = 1. Shared by the sample and the
+    histogram forms of the fit, so that equal counts give bit-for-bit equal fits.
+    """
+    sums = _line_sums(completions, at_risk)
+    if sums is None:
+        return None
+    t_mean, h_mean = sums.t_mean, sums.h_mean
+    dt = sums.t - t_mean
+    eta = float((sums.weights * dt * (sums.hazard - h_mean)).sum() / sums.s_tt)
     # Var(η̂) = Σ n(t)·(t − t̄)²·h(1−h) / s_tt² ≈ h̄(1−h̄)/s_tt under the binomial model.
-    eta_std_error = math.sqrt(max(h_mean * (1.0 - h_mean), 0.0) / s_tt)
+    eta_std_error = math.sqrt(sums.binomial_variance / sums.s_tt)
     if abs(eta) < SLOPE_SIGNIFICANCE_Z * eta_std_error:
         return h_mean, 0.0
     return h_mean - eta * t_mean, eta
