@@ -28,9 +28,13 @@ logger = logging.getLogger(__name__)
 
 
 class _AgentHooks:
-    """Mixin placed before vLLM's scheduler class: the agent's hooks around schedule and update."""
+    """Mixin placed before vLLM's scheduler class: the agent's hooks around schedule and update.
 
-    _cp: AgentRuntime | None
+    A scheduler whose `__init__` never ran (built with `object.__new__` and its attributes set by hand, as
+    some of vLLM's own tests do) has no agent and behaves as stock vLLM: `_cp` defaults to None on the class.
+    """
+
+    _cp: AgentRuntime | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -34,7 +34,7 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from agents.vllm.scheduler import with_agent
+from agents.vllm.scheduler import ControlledAsyncScheduler, ControlledSyncScheduler, with_agent
 from controlplane.api.v1 import common_pb2
 
 BLOCK = 16
@@ -249,6 +249,22 @@ def test_a_missing_or_changed_internal_turns_the_agent_off_with_one_error(
             add_requests(s, 5)
         assert run_steps(scheduler) == run_steps(stock)
         assert len(errors(caplog)) == 1
+
+
+def test_a_scheduler_built_without_init_has_no_agent_and_schedules_as_stock(
+        model_dir: Path, agent_env: Path, schedulers: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's own tests build some schedulers with `object.__new__` and set their attributes by hand; every
+    hook must then run stock (no AttributeError for the agent's own state)."""
+    for cls in (ControlledSyncScheduler, ControlledAsyncScheduler):
+        assert object.__new__(cls).cp_agent is None
+    stock, template = schedulers(Scheduler, model_dir), schedulers(Scheduler, model_dir)
+    bare = object.__new__(ControlledSyncScheduler)
+    bare.__dict__.update(template.__dict__)  # every attribute vLLM's __init__ set, none of the agent's
+    for s in (stock, bare):
+        add_requests(s, 5, max_tokens=6)
+    assert run_steps(bare) == run_steps(stock)
+    bare.shutdown()
+    assert errors(caplog) == []
 
 
 class _LenlessSet(set):

@@ -1,0 +1,125 @@
+"""vLLM's own scheduler tests, fetched from the installed version's source distribution and run in a subprocess.
+
+Nothing of vLLM's test code lives in this repository: `fetch_sdist` downloads `vllm-<version>.tar.gz` from PyPI
+(the simple index's JSON form, sha256 checked, cached under ~/.cache/controlplane-tests), `extract_tests`
+unpacks the scheduler test modules and the helpers they import, and `write_offline_hf_cache` gives them the one
+model config they read (facebook/opt-125m's, written from `transformers.OPTConfig`: the scheduler reads a
+config, never weights or a tokenizer). `run_upstream` runs them under the plugin `vllm_upstream_plugin`, which
+swaps in the agent's scheduler classes when asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+INDEX_URL = "https://pypi.org/simple/vllm/"
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "controlplane-tests"
+TEST_FILES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_scheduler.py")
+HELPER_FILES = ("tests/__init__.py", "tests/v1/__init__.py", "tests/v1/core/__init__.py", "tests/v1/core/utils.py",
+                "tests/v1/kv_connector/__init__.py", "tests/v1/kv_connector/unit/__init__.py",
+                "tests/v1/kv_connector/unit/utils.py")
+OPT_125M = "facebook/opt-125m"
+_FAKE_REVISION = "0" * 40
+
+
+def fetch_sdist(version: str, cache_dir: Path = CACHE_DIR) -> Path:
+    """vllm-<version>.tar.gz from PyPI, its sha256 checked against the index (kept in cache_dir)."""
+    name = f"vllm-{version}.tar.gz"
+    request = urllib.request.Request(INDEX_URL, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        files = json.load(response)["files"]
+    [entry] = [f for f in files if f["filename"] == name]
+    expected = entry["hashes"]["sha256"]
+    path = cache_dir / name
+    if path.exists() and _sha256(path) == expected:
+        return path
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".part")
+    with urllib.request.urlopen(entry["url"], timeout=300) as response, partial.open("wb") as out:
+        while chunk := response.read(1 << 20):
+            out.write(chunk)
+    if _sha256(partial) != expected:
+        partial.unlink()
+        raise RuntimeError(f"{name}: sha256 differs from the index's {expected}")
+    partial.replace(path)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def extract_tests(sdist: Path, dest: Path) -> None:
+    """The scheduler test modules and their helpers, at their paths under dest."""
+    prefix = sdist.name.removesuffix(".tar.gz") + "/"
+    with tarfile.open(sdist) as tar:
+        for relative in TEST_FILES + HELPER_FILES:
+            member = tar.extractfile(prefix + relative)
+            if member is None:
+                raise RuntimeError(f"{sdist.name} has no {relative}")
+            target = dest / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(member.read())
+
+
+def write_offline_hf_cache(hf_home: Path) -> None:
+    """An offline Hugging Face cache holding facebook/opt-125m's config (the published architecture)."""
+    from transformers import OPTConfig
+
+    repo = hf_home / "hub" / ("models--" + OPT_125M.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(_FAKE_REVISION)
+    OPTConfig(vocab_size=50272, hidden_size=768, num_hidden_layers=12, ffn_dim=3072, num_attention_heads=12,
+              max_position_embeddings=2048, word_embed_proj_dim=768, do_layer_norm_before=True,
+              activation_function="relu", pad_token_id=1, bos_token_id=2, eos_token_id=2,
+              torch_dtype="float16", architectures=["OPTForCausalLM"]).save_pretrained(
+        repo / "snapshots" / _FAKE_REVISION)
+
+
+def run_upstream(root: Path, label: str, *, agent: bool, env: dict[str, str],
+                 timeout_s: float = 1200) -> tuple[dict[str, str], dict[str, int]]:
+    """Run the extracted tests under root; returns ({test id: passed|failed|skipped}, the plugin's summary).
+
+    agent: swap in the agent's scheduler classes (`vllm_upstream_plugin`); env: extra variables (CP_*).
+    """
+    junit, summary = root / f"{label}.xml", root / f"{label}.summary.json"
+    plugin_dir = Path(__file__).parent
+    repo = plugin_dir.parents[1]
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("CP_")}
+    run_env.update(env, HF_HOME=str(root / "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   PYTHONPATH=os.pathsep.join([str(root), str(plugin_dir), str(repo)]),
+                   CP_UPSTREAM_SCHEDULER="agent" if agent else "stock", CP_UPSTREAM_SUMMARY=str(summary))
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "vllm_upstream_plugin",
+         "--confcutdir", str(root / "tests" / "v1"), f"--junitxml={junit}", "-o", "junit_family=xunit1",
+         *TEST_FILES],
+        cwd=root, env=run_env, capture_output=True, text=True, timeout=timeout_s)
+    if not junit.exists():
+        raise RuntimeError(f"{label}: pytest wrote no report (exit {completed.returncode}):\n"
+                           f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
+    return _outcomes(junit), json.loads(summary.read_text())
+
+
+def _outcomes(junit: Path) -> dict[str, str]:
+    outcomes = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcomes[name] = "failed"
+        elif case.find("skipped") is not None:
+            outcomes[name] = "skipped"
+        else:
+            outcomes[name] = "passed"
+    return outcomes

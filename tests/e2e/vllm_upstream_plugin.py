@@ -1,0 +1,101 @@
+"""pytest plugin for vLLM's own scheduler tests, run by `test_vllm_upstream_scheduler` in a subprocess.
+
+- Provides the two fixtures those tests take from vLLM's root conftest, which is not loaded (it imports
+  vLLM's GPU-test dependencies): `temporary_enable_log_propagate` and `caplog_vllm`.
+- With CP_UPSTREAM_SCHEDULER=agent, the tests build the agent's classes: after collection, every module of
+  the tests whose global `Scheduler` / `AsyncScheduler` is vLLM's gets `ControlledSyncScheduler` /
+  `ControlledAsyncScheduler` instead, and a `scheduler_cls` passed to `create_scheduler` is wrapped with
+  `with_agent` (functions read module globals when called, so the tests' own code is unchanged).
+- Writes to CP_UPSTREAM_SUMMARY: the agents attached (`AgentRuntime.create` returned one), those not attached,
+  and the hook failures (`_cp_failed`, which turns an agent off).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from agents.vllm import runtime as agent_runtime
+from agents.vllm import scheduler as agent_scheduler
+
+_COUNTS: Counter[str] = Counter()
+_SWAPS = {Scheduler: agent_scheduler.ControlledSyncScheduler, AsyncScheduler: agent_scheduler.ControlledAsyncScheduler}
+
+
+@pytest.fixture
+def temporary_enable_log_propagate() -> Iterator[None]:
+    logger = logging.getLogger("vllm")
+    previous, logger.propagate = logger.propagate, True
+    yield
+    logger.propagate = previous
+
+
+@pytest.fixture
+def caplog_vllm(temporary_enable_log_propagate: None, caplog: pytest.LogCaptureFixture
+                ) -> Iterator[pytest.LogCaptureFixture]:
+    with caplog.at_level(logging.INFO):
+        yield caplog
+
+
+def _count_runtimes() -> None:
+    create = agent_runtime.AgentRuntime.create.__func__
+
+    def counted_create(cls: type, *args: Any, **kwargs: Any) -> Any:
+        runtime = create(cls, *args, **kwargs)
+        _COUNTS["attached" if runtime is not None else "not_attached"] += 1
+        return runtime
+
+    agent_runtime.AgentRuntime.create = classmethod(counted_create)
+    failed = agent_scheduler._AgentHooks._cp_failed
+
+    def counted_failed(self: Any, where: str, exc: BaseException) -> None:
+        _COUNTS["hook_failures"] += 1
+        failed(self, where, exc)
+
+    agent_scheduler._AgentHooks._cp_failed = counted_failed
+
+
+def _wrap_create_scheduler(create: Any) -> Any:
+    @functools.wraps(create)
+    def create_scheduler(*args: Any, scheduler_cls: type | None = None, **kwargs: Any) -> Any:
+        if scheduler_cls is not None:
+            scheduler_cls = agent_scheduler.with_agent(scheduler_cls)
+        return create(*args, scheduler_cls=scheduler_cls, **kwargs)
+
+    create_scheduler.cp_wrapped = True
+    return create_scheduler
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _count_runtimes()
+    if os.environ.get("CP_UPSTREAM_SCHEDULER") != "agent":
+        return
+    modules = [m for name, m in sys.modules.items() if name.startswith("tests.v1.") and m is not None]
+    utils = sys.modules["tests.v1.core.utils"]
+    wrapped = _wrap_create_scheduler(utils.create_scheduler)
+    for module in modules:
+        for name in ("Scheduler", "AsyncScheduler"):
+            value = getattr(module, name, None)
+            if isinstance(value, type) and value in _SWAPS:
+                setattr(module, name, _SWAPS[value])
+                _COUNTS[f"swapped_{name}"] += 1
+        if getattr(module, "create_scheduler", None) is utils.create_scheduler:
+            module.create_scheduler = wrapped
+    utils.create_scheduler = wrapped
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("CP_UPSTREAM_SUMMARY")
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(_COUNTS), f)
