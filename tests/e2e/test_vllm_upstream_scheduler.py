@@ -1,6 +1,8 @@
 """vLLM's own scheduler tests (test_scheduler.py, test_async_scheduler.py of the installed version) against the
-agent's scheduler classes: every test that passes on stock vLLM passes with the agent off and with the agent
-on and its controller unreachable (hooks, start-up probe and link thread running, no decision yet).
+agent's scheduler classes: every test that passes on stock vLLM passes with the agent off, with the agent on
+and its controller unreachable (hooks, start-up probe and link thread running, no decision yet), and with a
+decision in force that sets MB at the engine's own limits (the agent sets the knobs every step, to the values
+stock would use).
 
 Tests that fail on stock here (those that need a multimodal model's config, which is not available offline)
 are reported and excluded from the comparison; the stock run must still pass most of the suite, so the check
@@ -39,7 +41,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_vllm_scheduler_tests_pass_with_the_agent_off_and_on(upstream: Path) -> None:
+def test_vllm_scheduler_tests_pass_with_the_agent_off_on_and_steering(upstream: Path) -> None:
     stock, stock_counts = run_upstream(upstream, "stock", agent=False, env={})
     passed = {name for name, outcome in stock.items() if outcome == "passed"}
     assert len(passed) >= MIN_STOCK_PASSED, f"only {len(passed)} of {len(stock)} pass on stock vLLM"
@@ -49,11 +51,15 @@ def test_vllm_scheduler_tests_pass_with_the_agent_off_and_on(upstream: Path) -> 
     agent_env = {"CP_CONTROLLER_ADDRESS": f"127.0.0.1:{_closed_port()}", "CP_ENGINE_ID": "upstream-tests",
                  "CP_POOL_MODEL": "tiny", "CP_POOL_ACCELERATOR": "cpu"}
     on, on_counts = run_upstream(upstream, "agent_on", agent=True, env=agent_env)
+    steered, steered_counts = run_upstream(upstream, "agent_steering", agent=True,
+                                           env={**agent_env, "CP_UPSTREAM_DECISION": "mb_own_limits"})
 
-    for label, outcomes in (("agent off", off), ("agent on", on)):
+    for label, outcomes in (("agent off", off), ("agent on", on), ("decision in force", steered)):
         assert set(outcomes) == set(stock), f"{label}: another set of tests ran"
         regressions = sorted(name for name in passed if outcomes[name] != "passed")
         assert not regressions, f"{label}: pass on stock vLLM, fail with the agent's classes: {regressions}"
     assert off_counts.get("swapped_Scheduler", 0) >= 1 and off_counts.get("attached", 0) == 0
     assert on_counts.get("attached", 0) >= len(passed) // 2, on_counts  # the agent really ran in most tests
     assert on_counts.get("hook_failures", 0) == 0, on_counts
+    assert steered_counts.get("decisions_applied", 0) == steered_counts.get("attached", 0) >= len(passed) // 2
+    assert steered_counts.get("hook_failures", 0) == 0, steered_counts

@@ -6,8 +6,10 @@
   the tests whose global `Scheduler` / `AsyncScheduler` is vLLM's gets `ControlledSyncScheduler` /
   `ControlledAsyncScheduler` instead, and a `scheduler_cls` passed to `create_scheduler` is wrapped with
   `with_agent` (functions read module globals when called, so the tests' own code is unchanged).
+- With CP_UPSTREAM_DECISION=mb_own_limits, every agent attached holds a decision from its start: MB at the
+  engine's own max_num_seqs and max_num_batched_tokens (applied as the link thread applies one).
 - Writes to CP_UPSTREAM_SUMMARY: the agents attached (`AgentRuntime.create` returned one), those not attached,
-  and the hook failures (`_cp_failed`, which turns an agent off).
+  the decisions applied, and the hook failures (`_cp_failed`, which turns an agent off).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +30,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from agents.vllm import runtime as agent_runtime
 from agents.vllm import scheduler as agent_scheduler
+from controlplane.api.v1 import common_pb2
 
 _COUNTS: Counter[str] = Counter()
 _SWAPS = {Scheduler: agent_scheduler.ControlledSyncScheduler, AsyncScheduler: agent_scheduler.ControlledAsyncScheduler}
@@ -50,9 +54,12 @@ def caplog_vllm(temporary_enable_log_propagate: None, caplog: pytest.LogCaptureF
 def _count_runtimes() -> None:
     create = agent_runtime.AgentRuntime.create.__func__
 
-    def counted_create(cls: type, *args: Any, **kwargs: Any) -> Any:
-        runtime = create(cls, *args, **kwargs)
+    def counted_create(cls: type, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        runtime = create(cls, scheduler, *args, **kwargs)
         _COUNTS["attached" if runtime is not None else "not_attached"] += 1
+        if runtime is not None and os.environ.get("CP_UPSTREAM_DECISION") == "mb_own_limits":
+            applied, reason = runtime._on_decision(_own_limits_decision(scheduler), time.monotonic())
+            _COUNTS["decisions_applied" if applied else f"decision_rejected_{reason}"] += 1
         return runtime
 
     agent_runtime.AgentRuntime.create = classmethod(counted_create)
@@ -63,6 +70,14 @@ def _count_runtimes() -> None:
         failed(self, where, exc)
 
     agent_scheduler._AgentHooks._cp_failed = counted_failed
+
+
+def _own_limits_decision(scheduler: Any) -> common_pb2.Decision:
+    """MB at the engine's own limits (N = max_num_seqs, budget = max_num_batched_tokens): the steering path
+    runs every step (knobs set by the agent) and must schedule exactly as stock."""
+    budget = scheduler.scheduler_config.max_num_batched_tokens
+    return common_pb2.Decision(version=1, mode=common_pb2.MODE_MB, k=1, n=scheduler.scheduler_config.max_num_seqs,
+                               ttl_s=3600, budget=common_pb2.BudgetPolicy(b_max_tokens=budget, b_cap_tokens=budget))
 
 
 def _wrap_create_scheduler(create: Any) -> Any:
