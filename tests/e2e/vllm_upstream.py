@@ -2,10 +2,10 @@
 
 Nothing of vLLM's test code lives in this repository: `fetch_sdist` downloads `vllm-<version>.tar.gz` from PyPI
 (the simple index's JSON form, sha256 checked, cached under ~/.cache/controlplane-tests), `extract_tests`
-unpacks the scheduler test modules and the helpers they import, and `write_offline_hf_cache` gives them the one
-model config they read (facebook/opt-125m's, written from `transformers.OPTConfig`: the scheduler reads a
-config, never weights or a tokenizer). `run_upstream` runs them under the plugin `vllm_upstream_plugin`, which
-swaps in the agent's scheduler classes when asked.
+unpacks the scheduler test modules and the helpers they import, and `write_offline_hf_cache` gives them the
+text models' configs they read (facebook/opt-125m's and opt-350m's, written from `transformers.OPTConfig`:
+the scheduler reads a config, never weights or a tokenizer). `run_upstream` runs them under the plugin
+`vllm_upstream_plugin`, which swaps in the agent's scheduler classes when asked.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from pathlib import Path
 
 INDEX_URL = "https://pypi.org/simple/vllm/"
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "controlplane-tests"
-TEST_FILES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_scheduler.py")
+TEST_FILES = tuple(f"tests/v1/core/{name}.py" for name in (
+    "test_scheduler", "test_async_scheduler", "test_priority_scheduler_random", "test_priority_preemption_bug",
+    "test_deferred_block_free", "test_swa_inflight_window_free", "test_worker_slot_overflow", "test_prefix_replay",
+    "test_prefix_caching"))  # every module of tests/v1/core that builds a Scheduler
 HELPER_FILES = ("tests/__init__.py", "tests/v1/__init__.py", "tests/v1/core/__init__.py", "tests/v1/core/utils.py",
                 "tests/v1/kv_connector/__init__.py", "tests/v1/kv_connector/unit/__init__.py",
                 "tests/v1/kv_connector/unit/utils.py")
-OPT_125M = "facebook/opt-125m"
 _FAKE_REVISION = "0" * 40
 
 
@@ -75,17 +77,25 @@ def extract_tests(sdist: Path, dest: Path) -> None:
 
 
 def write_offline_hf_cache(hf_home: Path) -> None:
-    """An offline Hugging Face cache holding facebook/opt-125m's config (the published architecture)."""
+    """An offline Hugging Face cache holding the configs of the text models the tests name (facebook/opt-125m
+    and opt-350m, their published architectures). The multimodal ones (llava, Qwen2.5-VL) need processors
+    and torchvision, which this environment does not have: their tests fail on stock too."""
     from transformers import OPTConfig
 
-    repo = hf_home / "hub" / ("models--" + OPT_125M.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(_FAKE_REVISION)
-    OPTConfig(vocab_size=50272, hidden_size=768, num_hidden_layers=12, ffn_dim=3072, num_attention_heads=12,
-              max_position_embeddings=2048, word_embed_proj_dim=768, do_layer_norm_before=True,
-              activation_function="relu", pad_token_id=1, bos_token_id=2, eos_token_id=2,
-              torch_dtype="float16", architectures=["OPTForCausalLM"]).save_pretrained(
-        repo / "snapshots" / _FAKE_REVISION)
+    common = dict(vocab_size=50272, max_position_embeddings=2048, activation_function="relu", pad_token_id=1,
+                  bos_token_id=2, eos_token_id=2, torch_dtype="float16", architectures=["OPTForCausalLM"])
+    configs = {
+        "facebook/opt-125m": OPTConfig(hidden_size=768, num_hidden_layers=12, ffn_dim=3072, num_attention_heads=12,
+                                       word_embed_proj_dim=768, do_layer_norm_before=True, **common),
+        "facebook/opt-350m": OPTConfig(hidden_size=1024, num_hidden_layers=24, ffn_dim=4096,
+                                       num_attention_heads=16, word_embed_proj_dim=512, do_layer_norm_before=False,
+                                       **common),
+    }
+    for name, config in configs.items():
+        repo = hf_home / "hub" / ("models--" + name.replace("/", "--"))
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(_FAKE_REVISION)
+        config.save_pretrained(repo / "snapshots" / _FAKE_REVISION)
 
 
 def run_upstream(root: Path, label: str, *, agent: bool, env: dict[str, str],
