@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -120,6 +121,20 @@ def run_upstream(root: Path, label: str, *, agent: bool, env: dict[str, str],
         raise RuntimeError(f"{label}: pytest wrote no report (exit {completed.returncode}):\n"
                            f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
     return _outcomes(junit), json.loads(summary.read_text())
+
+
+def failure_sites(root: Path, label: str) -> dict[str, str]:
+    """{failed test id: the file of the innermost frame of its traceback} of run `label` (tests/… when the test's
+    own assertion failed; a path in vllm/ or agents/ when vLLM or the agent raised)."""
+    sites = {}
+    for case in ET.parse(root / f"{label}.xml").getroot().iter("testcase"):
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        if failure is not None:
+            frames = re.findall(r"^(\S+?\.py):\d+: \w+", failure.text or "", re.MULTILINE)
+            sites[f"{case.get('classname')}::{case.get('name')}"] = frames[-1] if frames else "?"
+    return sites
 
 
 def _outcomes(junit: Path) -> dict[str, str]:

@@ -57,8 +57,9 @@ def _count_runtimes() -> None:
     def counted_create(cls: type, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
         runtime = create(cls, scheduler, *args, **kwargs)
         _COUNTS["attached" if runtime is not None else "not_attached"] += 1
-        if runtime is not None and os.environ.get("CP_UPSTREAM_DECISION") == "mb_own_limits":
-            applied, reason = runtime._on_decision(_own_limits_decision(scheduler), time.monotonic())
+        kind = os.environ.get("CP_UPSTREAM_DECISION")
+        if runtime is not None and kind in _DECISIONS:
+            applied, reason = runtime._on_decision(_DECISIONS[kind](scheduler), time.monotonic())
             _COUNTS["decisions_applied" if applied else f"decision_rejected_{reason}"] += 1
         return runtime
 
@@ -78,6 +79,16 @@ def _own_limits_decision(scheduler: Any) -> common_pb2.Decision:
     budget = scheduler.scheduler_config.max_num_batched_tokens
     return common_pb2.Decision(version=1, mode=common_pb2.MODE_MB, k=1, n=scheduler.scheduler_config.max_num_seqs,
                                ttl_s=3600, budget=common_pb2.BudgetPolicy(b_max_tokens=budget, b_cap_tokens=budget))
+
+
+def _eb_decision(scheduler: Any) -> common_pb2.Decision:
+    """EB with threshold k = 2 and N = max_num_seqs: prefill-only and decode-only steps alternate, so
+    vLLM's scenarios run under another schedule (their assertions may not hold; the hooks must never fail)."""
+    return common_pb2.Decision(version=1, mode=common_pb2.MODE_EB, k=2, n=scheduler.scheduler_config.max_num_seqs,
+                               ttl_s=3600)
+
+
+_DECISIONS = {"mb_own_limits": _own_limits_decision, "eb": _eb_decision}
 
 
 def _wrap_create_scheduler(create: Any) -> Any:
