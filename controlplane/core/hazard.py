@@ -264,7 +264,7 @@ def fit_hazard_histogram(
     if outputs.count == 0 or prompt_count == 0:
         return None
     mu_l = prompt_sum_tokens / prompt_count
-    table = None
+    table = line = None
     if censored is None and truncated is None:
         t95 = outputs.percentile(95.0)
         fit = None
@@ -277,7 +277,9 @@ def fit_hazard_histogram(
         survival = km_survival(table)
         reached = km_percentile(survival, 95.0)
         t95 = float(reached if reached is not None else min(outputs.max_length(), table.last_age))
-        fit = _wls_counts(table.events[: int(t95)], table.at_risk[: int(t95)])
+        events, at_risk = table.events[: int(t95)], table.at_risk[: int(t95)]
+        line = _line_sums(events, at_risk)  # read again by a transient fit's intercept check
+        fit = _wls_from_sums(line)
         # The geometric law with the Kaplan–Meier mean (1/μ_O of the completions when nothing is censored).
         km_mean = geometric_mean_length(survival)
         fallback_p0 = 1.0 / km_mean if km_mean is not None else table.total_events / max(table.total_exposure, 1.0)
@@ -287,10 +289,10 @@ def fit_hazard_histogram(
     p0, eta, intercept_fallback, slope_clipped = _checked_line(fit, fallback_p0=fallback_p0)
     p0 = min(p0, 1.0)
     if shift_transient:
-        if table is not None and (eta != 0.0 or slope_clipped):  # p0 is the line's intercept
-            events, at_risk = table.events[: int(t95)], table.at_risk[: int(t95)]
-            if p0 < SLOPE_SIGNIFICANCE_Z * _intercept_std_error(events, at_risk):
-                p0 = _young_hazard(events, at_risk) or p0
+        # p0 is the line's intercept when the line has a slope; an unmeasured one gives way to the young band
+        if (table is not None and (eta != 0.0 or slope_clipped)
+                and p0 < SLOPE_SIGNIFICANCE_Z * _intercept_std_error(line)):
+            p0 = _young_hazard(events, at_risk) or p0
         eta, slope_clipped = 0.0, False
         mu_o = sigma_o = 1.0 / p0
     elif censored is not None or truncated is not None:
@@ -305,10 +307,9 @@ def fit_hazard_histogram(
                      shift_transient=shift_transient)
 
 
-def _intercept_std_error(events: np.ndarray, at_risk: np.ndarray) -> float:
-    """Standard error of the WLS line's intercept (`_wls_counts`) under the binomial model:
-    √(h̄(1 − h̄)·(1/Σn + t̄²/S_tt)); inf when the line is under-determined."""
-    sums = _line_sums(events, at_risk)
+def _intercept_std_error(sums: _LineSums | None) -> float:
+    """Standard error of the WLS line's intercept (`_wls_from_sums`) under the binomial model:
+    √(h̄(1 − h̄)·(1/Σn + t̄²/S_tt)); inf when the line is under-determined (sums None)."""
     if sums is None:
         return math.inf
     return math.sqrt(sums.binomial_variance * (1.0 / sums.sum_w + sums.t_mean * sums.t_mean / sums.s_tt))
@@ -397,7 +398,11 @@ def _wls_counts(completions: np.ndarray, at_risk: np.ndarray) -> tuple[float, fl
     completions: d(t), at_risk: n(t), integer arrays indexed from t = 1. Shared by the sample and the
     histogram forms of the fit, so that equal counts give bit-for-bit equal fits.
     """
-    sums = _line_sums(completions, at_risk)
+    return _wls_from_sums(_line_sums(completions, at_risk))
+
+
+def _wls_from_sums(sums: _LineSums | None) -> tuple[float, float] | None:
+    """The line of `_wls_counts` from its weighted sums (None when under-determined)."""
     if sums is None:
         return None
     t_mean, h_mean = sums.t_mean, sums.h_mean
