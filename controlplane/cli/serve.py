@@ -24,7 +24,7 @@ from controlplane.cli.workers import check_workers, run_workers
 from controlplane.observability.tracing import create_tracer_provider, tracing_settings_from_env
 from controlplane.service.app import ControllerApp
 from controlplane.service.config import ControllerConfig
-from controlplane.service.memory import settle_garbage_collector, tune_allocator
+from controlplane.service.memory import settle_garbage_collector
 
 __all__ = ["add_server_arguments", "config_from_args", "default_data_dir", "parse_scopes", "parse_tokens"]
 
@@ -82,7 +82,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(str(exc))
         return run_workers(_serve_args(), workers=settings.workers, controller_id=config.controller_id,
                            redis_url=config.redis_url, data_dir=config.data_dir, metrics_port=config.metrics_port)
-    tune_allocator(os.environ)
     provider = create_tracer_provider(tracing_settings_from_env(os.environ))
     asyncio.run(serve_until_signalled(ControllerApp(config, tracer_provider=provider)))
     return 0

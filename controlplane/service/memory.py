@@ -10,7 +10,6 @@
   soak (+15.5%, +24.9% after two rounds of 10,500 streams). A full collection before the trim freed them:
   +14.8%, +14.9% (what stays is the allocators' high water of the first round).
 - Collector pauses (`settle_garbage_collector`): see its docstring.
-- The allocator's high water after churn (`tune_allocator`): see its docstring.
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-import os
-from collections.abc import Mapping
 
 logger = logging.getLogger(__name__)
 _LIBC_NAME = ctypes.util.find_library("c")
@@ -37,42 +34,6 @@ def release_free_memory() -> bool:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return bool(trim(0))
-
-
-# glibc's mallopt parameters (malloc.h) and the values `tune_allocator` sets.
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
-MMAP_THRESHOLD_BYTES = 64 * 1024
-ARENA_MAX = 2
-
-
-def tune_allocator(env: Mapping[str, str] = os.environ) -> bool:
-    """Make glibc's heap keep less after a churn of engines; call once at start, before the server's threads
-    exist. Returns True when applied (glibc, and the operator set neither MALLOC_MMAP_THRESHOLD_ nor
-    MALLOC_ARENA_MAX, which then win). Process-wide: for `controlplane serve`, not for a library.
-
-    - A fixed mmap threshold of MMAP_THRESHOLD_BYTES. By default glibc raises the threshold to the size of
-      every mmapped block freed (up to 32 MiB), so after one oversize message the next large buffers come from
-      the heap, and the holes they leave are pinned by the small long-lived blocks allocated between them.
-      Blocks at or above the threshold are mapped and unmapped on their own (a batch's columns are below it).
-    - At most ARENA_MAX arenas: each thread that allocates (gRPC's pollers and executors, the span exporter)
-      otherwise gets an arena of its own, with its own high water.
-
-    Measured with `benchmarks/fuzz_soak.py --rounds 4` (105,000 streams; RSS after each round's eviction
-    against the baseline): default +9.9 / +11.3 / +12.7 / +11.9%; the threshold alone +6.6 / +7.8 / +10.2 /
-    +10.4%; both +5.1 / +6.3 / +6.3 / +7.5% (set from the environment) and +6.0 / +7.4 / +7.8 / +8.1% (set
-    here). glibc's in-use bytes rose 1.3 MB over the four default rounds while RSS rose 12 MB: holes, not
-    live blocks.
-    """
-    if _LIBC_NAME is None or "MALLOC_MMAP_THRESHOLD_" in env or "MALLOC_ARENA_MAX" in env:
-        return False
-    try:
-        mallopt = ctypes.CDLL(_LIBC_NAME).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(_M_ARENA_MAX, ARENA_MAX))
 
 
 def collect_and_release() -> bool:
