@@ -98,7 +98,6 @@ def _wrap_create_scheduler(create: Any) -> Any:
             scheduler_cls = agent_scheduler.with_agent(scheduler_cls)
         return create(*args, scheduler_cls=scheduler_cls, **kwargs)
 
-    create_scheduler.cp_wrapped = True
     return create_scheduler
 
 
