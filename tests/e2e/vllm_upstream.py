@@ -19,6 +19,7 @@ import sys
 import tarfile
 import urllib.request
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 INDEX_URL = "https://pypi.org/simple/vllm/"
@@ -127,24 +128,33 @@ def failure_sites(root: Path, label: str) -> dict[str, str]:
     """{failed test id: the file of the innermost frame of its traceback} of run `label` (tests/… when the test's
     own assertion failed; a path in vllm/ or agents/ when vLLM or the agent raised)."""
     sites = {}
-    for case in ET.parse(root / f"{label}.xml").getroot().iter("testcase"):
-        failure = case.find("failure")
-        if failure is None:
-            failure = case.find("error")
+    for name, case in _cases(root / f"{label}.xml"):
+        failure = _failure(case)
         if failure is not None:
             frames = re.findall(r"^(\S+?\.py):\d+: \w+", failure.text or "", re.MULTILINE)
-            sites[f"{case.get('classname')}::{case.get('name')}"] = frames[-1] if frames else "?"
+            sites[name] = frames[-1] if frames else "?"
     return sites
 
 
 def _outcomes(junit: Path) -> dict[str, str]:
     outcomes = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        name = f"{case.get('classname')}::{case.get('name')}"
-        if case.find("failure") is not None or case.find("error") is not None:
+    for name, case in _cases(junit):
+        if _failure(case) is not None:
             outcomes[name] = "failed"
         elif case.find("skipped") is not None:
             outcomes[name] = "skipped"
         else:
             outcomes[name] = "passed"
     return outcomes
+
+
+def _cases(junit: Path) -> Iterator[tuple[str, ET.Element]]:
+    """(test id, its testcase element) of a junit report."""
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        yield f"{case.get('classname')}::{case.get('name')}", case
+
+
+def _failure(case: ET.Element) -> ET.Element | None:
+    """The failure (or error) element of a testcase; None when it passed or was skipped."""
+    failure = case.find("failure")
+    return failure if failure is not None else case.find("error")
