@@ -101,6 +101,23 @@ def test_a_clean_batch_keeps_every_value(seed: int) -> None:
     assert (completions, steps, aborted, dropped) == _reference(batch)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_a_clean_batch_at_the_limits_keeps_every_value(seed: int) -> None:
+    # The longest prompt and the longest output (the largest prefill and the largest decode) together exceed
+    # the limit although no one request (step) does: the clean tier must not take the bound for the total.
+    rng = np.random.default_rng(seed)
+    batch = _batch(rng, 64, 1000)
+    c, s = batch.completions, batch.steps
+    c.prompt_tokens[0], c.output_tokens[0] = LIMITS.max_model_len_tokens - 1, 1
+    c.prompt_tokens[1], c.output_tokens[1] = 1, LIMITS.max_model_len_tokens - 1
+    s.prefill_tokens[0], s.decode_tokens[0], s.decode_requests[0] = LIMITS.max_num_batched_tokens, 0, 0
+    s.prefill_tokens[1] = 0
+    s.decode_tokens[1] = s.decode_requests[1] = LIMITS.max_num_seqs
+    completions, steps, aborted, dropped = _kept(batch)
+    assert (len(completions), len(steps), aborted, dropped) == (64, 1000, 0, 0)
+    assert (completions, steps, aborted, dropped) == _reference(batch)
+
+
 @pytest.mark.parametrize("fault", _COMPLETION_FAULTS + _STEP_FAULTS)
 def test_each_impossible_value_is_dropped_and_counted_and_nothing_else(fault: str) -> None:
     for seed in range(5):
