@@ -210,6 +210,9 @@ class ControllerSettings(BaseSettings):
                                                  doc="EB+ absolute hysteresis band, s/token")
     cooldown_s: float = _setting(_POLICY.cooldown_s, section="policy", ge=0.0,
                                  doc="EB+ minimum time between switches, s")
+    cold_start_crossover: bool = _setting(_POLICY.cold_start_crossover, section="policy",
+                                          doc="before min_samples completions, run EB when rule (8) picks it at "
+                                          "every length the engine serves")
     memory_guard: bool = _setting(_POLICY.memory_guard, section="policy",
                                   doc="lower N when an engine preempts under EB")
     guard_decrease_factor: float = _setting(_POLICY.guard_decrease_factor, section="policy", gt=0.0, lt=1.0,
@@ -314,8 +317,8 @@ LOOP_FIELDS = {"recompute_completions": "recompute_completions", "interval_s": "
                "snapshot_interval_s": "snapshot_interval_s", "snapshot_ttl_s": "snapshot_ttl_s",
                "shift_detection": "shift_detection", "shift_min_samples": "shift_min_samples"}
 POLICY_FIELDS = ("min_samples", "theta_min", "theta_max", "oom_tolerance", "default_delta_s_per_token",
-                 "hysteresis_rel", "hysteresis_abs_s_per_token", "cooldown_s", "memory_guard",
-                 "guard_decrease_factor", "guard_increase_fraction")
+                 "hysteresis_rel", "hysteresis_abs_s_per_token", "cooldown_s", "cold_start_crossover",
+                 "memory_guard", "guard_decrease_factor", "guard_increase_fraction")
 SECRETS = ("agent_tokens", "operator_tokens")
 
 

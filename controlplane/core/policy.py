@@ -19,6 +19,7 @@ import numpy as np
 
 from controlplane.core.batch_size import memory_safe_batch_size, threshold_k
 from controlplane.core.budget import SweepPoint, select_budget_policy
+from controlplane.core.cold_start import least_favourable_to_eb
 from controlplane.core.cost_model import cost_model_is_usable
 from controlplane.core.crossover import crossover_terms, instantaneous_mode, select_mode
 from controlplane.core.hazard import HazardFit, fit_hazard
@@ -235,8 +236,12 @@ def decide(
     no completions); the observations' length arrays are then not read. By default the fit is computed
     from the observations' windows.
 
-    Cold start: mode MB (stock behaviour) with reason insufficient_data until the output window holds
-    config.min_samples valid completions; without a usable cost model, MB with reason no_cost_model.
+    Cold start: until the output window holds config.min_samples valid completions, mode MB (stock
+    behaviour) with reason insufficient_data, unless rule (8) picks EB at every workload the engine can
+    serve (`controlplane.core.cold_start`; the cost model and N_obs are known, the lengths are not): then EB
+    with reason cold_start_eb, k and N as an EB pin without data gets them (θ_min, max_num_seqs, the memory
+    guard), and the least favourable point's LHS and RHS in the diagnostics. Hysteresis and cooldown apply
+    as for the full rule. With enough data but no usable cost model, MB with reason no_cost_model.
     `established`: the workload is not new although the fit holds fewer than min_samples completions (a
     window re-based at a detected shift: the completions before the change point located it); the fit is
     then used whatever its size, and diagnostics.num_samples still counts the completions it holds.
@@ -289,8 +294,24 @@ def decide(
         if fit.shift_transient:
             flags.append(Flag.HAZARD_SHIFT_TRANSIENT)
     enough_data = fit is not None and (established or fit.stats.num_samples >= config.min_samples)
+    cold = None
     if not enough_data:
         online_mode = Mode.MB
+        if config.cold_start_crossover and costs is not None and _usable(costs):
+            cold = least_favourable_to_eb(costs, max_model_len_tokens=limits.max_model_len_tokens,
+                                          n_obs=observations.n_obs, delta_s_per_token=delta)
+        if cold is not None:
+            choice = select_mode(
+                current=state.mode, last_switch_s=state.last_switch_s, now_s=now_s,
+                lhs_s_per_token=cold.lhs_s_per_token, rhs_s_per_token=cold.rhs_s_per_token,
+                delta_s_per_token=delta, hysteresis_rel=config.hysteresis_rel,
+                hysteresis_abs_s_per_token=config.hysteresis_abs_s_per_token, cooldown_s=config.cooldown_s,
+            )
+            online_mode = choice.mode
+            if online_mode == Mode.EB:
+                reason = Reason.COLD_START_EB
+            if choice.switched:
+                last_switch_s = now_s
     elif costs is None or not _usable(costs):
         online_mode, reason = Mode.MB, Reason.NO_COST_MODEL
         if costs is not None:
@@ -321,6 +342,9 @@ def decide(
         )
     if evaluation is not None:
         diagnostics = _with_evaluation(diagnostics, evaluation)
+    elif cold is not None:
+        diagnostics = replace(diagnostics, lhs_s_per_token=cold.lhs_s_per_token,
+                              rhs_s_per_token=cold.rhs_s_per_token, n_obs=_finite(observations.n_obs))
 
     mode = online_mode
     if intent.pin.mode is not None:

@@ -33,6 +33,8 @@ class Reason(enum.StrEnum):
     NO_COST_MODEL = "no_cost_model"
     CROSSOVER_EB = "crossover_eb"
     CROSSOVER_MB = "crossover_mb"
+    # Cold start, and rule (8) picks EB at every length the engine serves (controlplane.core.cold_start).
+    COLD_START_EB = "cold_start_eb"
     HYSTERESIS_HOLD = "hysteresis_hold"
     COOLDOWN_HOLD = "cooldown_hold"
     OPERATOR_PIN = "operator_pin"
@@ -303,6 +305,9 @@ class PolicyConfig:
     oom_tolerance: ε of Proposition 3.3, the tolerated probability of exceeding the KV capacity.
     default_delta_s_per_token: δ when no operator override applies.
     hysteresis_rel / hysteresis_abs_s_per_token / cooldown_s: EB+ anti-flap band and minimum dwell time.
+    cold_start_crossover: before min_samples completions, evaluate rule (8) over every length the engine
+      serves (`controlplane.core.cold_start`) and run EB when it wins at all of them (reason cold_start_eb);
+      False: MB until min_samples, whatever the rule.
     memory_guard: cap the computed EB batch size when the engine preempts (`controlplane.core.memory_guard`);
       guard_decrease_factor in (0, 1) and guard_increase_fraction in (0, 1] are its AIMD steps.
     """
@@ -315,6 +320,7 @@ class PolicyConfig:
     hysteresis_rel: float = 0.05
     hysteresis_abs_s_per_token: float = 1e-7
     cooldown_s: float = 30.0
+    cold_start_crossover: bool = True
     memory_guard: bool = True
     guard_decrease_factor: float = 0.85
     guard_increase_fraction: float = 0.02

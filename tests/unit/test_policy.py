@@ -194,8 +194,9 @@ def test_resolve_delta(given: float | None, expected: tuple[float, bool]) -> Non
 
 
 def test_cold_start_is_mb_with_insufficient_data() -> None:
+    # At 16 running requests some lengths make MB win (the cold-start rule: test_cold_start.py).
     config = PolicyConfig(min_samples=400)
-    decision, state = decide(observations(n=399), PolicyState(), 0.0, config=config)
+    decision, state = decide(observations(n=399, n_obs=16.0), PolicyState(), 0.0, config=config)
     assert decision.mode == Mode.MB
     assert decision.reason == Reason.INSUFFICIENT_DATA
     assert decision.n == LIMITS.max_num_seqs
@@ -204,13 +205,13 @@ def test_cold_start_is_mb_with_insufficient_data() -> None:
     assert decision.diagnostics.theta0 == 0.0  # not computed
     assert state.mode == Mode.MB
     # One more completion leaves the cold start.
-    decision, _ = decide(observations(n=400), PolicyState(), 0.0, config=config)
+    decision, _ = decide(observations(n=400, n_obs=16.0), PolicyState(), 0.0, config=config)
     assert decision.reason != Reason.INSUFFICIENT_DATA
     assert decision.diagnostics.theta0 > 0.0
 
 
 def test_cold_start_counts_only_valid_completions() -> None:
-    obs = observations(n=399)
+    obs = observations(n=399, n_obs=16.0)
     padded = Observations(
         output_lengths_tokens=np.concatenate((obs.output_lengths_tokens, [math.nan, 0.0, -1.0, 2.5])),
         prompt_lengths_tokens=obs.prompt_lengths_tokens, costs=obs.costs, limits=obs.limits, n_obs=obs.n_obs,
