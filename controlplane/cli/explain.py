@@ -39,7 +39,8 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
 
     Returns a dict with engine_id, pool, source ("latest" or "decision"), computed_at(_s), the decision's
     version, mode, k, n, reason, flags, delta_source, a "terms" dict (keys of TERMS) and a "rule" dict:
-    evaluated (False before the formulas ran: cold start or no cost model), verdict ("mb" | "eb" | None),
+    evaluated (False before the formulas ran: cold start or no cost model), cold_start (the cold-start rule ran
+    at the lengths least favourable to EB: its verdict and terms are that point's), verdict ("mb" | "eb" | None),
     lhs_s_per_token, rhs_plus_delta_s_per_token, delta_flip_s_per_token and a one-line text; a "window" dict:
     the pool window the terms were fitted on (buckets, samples, running requests censored at its close and
     truncated at its opening, whether it was re-based at a detected shift, the last shift) and its text.
@@ -50,19 +51,24 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     computed_at_s = view.computed_at_s if use_latest else decision.decided_at_s
     lhs, rhs, delta = diag.lhs_s_per_token, diag.rhs_s_per_token, decision.delta_s_per_token
     evaluated = diag.theta0 > 0.0
+    # Cold start: the rule ran at the lengths least favourable to EB (controlplane.core.cold_start), not
+    # on a fit; its LHS and RHS are that point's.
+    cold_start = not evaluated and (lhs != 0.0 or rhs != 0.0)
     terms = {
         "p0_per_token": diag.p0, "eta_per_token2": diag.eta, "mu_l_tokens": diag.mu_l_tokens,
         "mu_o_tokens": diag.mu_o_tokens, "num_samples": diag.num_samples, "theta0": diag.theta0,
         "delta_theta": diag.delta_theta, "theta_star": diag.theta_star, "n_star_requests": diag.n_star,
         "k_star_requests": diag.k_star, "n_obs_requests": diag.n_obs, "lhs_s_per_token": lhs,
         "rhs_s_per_token": rhs, "delta_s_per_token": delta,
-        "delta_flip_s_per_token": lhs - rhs if evaluated else None,
+        "delta_flip_s_per_token": lhs - rhs if evaluated or cold_start else None,
     }
-    if evaluated:
+    if evaluated or cold_start:
         verdict = "mb" if lhs < rhs + delta else "eb"
         relation = "<" if verdict == "mb" else "≥"
         text = (f"LHS {lhs:.4g} {relation} RHS + δ = {rhs + delta:.4g} s/token → {verdict.upper()} "
                 f"(flips at δ = {lhs - rhs:.4g} s/token)")
+        if cold_start:
+            text = f"cold start, at the lengths least favourable to EB: {text}"
     else:
         verdict = None
         text = f"not evaluated ({decision.reason or 'no computation yet'})"
@@ -99,7 +105,8 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
             "verdict": verdict,
             "lhs_s_per_token": lhs,
             "rhs_plus_delta_s_per_token": rhs + delta,
-            "delta_flip_s_per_token": lhs - rhs if evaluated else None,
+            "delta_flip_s_per_token": lhs - rhs if evaluated or cold_start else None,
+            "cold_start": cold_start,
             "text": text,
         },
     }

@@ -161,6 +161,15 @@ def calibration_for(pool: common_pb2.Pool) -> operator_pb2.Calibration:
     return calibration
 
 
+# Reasons of decisions made before the pool's fit (cold start): the MB default and the cold-start rule's EB.
+COLD_START_REASONS = ("insufficient_data", "cold_start_eb")
+
+
+def is_data_driven(decision: common_pb2.Decision) -> bool:
+    """The decision comes from the pool's fit (past the cold start)."""
+    return decision.reason not in COLD_START_REASONS
+
+
 async def warm_engine(channel: grpc.aio.Channel, engine_id: str, pool: common_pb2.Pool, *, seed: int,
                        num_batches: int = 8) -> tuple[AgentStream, common_pb2.Decision]:
     """Open a stream, send geometric completions until a data-driven decision arrives."""
@@ -170,5 +179,5 @@ async def warm_engine(channel: grpc.aio.Channel, engine_id: str, pool: common_pb
     rng = np.random.default_rng(seed)
     for seq in range(1, num_batches + 1):
         await agent.send_batch(geometric_batch(seq, rng, num=250))
-    decision = await agent.next_decision(where=lambda d: d.reason not in ("insufficient_data",))
+    decision = await agent.next_decision(where=is_data_driven)
     return agent, decision

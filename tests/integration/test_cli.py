@@ -21,6 +21,7 @@ import yaml
 from controlplane.cli.demo import listening_line
 from controlplane.cli.main import build_parser
 from controlplane.cli.serve import config_from_args, parse_tokens
+from tests.integration.controller_harness import COLD_START_REASONS
 
 ROOT = Path(__file__).resolve().parents[2]
 LIST_COLUMNS = ["ENGINE", "POOL", "CONNECTED", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION", "ACKED",
@@ -128,7 +129,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             result = _run("ctl", "list", "-o", "json", env=env)
             if result.returncode == 0:
                 engines = json.loads(result.stdout)["engines"]
-                if len(engines) == 4 and all(e["reason"] not in (None, "insufficient_data") for e in engines):
+                if len(engines) == 4 and all(e["reason"] not in (None, *COLD_START_REASONS) for e in engines):
                     break
             assert time.monotonic() < deadline, (data / "demo.log").read_text()[-3000:]
             assert process.poll() is None, (data / "demo.log").read_text()[-3000:]

@@ -21,6 +21,7 @@ from tests.integration.controller_harness import (
     RTX_PRO_6000,
     AgentStream,
     geometric_batch,
+    is_data_driven,
     make_config,
     operator_stub,
     running_controller,
@@ -196,7 +197,7 @@ async def test_agent_trace_context_parents_the_decision_span(redis_url: str) -> 
             batch = geometric_batch(seq, rng, num=250)
             batch.traceparent = f"00-{trace_id}-00f067aa0ba902b7-01"
             await agent.send_batch(batch)
-        decision = await agent.next_decision(where=lambda d: d.reason != "insufficient_data")
+        decision = await agent.next_decision(where=is_data_driven)
         assert decision.trace_id == trace_id
         await agent.close()
 

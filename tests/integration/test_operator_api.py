@@ -17,6 +17,7 @@ from tests.integration.controller_harness import (
     RTX_PRO_6000,
     AgentStream,
     geometric_batch,
+    is_data_driven,
     make_config,
     operator_stub,
     running_controller,
@@ -228,7 +229,7 @@ async def test_history_lists_decisions_newest_first_by_engine_and_pool(redis_url
         rng = np.random.default_rng(7)
         for seq in range(1, 9):
             await agents["e1"].send_batch(geometric_batch(seq, rng, num=250))
-        await agents["e1"].next_decision(where=lambda d: d.reason != "insufficient_data")
+        await agents["e1"].next_decision(where=is_data_driven)
         await stub.PinMode(operator_pb2.PinModeRequest(scope=engine_scope("e2"), mode=operator_pb2.PINNED_MODE_EB,
                                                        k=4, n=16))
         await agents["e2"].next_decision(where=lambda d: d.reason == "operator_pin")

@@ -74,8 +74,18 @@ def test_explain_before_the_formulas_ran() -> None:
     cold.decision.reason = "insufficient_data"
     data = explain(cold)
     assert data["source"] == "decision" and data["rule"]["evaluated"] is False and data["rule"]["verdict"] is None
-    assert data["rule"]["text"] == "not evaluated (insufficient_data)"
+    assert data["rule"]["text"] == "not evaluated (insufficient_data)" and data["rule"]["cold_start"] is False
     assert data["terms"]["delta_flip_s_per_token"] is None
+
+
+def test_explain_a_cold_start_verdict_at_the_least_favourable_lengths() -> None:
+    cold = view(lhs=1e-5, rhs=2e-6, delta=0.0, latest=False)
+    cold.decision.diagnostics.theta0 = 0.0
+    cold.decision.reason = "cold_start_eb"
+    rule = explain(cold)["rule"]
+    assert rule["evaluated"] is False and rule["cold_start"] is True and rule["verdict"] == "eb"
+    assert rule["text"].startswith("cold start, at the lengths least favourable to EB: LHS 1e-05 ≥ RHS + δ")
+    assert rule["delta_flip_s_per_token"] == 1e-5 - 2e-6
 
 
 def test_explain_shows_the_pool_window_and_its_last_shift() -> None:
