@@ -10,7 +10,8 @@ bandwidth-constrained accelerator EB wins at every length once N_obs is past a f
 So the rule is evaluated over every workload the engine can serve: μ_L and μ_O on a log-spaced grid of
 [1, max_model_len] (μ_L + μ_O ≤ max_model_len), p0 from the geometric rate 1/μ_O down to P0_SPAN times it
 (outputs more regular than geometric put the hazard's intercept below the mean's rate; a lower p0 gives a
-lower θ0 and favours MB). The least favourable point for EB (the largest margin RHS + δ − LHS) stands for
+lower θ0 and favours MB), but never below 2 − μ_O: every request makes at least one token, and those that
+go on at least two, so μ_O ≥ 2 − p0 (a law of mean 1.2 finishes 80% of its requests at the first token). The least favourable point for EB (the largest margin RHS + δ − LHS) stands for
 the rule: when EB wins there, it wins everywhere on the grid. The caller feeds that point to the selector
 (hysteresis and cooldown as usual), so the cold start leaves MB only on a verdict no length can overturn.
 
@@ -70,7 +71,7 @@ def _grid(costs: CostModel, max_model_len_tokens: int) -> _Grid | None:
             if mu_l + mu_o > max_model_len_tokens:
                 continue
             for factor in factors:
-                p0 = min(1.0, float(factor) / float(mu_o))
+                p0 = min(1.0, max(float(factor) / float(mu_o), 2.0 - float(mu_o)))
                 theta0 = solve_theta0(p0 * costs.alpha_p_s / costs.alpha_d_s)
                 terms = crossover_terms(costs=costs, theta0=theta0, mu_l_tokens=float(mu_l), mu_o_tokens=float(mu_o),
                                         n_obs=1.0)

@@ -1,7 +1,7 @@
 """Cold start: rule (8) over every length an engine serves, and EB before min_samples only when it wins at all.
 
 The property that matters: whenever the cold-start verdict is EB, the full rule picks EB for any workload the
-engine could be serving (random μ_L, μ_O, and p0 between a tenth of 1/μ_O and 1/μ_O). Then decide(): the
+engine could be serving (random μ_L, μ_O, and p0 between a tenth of 1/μ_O and 1/μ_O, at least 2 − μ_O). Then decide(): the
 reason, k and N of a cold-start EB decision, and every way it stays MB.
 """
 
@@ -57,7 +57,7 @@ def test_when_the_cold_start_verdict_is_eb_the_rule_picks_eb_at_any_length(profi
         for _ in range(100):
             mu_o = float(np.exp(rng.uniform(0.0, math.log(MAX_MODEL_LEN - 1))))
             mu_l = float(np.exp(rng.uniform(0.0, math.log(MAX_MODEL_LEN - mu_o))))
-            p0 = min(1.0, float(np.exp(rng.uniform(math.log(0.1), 0.0))) / mu_o)
+            p0 = min(1.0, max(float(np.exp(rng.uniform(math.log(0.1), 0.0))) / mu_o, 2.0 - mu_o))
             evaluation = evaluate(WorkloadStats(p0=p0, eta=0.0, mu_l_tokens=mu_l, mu_o_tokens=mu_o), costs, LIMITS,
                                   n_obs=float(n_obs))
             assert evaluation.mode_instant == Mode.EB, (n_obs, mu_l, mu_o, p0)
