@@ -13,11 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.cli.main import main as cli_main
+from controlplane.core.types import PolicyConfig
 from controlplane.observability.tracing import DECIDE_SPAN, OVERRIDE_SPAN
 from controlplane.protocol import split_version
 from controlplane.store.embedded import EmbeddedRedis
 from controlplane.store.keys import KeySpace
 from tests.integration.controller_harness import (
+    LIMITS,
     RTX_PRO_6000,
     AgentStream,
     geometric_batch,
@@ -363,3 +365,35 @@ async def test_engine_preemptions_cut_the_eb_batch_size(redis_url: str) -> None:
         again = await agent.next_decision(where=lambda d: d.n < cut.n)
         assert again.n == int(0.85 * cut.n) and "memory_guard" in again.flags
         await agent.close()
+
+
+async def test_a_calibrated_pool_at_high_occupancy_runs_eb_before_its_first_fit(redis_url: str) -> None:
+    """Cold start over the wire: with the pool's calibration, an engine reporting many running requests gets EB
+    (reason cold_start_eb, k and N of an EB without data) from its first batch, long before min_samples
+    completions; one reporting few stays MB; the fit takes over once the window holds min_samples."""
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        await operator_stub(channel).PutCalibration(
+            operator_pb2.PutCalibrationRequest(calibration=_calibration(POOL_A)))
+        busy, quiet = AgentStream(channel, "engine-busy", POOL_A), AgentStream(channel, "engine-quiet", POOL_A)
+        for agent in (busy, quiet):
+            await agent.open()
+            first = await agent.next_decision()
+            assert (first.mode, first.reason) == (common_pb2.MODE_MB, "insufficient_data")  # no occupancy yet
+        rng = np.random.default_rng(11)
+        await busy.send_batch(geometric_batch(1, rng, num=5, num_running=600))
+        await quiet.send_batch(geometric_batch(1, rng, num=5, num_running=16))
+        cold = await busy.next_decision(where=lambda d: d.reason == "cold_start_eb")
+        assert cold.mode == common_pb2.MODE_EB and cold.n == LIMITS.max_num_seqs
+        assert cold.k == int(PolicyConfig().theta_min * LIMITS.max_num_seqs)
+        assert cold.diagnostics.theta0 == 0.0 and cold.diagnostics.num_samples < 400
+        assert cold.diagnostics.lhs_s_per_token >= cold.diagnostics.rhs_s_per_token > 0.0
+        view = await operator_stub(channel).GetDecision(operator_pb2.GetDecisionRequest(engine_id="engine-quiet"))
+        assert (view.latest.mode, view.latest.reason) == (common_pb2.MODE_MB, "insufficient_data")
+        assert view.latest.diagnostics.lhs_s_per_token < view.latest.diagnostics.rhs_s_per_token
+        for seq in range(2, 4):
+            await busy.send_batch(geometric_batch(seq, rng, num=250, num_running=600))
+        fitted = await busy.next_decision(where=is_data_driven)
+        assert fitted.mode == common_pb2.MODE_EB and fitted.diagnostics.theta0 > 0.0
+        assert fitted.reason in ("crossover_eb", "hysteresis_hold", "cooldown_hold")
+        for agent in (busy, quiet):
+            await agent.close()
