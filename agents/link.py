@@ -74,6 +74,11 @@ class ControllerLink:
         self.cpu_time_s = 0.0  # CPU time of the request-generating thread (batches, ACKs), refreshed per batch
 
     def start(self) -> None:
+        """Start the link thread. Called from the host's thread: grpc imports some of its modules on the first
+        channel (each creating a logger), so a first channel is made and closed here. Made in the link thread,
+        they would change `sys.modules` and logging's logger table while the host may iterate them
+        (pytest's log capture does, at every test phase: "dictionary changed size during iteration")."""
+        self._channel().close()
         self._thread.start()
 
     def stop(self, *, timeout_s: float = 5.0) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 import pytest
@@ -228,3 +231,20 @@ def test_reconnect_waits_are_capped_jittered_and_logged_as_they_are(caplog: pyte
     with pytest.raises(ValueError, match="backoff"):
         ControllerLink(config, hello=agent_pb2.Hello(), recorder=TelemetryRecorder(capacity=16),
                        on_decision=lambda d, t: (True, ""), backoff_initial_s=2.0, backoff_max_s=1.0)
+
+
+@pytest.mark.parametrize("reachable", [True, False], ids=["streaming", "refused"])
+async def test_the_link_thread_imports_nothing_once_started(redis_url: str, reachable: bool) -> None:
+    """grpc imports modules (each creating a logger) on its first channel; on the link thread that changes
+    sys.modules and logging's logger table while the host may iterate them (pytest's log capture does at every
+    test phase). After start() returns, the thread imports nothing, streaming or reconnecting."""
+    async with running_controller(make_config(redis_url)) as ctl:
+        address = ctl.address if reachable else f"127.0.0.1:{_free_port()}"
+        probe = await asyncio.create_subprocess_exec(
+            sys.executable, str(Path(__file__).with_name("link_imports_probe.py")), address, "2.0",
+            stdout=asyncio.subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[2]))
+        out, _ = await probe.communicate()
+    assert probe.returncode == 0
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["thread_imports"] == []
+    assert (result["num_decisions"] > 0) == reachable
