@@ -1,8 +1,8 @@
 """Cold start: rule (8) over every length an engine serves, and EB before min_samples only when it wins at all.
 
 The property that matters: whenever the cold-start verdict is EB, the full rule picks EB for any workload the
-engine could be serving (random μ_L, μ_O, and p0 between a tenth of 1/μ_O and 1/μ_O, at least 2 − μ_O). Then decide(): the
-reason, k and N of a cold-start EB decision, and every way it stays MB.
+engine could be serving (random μ_L, μ_O, and p0 between a tenth of 1/μ_O and 1/μ_O, at least 2 − μ_O).
+Then decide(): the reason, k and N of a cold-start EB decision, and every way it stays MB.
 """
 
 from __future__ import annotations
