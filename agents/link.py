@@ -77,8 +77,12 @@ class ControllerLink:
         """Start the link thread. Called from the host's thread: grpc imports some of its modules on the first
         channel (each creating a logger), so a first channel is made and closed here. Made in the link thread,
         they would change `sys.modules` and logging's logger table while the host may iterate them
-        (pytest's log capture does, at every test phase: "dictionary changed size during iteration")."""
-        self._channel().close()
+        (pytest's log capture does, at every test phase: "dictionary changed size during iteration"). Never
+        raises: a channel that cannot be made (an unreadable CA file) fails again, logged, in the thread."""
+        try:
+            self._channel().close()
+        except Exception:  # the link must never take the engine down
+            logger.debug("first controller channel could not be made; the link thread retries", exc_info=True)
         self._thread.start()
 
     def stop(self, *, timeout_s: float = 5.0) -> None:

@@ -248,3 +248,16 @@ async def test_the_link_thread_imports_nothing_once_started(redis_url: str, reac
     result = json.loads(out.decode().strip().splitlines()[-1])
     assert result["thread_imports"] == []
     assert (result["num_decisions"] > 0) == reachable
+
+
+def test_start_never_raises_into_the_host_when_the_channel_cannot_be_made(tmp_path: Path) -> None:
+    config = AgentConfig(controller_address=f"127.0.0.1:{_free_port()}", engine_id="engine-no-ca", pool_model="tiny",
+                         pool_accelerator="cpu", tls_ca=tmp_path / "gone.pem")
+    link = ControllerLink(config, hello=agent_pb2.Hello(engine_id="engine-no-ca", pool=POOL, limits=LIMITS),
+                          recorder=TelemetryRecorder(capacity=64), on_decision=lambda d, now_s: (True, ""))
+    link.start()  # the CA file is missing: the first channel fails here, and again (logged) in the thread
+    deadline = time.monotonic() + 5.0
+    while link.num_reconnects < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    link.stop()
+    assert link.num_reconnects >= 2 and not link.connected
