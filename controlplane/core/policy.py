@@ -297,7 +297,7 @@ def decide(
     cold = None
     if not enough_data:
         online_mode = Mode.MB
-        if config.cold_start_crossover and costs is not None and _usable(costs):
+        if config.cold_start_crossover and costs is not None:  # an unusable cost model gives no verdict
             cold = least_favourable_to_eb(costs, max_model_len_tokens=limits.max_model_len_tokens,
                                           n_obs=observations.n_obs, delta_s_per_token=delta)
         if cold is not None:

@@ -38,8 +38,8 @@ def _observations(*, n_obs: float, costs: CostModel | None = RTX_PRO_6000_QWEN3_
                         costs=costs, limits=limits, n_obs=n_obs)
 
 
-def _eb(point) -> bool:
-    return point is not None and point.lhs_s_per_token >= point.rhs_s_per_token
+def _eb(point, *, delta: float = 0.0) -> bool:
+    return point is not None and point.lhs_s_per_token >= point.rhs_s_per_token + delta
 
 
 @pytest.mark.parametrize("profile", ["rtx-pro-6000-qwen3-8b", "h200-qwen3-8b", "rtx-pro-6000-qwen3-30b-a3b",
@@ -79,12 +79,8 @@ def test_a_margin_for_mb_delays_the_verdict() -> None:
                                    delta_s_per_token=0.0)
     assert _eb(point)
     delta = point.lhs_s_per_token - point.rhs_s_per_token + 1e-7  # just enough to make MB win there
-    assert not _eb_with_delta(RTX_PRO_6000_QWEN3_8B, n_obs=1024.0, delta=delta)
-
-
-def _eb_with_delta(costs: CostModel, *, n_obs: float, delta: float) -> bool:
-    point = least_favourable_to_eb(costs, max_model_len_tokens=MAX_MODEL_LEN, n_obs=n_obs, delta_s_per_token=delta)
-    return point is not None and point.lhs_s_per_token >= point.rhs_s_per_token + delta
+    assert not _eb(least_favourable_to_eb(RTX_PRO_6000_QWEN3_8B, max_model_len_tokens=MAX_MODEL_LEN, n_obs=1024.0,
+                                          delta_s_per_token=delta), delta=delta)
 
 
 @pytest.mark.parametrize(("max_model_len", "n_obs"), [(0, 1024.0), (1, 1024.0), (MAX_MODEL_LEN, 0.0),
