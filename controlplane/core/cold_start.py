@@ -13,7 +13,12 @@ So the rule is evaluated over every workload the engine can serve: μ_L and μ_O
 (outputs more regular than geometric put the hazard's intercept below the mean's rate; a lower p0 gives a
 lower θ0 and favours MB), but never below 2 − μ_O: every request makes at least one token, and those that
 go on at least two, so μ_O ≥ 2 − p0 (a law of mean 1.2 finishes 80% of its requests at the first token).
-The least favourable point for EB (the largest margin RHS + δ − LHS) stands for the rule: when EB wins
+What the pool has already seen narrows the output axis: its completions and running requests give a
+lower confidence bound on μ_O (`HazardFit.mu_o_lower_tokens`, the Kaplan–Meier restricted mean less three
+standard errors), and the grid keeps the μ_O values from the last one at or below that floor. The worst
+points are tiny outputs (μ_O ≈ 2.5 with the H200's calibration, where EB wins by less than the selector's
+hysteresis band); a pool whose requests have already run for a hundred tokens has ruled them out. The
+least favourable point for EB (the largest margin RHS + δ − LHS) stands for the rule: when EB wins
 there, it wins everywhere on the grid. The caller feeds that point to the selector
 (hysteresis and cooldown as usual), so the cold start leaves MB only on a verdict no length can overturn.
 
@@ -59,6 +64,7 @@ class _Grid:
     mu_l_tokens: np.ndarray
     mu_o_tokens: np.ndarray
     p0: np.ndarray
+    mu_o_axis_tokens: np.ndarray  # the grid's μ_O values, increasing
 
 
 @lru_cache(maxsize=256)
@@ -83,11 +89,11 @@ def _grid(costs: CostModel, max_model_len_tokens: int) -> _Grid | None:
                 columns.append((terms.lhs_s_per_token, terms.rhs_s_per_token, mu_l, mu_o, p0))
     lhs, rhs, mu_l_column, mu_o_column, p0_column = np.array(columns, dtype=np.float64).T
     return _Grid(lhs_s_per_token=lhs, rhs_at_one_s_per_token=rhs, mu_l_tokens=mu_l_column,
-                 mu_o_tokens=mu_o_column, p0=p0_column)
+                 mu_o_tokens=mu_o_column, p0=p0_column, mu_o_axis_tokens=lengths)
 
 
 def least_favourable_to_eb(costs: CostModel, *, max_model_len_tokens: int, n_obs: float,
-                           delta_s_per_token: float) -> ColdStartPoint | None:
+                           delta_s_per_token: float, mu_o_floor_tokens: float = 1.0) -> ColdStartPoint | None:
     """The grid point where EB's margin under rule (8) is smallest, for an engine at occupancy n_obs.
 
     Args:
@@ -95,6 +101,9 @@ def least_favourable_to_eb(costs: CostModel, *, max_model_len_tokens: int, n_obs
         max_model_len_tokens: the engine's longest prompt + output; the grid spans [1, this].
         n_obs: the engine's observed occupancy (requests running, EMA).
         delta_s_per_token: the operator margin δ in force (> 0 favours MB).
+        mu_o_floor_tokens: a lower bound on the mean output length the data proves (1: none); the grid's
+            μ_O values from the largest one ≤ the floor up are searched. A floor that is not a finite
+            number ≥ 1 counts as 1.
     Returns:
         The point, or None when there is no verdict to give: an unusable cost model, max_model_len
         unknown (0) or below 2 tokens, N_obs below one request or not finite, or a grid point where the
@@ -108,7 +117,13 @@ def least_favourable_to_eb(costs: CostModel, *, max_model_len_tokens: int, n_obs
     if grid is None:
         return None
     rhs = grid.rhs_at_one_s_per_token / n_obs
-    worst = int(np.argmax(rhs + delta_s_per_token - grid.lhs_s_per_token))
+    margin = rhs + delta_s_per_token - grid.lhs_s_per_token
+    floor = float(mu_o_floor_tokens) if math.isfinite(mu_o_floor_tokens) and mu_o_floor_tokens >= 1.0 else 1.0
+    axis = grid.mu_o_axis_tokens
+    level = axis[max(0, int(np.searchsorted(axis, floor, side="right")) - 1)]
+    if level > axis[0]:
+        margin = np.where(grid.mu_o_tokens >= level, margin, -np.inf)
+    worst = int(np.argmax(margin))
     return ColdStartPoint(lhs_s_per_token=float(grid.lhs_s_per_token[worst]), rhs_s_per_token=float(rhs[worst]),
                           mu_l_tokens=float(grid.mu_l_tokens[worst]), mu_o_tokens=float(grid.mu_o_tokens[worst]),
                           p0=float(grid.p0[worst]))

@@ -41,6 +41,8 @@ from controlplane.core.survival import (
     km_survival,
     length_moments,
     life_table,
+    mean_lower_bound,
+    sample_mean_lower_bound,
 )
 from controlplane.core.types import WorkloadStats
 
@@ -56,6 +58,9 @@ MAX_FIT_SPAN_TOKENS = 1 << 20
 # The young band of a shift-transient window (`_young_hazard`): the ages by which this share of its
 # completions have happened.
 YOUNG_BAND_SHARE = 0.25
+# HazardFit.mu_o_lower_tokens: a one-sided bound at z = 3 (the true mean is below it with probability ≈ 0.13%
+# for a window of a stationary workload).
+MEAN_LOWER_BOUND_Z = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +70,16 @@ class HazardFit:
     intercept_fallback: the WLS intercept was ≤ 0 or not finite; p0 was replaced by the geometric MLE
     1/μ_O and η by 0. slope_clipped: the WLS slope was negative (a DFR window); η was clipped to 0.
     shift_transient: fitted as a window re-based at a shift that still holds the requests in flight then
-    (`fit_hazard_histogram`): η = 0 and μ_O = 1/p0.
+    (`fit_hazard_histogram`): η = 0 and μ_O = 1/p0. mu_o_lower_tokens: a lower confidence bound on the mean
+    output length (MEAN_LOWER_BOUND_Z standard errors below the restricted mean, `survival.mean_lower_bound`;
+    ≥ 1): what the window's completions and running requests prove about μ_O, for the cold-start rule.
     """
 
     stats: WorkloadStats
     intercept_fallback: bool
     slope_clipped: bool
     shift_transient: bool = False
+    mu_o_lower_tokens: float = 1.0
 
 
 def _valid_lengths(values: np.ndarray) -> np.ndarray:
@@ -199,7 +207,9 @@ def fit_hazard(output_lengths: np.ndarray, prompt_lengths: np.ndarray) -> Hazard
         t95_tokens=t95,
         num_samples=int(outputs.size),
     )
-    return HazardFit(stats=stats, intercept_fallback=intercept_fallback, slope_clipped=slope_clipped)
+    lower = sample_mean_lower_bound(mean=mu_o, std=sigma_o, count=int(outputs.size), z=MEAN_LOWER_BOUND_Z)
+    return HazardFit(stats=stats, intercept_fallback=intercept_fallback, slope_clipped=slope_clipped,
+                     mu_o_lower_tokens=lower)
 
 
 def fit_hazard_histogram(
@@ -272,6 +282,7 @@ def fit_hazard_histogram(
             fit = _wls_counts(*dense_events_and_exposure(WindowObservations(completed=outputs), t_max=int(t95)))
         fallback_p0 = 1.0 / outputs.mean()
         mu_o, sigma_o = outputs.mean(), outputs.std()
+        lower = sample_mean_lower_bound(mean=mu_o, std=sigma_o, count=outputs.count, z=MEAN_LOWER_BOUND_Z)
     else:
         table = life_table(WindowObservations(completed=outputs, censored=censored, truncated=truncated))
         survival = km_survival(table)
@@ -286,6 +297,7 @@ def fit_hazard_histogram(
         if not fallback_p0 > 0.0:  # no completion inside the table's span
             fallback_p0 = 1.0 / outputs.mean()
         mu_o = sigma_o = math.nan
+        lower = mean_lower_bound(table, z=MEAN_LOWER_BOUND_Z)
     p0, eta, intercept_fallback, slope_clipped = _checked_line(fit, fallback_p0=fallback_p0)
     p0 = min(p0, 1.0)
     if shift_transient:
@@ -304,7 +316,7 @@ def fit_hazard_histogram(
         num_samples=outputs.count,
     )
     return HazardFit(stats=stats, intercept_fallback=intercept_fallback, slope_clipped=slope_clipped,
-                     shift_transient=shift_transient)
+                     shift_transient=shift_transient, mu_o_lower_tokens=lower)
 
 
 def _intercept_std_error(sums: _LineSums | None) -> float:

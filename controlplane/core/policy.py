@@ -238,7 +238,8 @@ def decide(
 
     Cold start: until the output window holds config.min_samples valid completions, mode MB (stock
     behaviour) with reason insufficient_data, unless rule (8) picks EB at every workload the engine can
-    serve (`controlplane.core.cold_start`; the cost model and N_obs are known, the lengths are not): then EB
+    serve (`controlplane.core.cold_start`; the cost model and N_obs are known, the lengths are not, but for
+    the lower bound on μ_O the completions and running requests so far prove): then EB
     with reason cold_start_eb, k and N as an EB pin without data gets them (θ_min, max_num_seqs, the memory
     guard), and the least favourable point's LHS and RHS in the diagnostics. Hysteresis and cooldown apply
     as for the full rule. With enough data but no usable cost model, MB with reason no_cost_model.
@@ -299,7 +300,8 @@ def decide(
         online_mode = Mode.MB
         if config.cold_start_crossover and costs is not None:  # an unusable cost model gives no verdict
             cold = least_favourable_to_eb(costs, max_model_len_tokens=limits.max_model_len_tokens,
-                                          n_obs=observations.n_obs, delta_s_per_token=delta)
+                                          n_obs=observations.n_obs, delta_s_per_token=delta,
+                                          mu_o_floor_tokens=fit.mu_o_lower_tokens if fit is not None else 1.0)
         if cold is not None:
             choice = select_mode(
                 current=state.mode, last_switch_s=state.last_switch_s, now_s=now_s,

@@ -44,6 +44,8 @@ MAX_TABLE_TOKENS = 1 << 20
 # at its opening: by then each of them has had about as many completions' time to finish as there were
 # requests, and their share of the window is small.
 TRANSIENT_FACTOR = 2
+# `mean_lower_bound` reads the Kaplan–Meier curve only where at least this many requests are at risk.
+MEAN_BOUND_MIN_AT_RISK = 30
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -176,6 +178,41 @@ def geometric_mean_length(survival: np.ndarray) -> float | None:
         return None
     restricted = 1.0 + float(survival.sum())
     return (restricted - s_tau) / (1.0 - s_tau)
+
+
+def mean_lower_bound(table: LifeTable, *, z: float) -> float:
+    """A one-sided lower confidence bound on the mean output length, in tokens (≥ 1): the Kaplan–Meier
+    restricted mean R = Σ_{t=0}^{τ} Ŝ(t) = Ê[min(O, τ + 1)] minus z standard errors.
+
+    R never exceeds the mean it estimates (the part of the law past the last observed age τ is left out), so
+    the bound holds whatever happens beyond τ, with no assumption on the law's shape. Its variance is the
+    Greenwood sum Σ_j A_j²·d_j / (n_j·(n_j − d_j)), A_j = Σ_{t≥j} Ŝ(t) the area a completion at age j moves.
+    Early in a pool's life, while every request is young, τ is small and so is the bound: it grows with
+    the requests' ages, never ahead of them. τ is the last age with at least MEAN_BOUND_MIN_AT_RISK requests
+    at risk: Greenwood's variance is 0 over ages without a completion, which would let a single long-running
+    request "prove" a mean as long as its age (with 30 at risk and none completing, a mean below τ would have
+    had about 30 expected completions there).
+    """
+    reached = np.nonzero(table.at_risk >= MEAN_BOUND_MIN_AT_RISK)[0]
+    if reached.size == 0:
+        return 1.0
+    span = int(reached[-1]) + 1
+    survival = km_survival(table)[:span]
+    restricted = 1.0 + float(survival.sum())
+    area_from = np.cumsum(survival[::-1])[::-1]  # A_j for j = 1..τ
+    events, at_risk = table.events[:span], table.at_risk[:span]
+    survivors = at_risk - events
+    weights = np.divide(events, at_risk * survivors, out=np.zeros_like(events), where=survivors > 0.0)
+    variance = float((area_from * area_from * weights).sum())
+    return max(1.0, restricted - z * math.sqrt(variance))
+
+
+def sample_mean_lower_bound(*, mean: float, std: float, count: int, z: float) -> float:
+    """`mean_lower_bound` of a window with nothing censored: the sample mean minus z standard errors (≥ 1;
+    1 below MEAN_BOUND_MIN_AT_RISK samples)."""
+    if count < MEAN_BOUND_MIN_AT_RISK or not (math.isfinite(mean) and math.isfinite(std)):
+        return 1.0
+    return max(1.0, mean - z * std / math.sqrt(count - 1))
 
 
 @dataclass(frozen=True, slots=True)

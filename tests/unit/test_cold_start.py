@@ -42,20 +42,22 @@ def _eb(point, *, delta: float = 0.0) -> bool:
     return point is not None and point.lhs_s_per_token >= point.rhs_s_per_token + delta
 
 
+@pytest.mark.parametrize("mu_o_floor", [1.0, 80.0, 1500.0])
 @pytest.mark.parametrize("profile", ["rtx-pro-6000-qwen3-8b", "h200-qwen3-8b", "rtx-pro-6000-qwen3-30b-a3b",
                                      "l40s-qwen3-30b-a3b"])
-def test_when_the_cold_start_verdict_is_eb_the_rule_picks_eb_at_any_length(profile: str) -> None:
+def test_when_the_cold_start_verdict_is_eb_the_rule_picks_eb_at_any_length(profile: str, mu_o_floor: float) -> None:
+    """With a floor on μ_O (what the data proves), at any length with outputs at least that long."""
     costs = get_profile(profile).costs
     rng = np.random.default_rng(7)
     num_eb_verdicts = 0
     for n_obs in np.geomspace(20.0, 4000.0, 24):
         point = least_favourable_to_eb(costs, max_model_len_tokens=MAX_MODEL_LEN, n_obs=float(n_obs),
-                                       delta_s_per_token=0.0)
+                                       delta_s_per_token=0.0, mu_o_floor_tokens=mu_o_floor)
         if not _eb(point):
             continue
         num_eb_verdicts += 1
         for _ in range(100):
-            mu_o = float(np.exp(rng.uniform(0.0, math.log(MAX_MODEL_LEN - 1))))
+            mu_o = float(np.exp(rng.uniform(math.log(mu_o_floor), math.log(MAX_MODEL_LEN - 1))))
             mu_l = float(np.exp(rng.uniform(0.0, math.log(MAX_MODEL_LEN - mu_o))))
             p0 = min(1.0, max(float(np.exp(rng.uniform(math.log(0.1), 0.0))) / mu_o, 2.0 - mu_o))
             evaluation = evaluate(WorkloadStats(p0=p0, eta=0.0, mu_l_tokens=mu_l, mu_o_tokens=mu_o), costs, LIMITS,
@@ -72,6 +74,37 @@ def test_the_verdict_turns_to_eb_once_occupancy_is_high_enough() -> None:
     h200 = [_eb(least_favourable_to_eb(H200_QWEN3_8B, max_model_len_tokens=MAX_MODEL_LEN, n_obs=n,
                                        delta_s_per_token=0.0)) for n in (256.0, 1024.0)]
     assert h200 == [False, True]
+
+
+def test_a_floor_on_the_mean_output_rules_out_the_tiny_outputs_that_hold_the_h200_in_mb() -> None:
+    """H200: at 512 requests EB loses nowhere but wins by less than the selector's band at μ_O ≈ 2.5 and at
+    the longest prompts; a pool whose requests are known to make ≥ 80 tokens on average goes to EB."""
+    config = PolicyConfig()
+    def margin_past_band(floor: float) -> float:
+        point = least_favourable_to_eb(H200_QWEN3_8B, max_model_len_tokens=MAX_MODEL_LEN, n_obs=512.0,
+                                       delta_s_per_token=0.0, mu_o_floor_tokens=floor)
+        band = (config.hysteresis_rel * (abs(point.lhs_s_per_token) + abs(point.rhs_s_per_token))
+                + config.hysteresis_abs_s_per_token)
+        return point.lhs_s_per_token - point.rhs_s_per_token - band
+    assert margin_past_band(1.0) < 0.0
+    assert margin_past_band(80.0) > 0.0
+    # A floor that proves nothing is no floor.
+    for nonsense in (math.nan, math.inf, -5.0, 0.5):
+        assert (least_favourable_to_eb(H200_QWEN3_8B, max_model_len_tokens=MAX_MODEL_LEN, n_obs=512.0,
+                                       delta_s_per_token=0.0, mu_o_floor_tokens=nonsense)
+                == least_favourable_to_eb(H200_QWEN3_8B, max_model_len_tokens=MAX_MODEL_LEN, n_obs=512.0,
+                                          delta_s_per_token=0.0))
+
+
+def test_decide_reads_the_floor_from_the_completions_so_far() -> None:
+    """H200 at 512 requests: three completions prove nothing (MB); 200 of a mean ≈ 256 do (cold-start EB)."""
+    state = PolicyState(mode=Mode.MB)
+    few, _ = decide(_observations(n_obs=512.0, costs=H200_QWEN3_8B), state, now_s=100.0)
+    assert few.mode == Mode.MB and few.reason == Reason.INSUFFICIENT_DATA
+    outputs = np.random.default_rng(3).geometric(1 / 256, 200).astype(np.float64)
+    more, _ = decide(_observations(n_obs=512.0, costs=H200_QWEN3_8B, outputs=outputs), state, now_s=100.0)
+    assert more.mode == Mode.EB and more.reason == Reason.COLD_START_EB
+    assert more.diagnostics.num_samples == 200
 
 
 def test_a_margin_for_mb_delays_the_verdict() -> None:
