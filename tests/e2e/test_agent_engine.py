@@ -105,6 +105,7 @@ def _serve(port: int, redis_url: str, log: Path) -> subprocess.Popen:
                             stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 
+@pytest.mark.timeout(900)  # about 200 s on an Intel Xeon; more than the default 300 s on slower 2-core machines
 async def test_controller_loss_falls_back_and_recovers(tiny_model: Path, tmp_path: Path, redis_url: str) -> None:
     port = _free_port()
     address = f"127.0.0.1:{port}"
