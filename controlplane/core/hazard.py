@@ -297,7 +297,7 @@ def fit_hazard_histogram(
         if not fallback_p0 > 0.0:  # no completion inside the table's span
             fallback_p0 = 1.0 / outputs.mean()
         mu_o = sigma_o = math.nan
-        lower = mean_lower_bound(table, z=MEAN_LOWER_BOUND_Z)
+        lower = mean_lower_bound(table, z=MEAN_LOWER_BOUND_Z, survival=survival)
     p0, eta, intercept_fallback, slope_clipped = _checked_line(fit, fallback_p0=fallback_p0)
     p0 = min(p0, 1.0)
     if shift_transient:

@@ -180,7 +180,7 @@ def geometric_mean_length(survival: np.ndarray) -> float | None:
     return (restricted - s_tau) / (1.0 - s_tau)
 
 
-def mean_lower_bound(table: LifeTable, *, z: float) -> float:
+def mean_lower_bound(table: LifeTable, *, z: float, survival: np.ndarray | None = None) -> float:
     """A one-sided lower confidence bound on the mean output length, in tokens (≥ 1): the Kaplan–Meier
     restricted mean R = Σ_{t=0}^{τ} Ŝ(t) = Ê[min(O, τ + 1)] minus z standard errors.
 
@@ -191,13 +191,13 @@ def mean_lower_bound(table: LifeTable, *, z: float) -> float:
     the requests' ages, never ahead of them. τ is the last age with at least MEAN_BOUND_MIN_AT_RISK requests
     at risk: Greenwood's variance is 0 over ages without a completion, which would let a single long-running
     request "prove" a mean as long as its age (with 30 at risk and none completing, a mean below τ would have
-    had about 30 expected completions there).
+    had about 30 expected completions there). `survival`: the table's `km_survival`, when the caller has it.
     """
     reached = np.nonzero(table.at_risk >= MEAN_BOUND_MIN_AT_RISK)[0]
     if reached.size == 0:
         return 1.0
     span = int(reached[-1]) + 1
-    survival = km_survival(table)[:span]
+    survival = (km_survival(table) if survival is None else survival)[:span]
     restricted = 1.0 + float(survival.sum())
     area_from = np.cumsum(survival[::-1])[::-1]  # A_j for j = 1..τ
     events, at_risk = table.events[:span], table.at_risk[:span]
