@@ -2,9 +2,11 @@
 until told to stop: the engine side of the chaos e2e test.
 
 Keeps --concurrency requests in flight (more than --max-num-seqs, so requests always wait and the
-scheduler is never idle), each with the same --max-tokens and ignore_eos, until --stop-file appears or
---max-requests were submitted; then lets every submitted request finish. Writes a JSON result: requests
-submitted and finished, the finish reasons, every output length that was not max_tokens, and the
+scheduler is never idle), each with ignore_eos and its own max_tokens drawn uniformly from --max-tokens
+(a range, so that completions spread over time instead of arriving in waves of one batch), until
+--stop-file appears or --max-requests were submitted; then lets every submitted request finish. Writes a
+JSON result: requests submitted and finished, the finish reasons, every output length that was not the
+request's own max_tokens, and the
 CLOCK_MONOTONIC time at which each request finished (system-wide on Linux, so the test can line the
 completions up with the faults it injected). With --ready-file/--go-file it signals when the engine is
 built and waits before generating. The agent's environment (CP_*) is the caller's, plus the address.
@@ -34,7 +36,7 @@ def main() -> int:
     parser.add_argument("--go-file", type=Path, required=True)
     parser.add_argument("--stop-file", type=Path, required=True)
     parser.add_argument("--concurrency", type=int, default=96)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", default="64", help="max_tokens, or a min,max range drawn per request")
     parser.add_argument("--prompt-tokens", default="16,128", help="min,max prompt length")
     parser.add_argument("--max-requests", type=int, default=5000)
     parser.add_argument("--max-num-seqs", type=int, default=64)
@@ -61,8 +63,8 @@ def main() -> int:
     engine = llm.llm_engine
     rng = np.random.default_rng(args.seed)
     p_lo, p_hi = (int(x) for x in args.prompt_tokens.split(","))
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, detokenize=False, temperature=0.0,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
+    bounds = [int(x) for x in args.max_tokens.split(",")]
+    t_lo, t_hi = bounds[0], bounds[-1]
     args.ready_file.write_text("ready")
     deadline = time.monotonic() + 300
     while not args.go_file.exists():
@@ -71,7 +73,7 @@ def main() -> int:
             return 2
         time.sleep(0.05)
 
-    in_flight: set[str] = set()
+    in_flight: dict[str, int] = {}  # request id → its max_tokens
     wrong_lengths: dict[str, int] = {}
     finish_reasons: collections.Counter[str] = collections.Counter()
     finish_times_s: list[float] = []
@@ -84,8 +86,11 @@ def main() -> int:
         while not stopping and len(in_flight) < args.concurrency:
             request_id = f"r{num_submitted}"
             prompt = TokensPrompt(prompt_token_ids=rng.integers(1, 1000, int(rng.integers(p_lo, p_hi + 1))).tolist())
-            engine.add_request(request_id, prompt, params)
-            in_flight.add(request_id)
+            max_tokens = int(rng.integers(t_lo, t_hi + 1))
+            engine.add_request(request_id, prompt, SamplingParams(
+                max_tokens=max_tokens, ignore_eos=True, detokenize=False, temperature=0.0,
+                output_kind=RequestOutputKind.FINAL_ONLY))
+            in_flight[request_id] = max_tokens
             num_submitted += 1
         if not in_flight:
             break
@@ -95,16 +100,16 @@ def main() -> int:
             if output.request_id not in in_flight:
                 unknown_ids.append(output.request_id)
                 continue
-            in_flight.discard(output.request_id)
+            max_tokens = in_flight.pop(output.request_id)
             completion = output.outputs[0]
             finish_reasons[str(completion.finish_reason)] += 1
             finish_times_s.append(time.monotonic())
-            if len(completion.token_ids) != args.max_tokens:
+            if len(completion.token_ids) != max_tokens:
                 wrong_lengths[output.request_id] = len(completion.token_ids)
     result = {
         "num_submitted": num_submitted,
         "num_finished": len(finish_times_s),
-        "max_tokens": args.max_tokens,
+        "max_tokens": [t_lo, t_hi],
         "wrong_lengths": wrong_lengths,
         "finish_reasons": dict(finish_reasons),
         "unknown_ids": unknown_ids[:20],

@@ -65,13 +65,18 @@ def chunked_prefill(llm: Any, tag: str) -> dict[str, Any]:
 
 def n_gt_1(llm: Any, tag: str) -> dict[str, Any]:
     """n = 3 completions per prompt (one parent request fanned out into three). Deterministic through top_k = 1
-    at temperature 1: vLLM refuses n > 1 with greedy sampling, and the CPU build refuses seeded sampling
-    ("CPU Generator does not use offset")."""
+    at temperature 1 (vLLM refuses n > 1 with greedy sampling, and the CPU build refuses seeded sampling:
+    "CPU Generator does not use offset") up to ties: where the top two logits are equal within bf16 rounding,
+    the batch row decides, even between a prompt's own samples on some CPUs. The top-2 logprobs of every
+    position let the test tell such a tie from a corrupted sample."""
     from vllm import SamplingParams
 
     prompts = [_prompt(300 + i, 40 + 10 * i) for i in range(4)]
-    params = SamplingParams(n=3, max_tokens=12, ignore_eos=True, temperature=1.0, top_k=1)
-    return {"tokens": _tokens(llm.generate(prompts, params, use_tqdm=False))}
+    params = SamplingParams(n=3, max_tokens=12, ignore_eos=True, temperature=1.0, top_k=1, logprobs=2)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return {"tokens": _tokens(outputs),
+            "top_logprobs": [[[{str(t): lp.logprob for t, lp in step.items()} for step in c.logprobs]
+                              for c in o.outputs] for o in outputs]}
 
 
 def logprobs(llm: Any, tag: str) -> dict[str, Any]:

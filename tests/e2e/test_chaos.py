@@ -12,7 +12,7 @@ agent's step trace tells which decision held each step. Faults, in order:
 3. a 10 s network cut at the proxy (bytes held both ways, nothing reset);
 4. `kill -9` of the embedded redis-server (the controller's child process).
 
-Asserted: no request fails or is lost and every output has exactly max_tokens; the engine keeps completing
+Asserted: no request fails or is lost and every output has exactly its max_tokens; the engine keeps completing
 requests through every fault; during faults 1-3 the agent holds the pinned EB decision (fails static)
 and drops to stock scheduling within its TTL, never before TTL minus one keep-alive period; during
 fault 4 it never drops the decision (the controller decides from memory); SetDelta works again once the
@@ -52,7 +52,9 @@ KEEPALIVE_S = TTL_S / 3  # the controller re-sends the decision in force every t
 FAULT_S = 10.0
 RECOVERY_GOAL_S = 2.0
 SLACK_S = 1.0  # a step boundary, and the log line's way to the file, on two shared cores
-MAX_TOKENS = 256  # long requests: hundreds in flight across every fault, a few hundred in all
+# Long requests of varied lengths: a hundred in flight across every fault, completions spread over time (one
+# length for all would finish them in waves of one EB batch, seconds apart on a slow CPU), hundreds in all.
+MAX_TOKENS = (32, 256)
 K = 8
 PINNED_N = (24, 20, 16, 28, 18)  # pinned before faults 1, 2, 3, 4, and after fault 4
 SERVE_ARGS = ("--ttl-s", str(TTL_S), "--decision-interval-s", "0.5", "--readiness-grace-s", "5")
@@ -116,7 +118,7 @@ async def _start_engine(model_dir: Path, workdir: Path, address: str) -> EngineR
         sys.executable, str(WORKLOAD_SCRIPT), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
         "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
         "--go-file", str(workdir / "go"), "--stop-file", str(workdir / "stop"), "--address", address,
-        "--engine-id", ENGINE_ID, "--max-tokens", str(MAX_TOKENS), stdout=log, stderr=log,
+        "--engine-id", ENGINE_ID, "--max-tokens", ",".join(map(str, MAX_TOKENS)), stdout=log, stderr=log,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", "CP_DECISION_TTL_S": str(TTL_S)},
     )
     return EngineRun(process=process, workdir=workdir)
@@ -256,7 +258,7 @@ async def test_faults_under_load_lose_no_request_and_the_agent_fails_static(tiny
     print(f"faults:\n{figures}\nrequests: {result['num_submitted']} in {result['elapsed_s']:.1f} s; "
           f"agent: {report['num_expired']} expiries, {report['link_reconnects']} reconnects")
 
-    # No request failed or was lost; every output is exactly max_tokens.
+    # No request failed or was lost; every output is exactly its request's max_tokens.
     assert result["num_submitted"] >= 200
     assert result["num_finished"] == result["num_submitted"] and not result["unknown_ids"]
     assert result["wrong_lengths"] == {} and result["finish_reasons"] == {"length": result["num_submitted"]}
