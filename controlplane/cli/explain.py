@@ -20,6 +20,7 @@ TERMS: tuple[tuple[str, str, str, str], ...] = (
     ("eta_per_token2", "η", "1/token²", "hazard slope (IFR when > 0)"),
     ("mu_l_tokens", "μ_L", "tokens", "mean prompt length"),
     ("mu_o_tokens", "μ_O", "tokens", "mean output length"),
+    ("mu_o_lower_tokens", "μ_O ≥", "tokens", "lower bound on μ_O the completions and running requests prove"),
     ("num_samples", "samples", "completions", "completions in the fitted window"),
     ("theta0", "θ0", "fraction", "CFR threshold: θ/(1−θ) + ln(1−θ) = p0·α_p/α_d"),
     ("delta_theta", "Δθ", "fraction", "IFR correction"),
@@ -41,7 +42,8 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     version, mode, k, n, reason, flags, delta_source, a "terms" dict (keys of TERMS) and a "rule" dict:
     evaluated (False before the formulas ran: cold start or no cost model), cold_start (the cold-start rule ran
     at the lengths least favourable to EB: its verdict and terms are that point's), verdict ("mb" | "eb" | None),
-    lhs_s_per_token, rhs_plus_delta_s_per_token, delta_flip_s_per_token and a one-line text; a "window" dict:
+    lhs_s_per_token, rhs_plus_delta_s_per_token, delta_flip_s_per_token, cold_start_point (at cold start the
+    least favourable workload's mu_l_tokens, mu_o_tokens and p0, else None) and a one-line text; a "window" dict:
     the pool window the terms were fitted on (buckets, samples, running requests censored at its close and
     truncated at its opening, whether it was re-based at a detected shift, the last shift) and its text.
     """
@@ -56,19 +58,27 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     cold_start = not evaluated and (lhs != 0.0 or rhs != 0.0)
     terms = {
         "p0_per_token": diag.p0, "eta_per_token2": diag.eta, "mu_l_tokens": diag.mu_l_tokens,
-        "mu_o_tokens": diag.mu_o_tokens, "num_samples": diag.num_samples, "theta0": diag.theta0,
+        "mu_o_tokens": diag.mu_o_tokens, "mu_o_lower_tokens": diag.mu_o_lower_tokens,
+        "num_samples": diag.num_samples, "theta0": diag.theta0,
         "delta_theta": diag.delta_theta, "theta_star": diag.theta_star, "n_star_requests": diag.n_star,
         "k_star_requests": diag.k_star, "n_obs_requests": diag.n_obs, "lhs_s_per_token": lhs,
         "rhs_s_per_token": rhs, "delta_s_per_token": delta,
         "delta_flip_s_per_token": lhs - rhs if evaluated or cold_start else None,
     }
+    point = None
+    if cold_start:
+        point = {"mu_l_tokens": diag.cold_start_mu_l_tokens, "mu_o_tokens": diag.cold_start_mu_o_tokens,
+                 "p0": diag.cold_start_p0}
     if evaluated or cold_start:
         verdict = "mb" if lhs < rhs + delta else "eb"
         relation = "<" if verdict == "mb" else "≥"
         text = (f"LHS {lhs:.4g} {relation} RHS + δ = {rhs + delta:.4g} s/token → {verdict.upper()} "
                 f"(flips at δ = {lhs - rhs:.4g} s/token)")
-        if cold_start:
-            text = f"cold start, at the lengths least favourable to EB: {text}"
+        if point is not None:
+            proven = (f"; μ_O ≥ {diag.mu_o_lower_tokens:.4g} proven by the data"
+                      if diag.mu_o_lower_tokens > 1.0 else "")
+            text = (f"cold start, at the lengths least favourable to EB (μ_L {point['mu_l_tokens']:.4g}, "
+                    f"μ_O {point['mu_o_tokens']:.4g}, p0 {point['p0']:.4g}{proven}): {text}")
     else:
         verdict = None
         text = f"not evaluated ({decision.reason or 'no computation yet'})"
@@ -107,6 +117,7 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
             "rhs_plus_delta_s_per_token": rhs + delta,
             "delta_flip_s_per_token": lhs - rhs if evaluated or cold_start else None,
             "cold_start": cold_start,
+            "cold_start_point": point,
             "text": text,
         },
     }

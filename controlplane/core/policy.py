@@ -340,13 +340,15 @@ def decide(
             p0=_finite(stats.p0), eta=_finite(stats.eta), mu_l_tokens=_finite(stats.mu_l_tokens),
             mu_o_tokens=_finite(stats.mu_o_tokens), sigma_o_tokens=_finite(stats.sigma_o_tokens),
             t95_tokens=_finite(stats.t95_tokens), num_samples=stats.num_samples,
-            num_rejected_samples=diagnostics.num_rejected_samples,
+            num_rejected_samples=diagnostics.num_rejected_samples, mu_o_lower_tokens=_finite(fit.mu_o_lower_tokens),
         )
     if evaluation is not None:
         diagnostics = _with_evaluation(diagnostics, evaluation)
     elif cold is not None:
         diagnostics = replace(diagnostics, lhs_s_per_token=cold.lhs_s_per_token,
-                              rhs_s_per_token=cold.rhs_s_per_token, n_obs=_finite(observations.n_obs))
+                              rhs_s_per_token=cold.rhs_s_per_token, n_obs=_finite(observations.n_obs),
+                              cold_start_mu_l_tokens=_finite(cold.mu_l_tokens),
+                              cold_start_mu_o_tokens=_finite(cold.mu_o_tokens), cold_start_p0=_finite(cold.p0))
 
     mode = online_mode
     if intent.pin.mode is not None:

@@ -251,6 +251,13 @@ class Diagnostics:
     n_obs: float = 0.0
     num_samples: int = 0
     num_rejected_samples: int = 0
+    # Lower confidence bound on μ_O that the fitted completions and running requests prove (1.0: none yet).
+    mu_o_lower_tokens: float = 0.0
+    # The cold-start rule's least favourable workload (0.0 when the rule did not run): LHS and RHS above are
+    # its terms of rule (8).
+    cold_start_mu_l_tokens: float = 0.0
+    cold_start_mu_o_tokens: float = 0.0
+    cold_start_p0: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

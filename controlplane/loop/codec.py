@@ -41,6 +41,8 @@ def decision_to_proto(decision: Decision, *, version: int, ttl_s: float, decided
             delta_theta=d.delta_theta, theta_star=d.theta_star, n_star=d.n_star, k_star=d.k_star,
             lhs_s_per_token=d.lhs_s_per_token, rhs_s_per_token=d.rhs_s_per_token, n_obs=d.n_obs,
             num_samples=d.num_samples, num_rejected_samples=d.num_rejected_samples,
+            mu_o_lower_tokens=d.mu_o_lower_tokens, cold_start_mu_l_tokens=d.cold_start_mu_l_tokens,
+            cold_start_mu_o_tokens=d.cold_start_mu_o_tokens, cold_start_p0=d.cold_start_p0,
         ),
     )
 

@@ -124,6 +124,10 @@ def decision_attributes(decision: Decision, *, engine_id: str, pool: str, versio
         "cp.rhs_s_per_token": d.rhs_s_per_token,
         "cp.samples": d.num_samples,
         "cp.rejected_samples": d.num_rejected_samples,
+        "cp.mu_o_lower_tokens": d.mu_o_lower_tokens,
+        "cp.cold_start_mu_l_tokens": d.cold_start_mu_l_tokens,
+        "cp.cold_start_mu_o_tokens": d.cold_start_mu_o_tokens,
+        "cp.cold_start_p0": d.cold_start_p0,
     }
 
 

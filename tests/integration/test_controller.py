@@ -387,6 +387,10 @@ async def test_a_calibrated_pool_at_high_occupancy_runs_eb_before_its_first_fit(
         assert cold.k == int(PolicyConfig().theta_min * LIMITS.max_num_seqs)
         assert cold.diagnostics.theta0 == 0.0 and cold.diagnostics.num_samples < 400
         assert cold.diagnostics.lhs_s_per_token >= cold.diagnostics.rhs_s_per_token > 0.0
+        # The workload the verdict stands on travels with it (ctl explain shows it).
+        point = cold.diagnostics
+        assert point.cold_start_mu_o_tokens >= 1.0 and point.cold_start_mu_l_tokens >= 1.0
+        assert 0.0 < point.cold_start_p0 <= 1.0
         view = await operator_stub(channel).GetDecision(operator_pb2.GetDecisionRequest(engine_id="engine-quiet"))
         assert (view.latest.mode, view.latest.reason) == (common_pb2.MODE_MB, "insufficient_data")
         assert view.latest.diagnostics.lhs_s_per_token < view.latest.diagnostics.rhs_s_per_token

