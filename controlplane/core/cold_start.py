@@ -15,7 +15,9 @@ lower θ0 and favours MB), but never below 2 − μ_O: every request makes at le
 go on at least two, so μ_O ≥ 2 − p0 (a law of mean 1.2 finishes 80% of its requests at the first token).
 What the pool has already seen narrows the output axis: its completions and running requests give a
 lower confidence bound on μ_O (`HazardFit.mu_o_lower_tokens`, the Kaplan–Meier restricted mean less three
-standard errors), and the grid keeps the μ_O values from the last one at or below that floor. The worst
+standard errors; before the first completion, the running requests' ages alone:
+`survival.running_mean_lower_bound`), and the grid keeps the μ_O values from the last one at or below that
+floor. The worst
 points are tiny outputs (μ_O ≈ 2.5 with the H200's calibration, where EB wins by less than the selector's
 hysteresis band); a pool whose requests have already run for a hundred tokens has ruled them out. The
 least favourable point for EB (the largest margin RHS + δ − LHS) stands for the rule: when EB wins

@@ -239,7 +239,9 @@ def decide(
     Cold start: until the output window holds config.min_samples valid completions, mode MB (stock
     behaviour) with reason insufficient_data, unless rule (8) picks EB at every workload the engine can
     serve (`controlplane.core.cold_start`; the cost model and N_obs are known, the lengths are not, but for
-    the lower bound on μ_O the completions and running requests so far prove): then EB
+    the lower bound on μ_O the completions and running requests so far prove — the fit's, or without a fit
+    `Observations.mu_o_lower_tokens` —; the occupancy is N_obs or, when
+    more, `Observations.n_offered`, and diagnostics.n_obs shows the one used): then EB
     with reason cold_start_eb, k and N as an EB pin without data gets them (θ_min, max_num_seqs, the memory
     guard), and the least favourable point's LHS and RHS in the diagnostics. Hysteresis and cooldown apply
     as for the full rule. With enough data but no usable cost model, MB with reason no_cost_model.
@@ -298,10 +300,11 @@ def decide(
     cold = None
     if not enough_data:
         online_mode = Mode.MB
+        floor = fit.mu_o_lower_tokens if fit is not None else observations.mu_o_lower_tokens
         if config.cold_start_crossover and costs is not None:  # an unusable cost model gives no verdict
             cold = least_favourable_to_eb(costs, max_model_len_tokens=limits.max_model_len_tokens,
-                                          n_obs=observations.n_obs, delta_s_per_token=delta,
-                                          mu_o_floor_tokens=fit.mu_o_lower_tokens if fit is not None else 1.0)
+                                          n_obs=_cold_start_occupancy(observations), delta_s_per_token=delta,
+                                          mu_o_floor_tokens=floor)
         if cold is not None:
             choice = select_mode(
                 current=state.mode, last_switch_s=state.last_switch_s, now_s=now_s,
@@ -346,7 +349,9 @@ def decide(
         diagnostics = _with_evaluation(diagnostics, evaluation)
     elif cold is not None:
         diagnostics = replace(diagnostics, lhs_s_per_token=cold.lhs_s_per_token,
-                              rhs_s_per_token=cold.rhs_s_per_token, n_obs=_finite(observations.n_obs),
+                              rhs_s_per_token=cold.rhs_s_per_token,
+                              n_obs=_finite(_cold_start_occupancy(observations)),
+                              mu_o_lower_tokens=max(1.0, _finite(floor)),
                               cold_start_mu_l_tokens=_finite(cold.mu_l_tokens),
                               cold_start_mu_o_tokens=_finite(cold.mu_o_tokens), cold_start_p0=_finite(cold.p0))
 
@@ -383,6 +388,16 @@ def decide(
                                  n_eb_in_force=n_eb_in_force)
 
 
+def _cold_start_occupancy(observations: Observations) -> float:
+    """The occupancy the cold-start verdict is taken at: N_obs, or the requests the engine holds (running and,
+    while its KV cache has room, waiting: `Observations.n_offered`) when more. Under stock batching a new
+    engine admits a few prompts a step (its token budget), so its running count ramps for tens of seconds
+    under a queue that an EB batch of max_num_seqs would admit in its first prefill phase; the N_obs EMA
+    lags that ramp again. Non-finite or negative values count as 0."""
+    values = [v for v in (observations.n_obs, observations.n_offered) if math.isfinite(v) and v > 0.0]
+    return max(values, default=0.0)
+
+
 def _with_evaluation(diagnostics: Diagnostics, evaluation: Evaluation) -> Diagnostics:
     return replace(
         diagnostics,
@@ -396,8 +411,8 @@ def merge_pool_observations(members: Sequence[Observations]) -> Observations | N
     """Observations of a pool of engines of the same model and accelerator.
 
     Windows are concatenated; limits are the most conservative of the members (smallest max_num_seqs,
-    budget and KV capacity); N_obs is the members' mean; rejected counts add up; the cost model is the
-    first member's that has one. None for an empty pool.
+    budget and KV capacity); N_obs and n_offered are the members' means; rejected counts add up; the cost
+    model is the first member's that has one. None for an empty pool.
     """
     if not members:
         return None
@@ -408,6 +423,7 @@ def merge_pool_observations(members: Sequence[Observations]) -> Observations | N
         max_model_len_tokens=min(m.limits.max_model_len_tokens for m in members),
     )
     observed = [m.n_obs for m in members if math.isfinite(m.n_obs) and m.n_obs >= 1.0]
+    offered = [m.n_offered for m in members if math.isfinite(m.n_offered) and m.n_offered >= 1.0]
     return Observations(
         output_lengths_tokens=np.concatenate([np.asarray(m.output_lengths_tokens, dtype=np.float64)
                                               for m in members]),
@@ -418,6 +434,7 @@ def merge_pool_observations(members: Sequence[Observations]) -> Observations | N
         n_obs=sum(observed) / len(observed) if observed else 0.0,
         num_rejected_samples=sum(max(0, m.num_rejected_samples) for m in members),
         num_preemptions=sum(max(0, m.num_preemptions) for m in members),
+        n_offered=sum(offered) / len(offered) if offered else 0.0,
     )
 
 

@@ -189,6 +189,12 @@ class Observations:
     prompt_lengths_tokens: the W_L window of prompt lengths.
     costs: the calibrated or fitted cost model; None when none is known yet.
     n_obs: EMA of observed running requests (N_obs); 0 when not observed.
+    n_offered: EMA of the requests the engine holds, running or waiting, capped at max_num_seqs, counting the
+      waiting ones only while its KV cache has room (the occupancy an EB batch of max_num_seqs reaches while
+      the engine's own admission still ramps); 0 when not observed. Read by the cold-start verdict alone:
+      the full rule uses N_obs.
+    mu_o_lower_tokens: a lower confidence bound on μ_O known without a hazard fit (a pool's running requests
+      before its first completion); the cold-start verdict reads it when decide() has no fit. 1: none.
     num_rejected_samples: samples the estimators rejected since the last decision (counted, not used).
     num_preemptions: requests the engine preempted since the last decision (KV cache exhausted); feeds the
       memory guard (`controlplane.core.memory_guard`).
@@ -201,6 +207,8 @@ class Observations:
     n_obs: float = 0.0
     num_rejected_samples: int = 0
     num_preemptions: int = 0
+    n_offered: float = 0.0
+    mu_o_lower_tokens: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

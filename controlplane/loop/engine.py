@@ -34,6 +34,21 @@ from controlplane.protocol import VERSION_EPOCH_FACTOR, compose_version
 
 _EMPTY = np.zeros(0)
 _SENT_VERSIONS_KEPT = 64
+# The waiting requests count towards the offered occupancy only while the KV cache is below this fraction
+# of its capacity: past it the engine's running count is bound by memory, which an EB batch would meet too.
+OFFERED_KV_ROOM_FRACTION = 0.9
+
+
+def offered_occupancy(batch: ValidatedBatch, *, max_num_seqs: int) -> float | None:
+    """Requests an engine holds by one batch's scheduler state: running plus, while its KV cache has room,
+    waiting, capped at max_num_seqs (what an EB batch of max_num_seqs would admit). None without a running
+    count (ingest sets it None above max_num_seqs); the running count alone when the KV cache is unknown
+    (capacity 0) or nearly full."""
+    if batch.num_running is None:
+        return None
+    room = batch.kv_total_tokens > 0 and batch.kv_used_tokens < OFFERED_KV_ROOM_FRACTION * batch.kv_total_tokens
+    held = batch.num_running + (max(0, batch.num_waiting) if room else 0)
+    return float(min(held, max_num_seqs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +82,7 @@ class EngineLoop:
     latest_at_s: float = 0.0  # when the instruction in force was issued
     n_obs: float = 0.0
     n_obs_at_s: float = 0.0
+    n_offered: float = 0.0  # EMA of offered_occupancy, same time constant as N_obs
     acked_version: int = 0
     last_telemetry_s: float = -1.0
     last_decided_s: float = float("-inf")
@@ -108,12 +124,14 @@ class EngineLoop:
             new = batch.num_preemptions - self.num_preemptions
             self.preemptions_since_decision += new if new >= 0 else batch.num_preemptions
         self.num_preemptions = batch.num_preemptions
-        if batch.num_running is not None:
+        offered = offered_occupancy(batch, max_num_seqs=self.hello.limits.max_num_seqs)
+        if batch.num_running is not None and offered is not None:  # both or neither
             if self.last_telemetry_s < 0:
-                self.n_obs, self.n_obs_at_s = float(batch.num_running), now_s
+                self.n_obs, self.n_offered, self.n_obs_at_s = float(batch.num_running), offered, now_s
             else:
-                self.n_obs = ema_update(self.n_obs, float(batch.num_running), dt_s=now_s - self.n_obs_at_s,
-                                        time_constant_s=self.config.n_obs_time_constant_s)
+                dt_s, tau_s = now_s - self.n_obs_at_s, self.config.n_obs_time_constant_s
+                self.n_obs = ema_update(self.n_obs, float(batch.num_running), dt_s=dt_s, time_constant_s=tau_s)
+                self.n_offered = ema_update(self.n_offered, offered, dt_s=dt_s, time_constant_s=tau_s)
                 self.n_obs_at_s = now_s
         self.last_telemetry_s = now_s
         if batch.traceparent:
@@ -153,6 +171,7 @@ class EngineLoop:
             output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
             costs=estimate.costs if estimate is not None else None, limits=self.hello.limits, n_obs=self.n_obs,
             num_rejected_samples=self.num_rejected_events, num_preemptions=self.preemptions_since_decision,
+            n_offered=self.n_offered, mu_o_lower_tokens=estimate.mu_o_lower_tokens if estimate is not None else 1.0,
         )
         decision, self.policy_state = decide(
             observations, self.policy_state, now_s, intent=intent, config=self.policy,

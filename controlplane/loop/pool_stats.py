@@ -42,9 +42,15 @@ import numpy as np
 from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_model import CostFit
 from controlplane.core.cost_sums import CostSums, StepColumns
-from controlplane.core.hazard import HazardFit, fit_hazard_histogram
+from controlplane.core.hazard import MEAN_LOWER_BOUND_Z, HazardFit, fit_hazard_histogram
 from controlplane.core.length_histogram import LengthHistogram, sum_of
-from controlplane.core.survival import HazardComparison, WindowObservations, compare_hazards, is_shift_transient
+from controlplane.core.survival import (
+    HazardComparison,
+    WindowObservations,
+    compare_hazards,
+    is_shift_transient,
+    running_mean_lower_bound,
+)
 from controlplane.core.types import CostModel
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.shift_tracker import PRE_BUCKETS, REWIND_BUCKETS, PoolShift, ShiftTracker
@@ -130,7 +136,9 @@ class PoolEstimate:
     num_censored / num_truncated: requests running at the window's close / opening used by the fit (0 when
       either end is unknown). last_shift: the latest shift detected in the pool (None: none yet); num_shifts:
       how many were detected (and confirmed); num_unconfirmed_shifts: the detector's alarms the hazard test
-      dropped (`loop.shift_tracker`).
+      dropped (`loop.shift_tracker`). mu_o_lower_tokens: a lower confidence bound on μ_O: the fit's, or
+      before the pool's first completion the one its running requests alone prove
+      (`survival.running_mean_lower_bound`); 1 when nothing is proven.
     """
 
     pool_key: str
@@ -152,6 +160,7 @@ class PoolEstimate:
     last_shift: PoolShift | None = None
     num_shifts: int = 0
     num_unconfirmed_shifts: int = 0
+    mu_o_lower_tokens: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +251,8 @@ class PoolStatistics:
         self.estimate: PoolEstimate | None = None
         self.last_window: BucketStats | None = None
         self._keep_from: int | None = None  # set by refresh: older buckets can enter no later window
+        self._ever_completed = False  # a bucket with completions was held (its running requests are then not
+        # every request the pool started: `running_mean_lower_bound` no longer applies)
 
     # ---- time ----
 
@@ -304,6 +315,7 @@ class PoolStatistics:
         self._open = None
         stats = bucket.close(self.estimate.costs if self.estimate is not None else None, self._running_now())
         self._buckets.setdefault(bucket.bucket_id, {})[self.replica_id] = stats
+        self._ever_completed |= stats.outputs.count > 0
         return stats, bucket.bucket_id
 
     def _running_now(self) -> LengthHistogram | None:
@@ -321,6 +333,7 @@ class PoolStatistics:
         """Another replica's closed bucket (its own replica id is ignored: local data wins)."""
         if replica_id != self.replica_id:
             self._buckets.setdefault(bucket_id, {})[replica_id] = stats
+            self._ever_completed |= stats.outputs.count > 0
 
     def seed(self, stats: BucketStats, *, now_s: float) -> None:
         """Warm start: a persisted window of this pool (`last_window` of an earlier run) stands in as the
@@ -330,6 +343,7 @@ class PoolStatistics:
         self._buckets.setdefault(self.estimate_bucket(now_s), {})[SNAPSHOT_REPLICA] = BucketStats(
             outputs=stats.outputs, prompt_count=stats.prompt_count, prompt_sum_tokens=stats.prompt_sum_tokens,
             costs=stats.costs, running=None)
+        self._ever_completed |= stats.outputs.count > 0
 
     @property
     def num_buckets_held(self) -> int:
@@ -521,8 +535,12 @@ class PoolStatistics:
             costs, source = cost_fit.to_cost_model(), "online"
             if costs is None:
                 source = "none"
+        lower = fit.mu_o_lower_tokens if fit is not None else 1.0
+        if fit is None and not self._ever_completed:
+            running = self._running_at(end_bucket)
+            lower = running_mean_lower_bound(running, z=MEAN_LOWER_BOUND_Z) if running is not None else 1.0
         self.estimate = PoolEstimate(
-            pool_key=self.pool_key, end_bucket=end_bucket, fit=fit,
+            pool_key=self.pool_key, end_bucket=end_bucket, fit=fit, mu_o_lower_tokens=lower,
             num_samples=fit.stats.num_samples if held and fit is not None else int(stats.outputs.count),
             cost_fit=cost_fit, costs=costs, cost_source=source, num_buckets=window.num_buckets,
             contributors=window.contributors, num_rejected_steps=stats.costs.num_rejected,

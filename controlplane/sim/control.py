@@ -167,8 +167,9 @@ class OnlineControl:
         running_lengths, running_counts = running_length_histogram(engine.running_output_tokens().tolist())
         batch = ValidatedBatch(
             seq=self._seq, prompt_tokens=prompts, output_tokens=outputs, prefill_tokens=_EMPTY, decode_tokens=_EMPTY,
-            decode_requests=_EMPTY, duration_s=_EMPTY, num_aborted=0, num_dropped=0, kv_used_tokens=0,
-            kv_total_tokens=engine.kv_total_tokens, num_running=int(engine.num_running), num_waiting=0,
+            decode_requests=_EMPTY, duration_s=_EMPTY, num_aborted=0, num_dropped=0,
+            kv_used_tokens=int(engine.kv_used_tokens), kv_total_tokens=engine.kv_total_tokens,
+            num_running=int(engine.num_running), num_waiting=int(engine.num_waiting),
             num_preemptions=int(engine.num_preemptions), num_events_dropped=0, traceparent="",
             running_lengths=np.asarray(running_lengths, dtype=np.int64),
             running_counts=np.asarray(running_counts, dtype=np.int64))

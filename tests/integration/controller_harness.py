@@ -62,7 +62,7 @@ def operator_stub(channel: grpc.aio.Channel) -> operator_pb2_grpc.OperatorServic
 
 
 def geometric_batch(seq: int, rng: np.random.Generator, *, num: int, p0: float = 1 / 256,
-                    num_running: int = 600) -> agent_pb2.TelemetryBatch:
+                    num_running: int = 600, num_waiting: int = 100) -> agent_pb2.TelemetryBatch:
     """A well-formed batch: `num` geometric(p0) completions with uniform prompts, a few steps."""
     outputs = rng.geometric(p0, num)
     prompts = rng.integers(256, 768, num)
@@ -75,7 +75,7 @@ def geometric_batch(seq: int, rng: np.random.Generator, *, num: int, p0: float =
                               decode_requests=[0, 500] * (steps // 2), duration_s=[0.1, 0.06] * (steps // 2)),
         kv_used_tokens=400_000, kv_total_tokens=LIMITS.kv_capacity_tokens,
         scheduler=agent_pb2.SchedulerState(num_running_prefills=0, num_running_decodes=num_running,
-                                           num_waiting=100),
+                                           num_waiting=num_waiting),
         sent_at_s=1.7e9,
     )
 

@@ -370,18 +370,22 @@ async def test_engine_preemptions_cut_the_eb_batch_size(redis_url: str) -> None:
 async def test_a_calibrated_pool_at_high_occupancy_runs_eb_before_its_first_fit(redis_url: str) -> None:
     """Cold start over the wire: with the pool's calibration, an engine reporting many running requests gets EB
     (reason cold_start_eb, k and N of an EB without data) from its first batch, long before min_samples
-    completions; one reporting few stays MB; the fit takes over once the window holds min_samples."""
+    completions, and so does one running few under a long queue while its KV cache has room (the occupancy an
+    EB batch reaches); one holding few requests stays MB; the fit takes over once the window holds
+    min_samples."""
     async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
         await operator_stub(channel).PutCalibration(
             operator_pb2.PutCalibrationRequest(calibration=_calibration(POOL_A)))
         busy, quiet = AgentStream(channel, "engine-busy", POOL_A), AgentStream(channel, "engine-quiet", POOL_A)
-        for agent in (busy, quiet):
+        queued = AgentStream(channel, "engine-queued", POOL_A)
+        for agent in (busy, quiet, queued):
             await agent.open()
             first = await agent.next_decision()
             assert (first.mode, first.reason) == (common_pb2.MODE_MB, "insufficient_data")  # no occupancy yet
         rng = np.random.default_rng(11)
         await busy.send_batch(geometric_batch(1, rng, num=5, num_running=600))
-        await quiet.send_batch(geometric_batch(1, rng, num=5, num_running=16))
+        await quiet.send_batch(geometric_batch(1, rng, num=5, num_running=16, num_waiting=0))
+        await queued.send_batch(geometric_batch(1, rng, num=5, num_running=16, num_waiting=900))  # KV 27% used
         cold = await busy.next_decision(where=lambda d: d.reason == "cold_start_eb")
         assert cold.mode == common_pb2.MODE_EB and cold.n == LIMITS.max_num_seqs
         assert cold.k == int(PolicyConfig().theta_min * LIMITS.max_num_seqs)
@@ -394,10 +398,12 @@ async def test_a_calibrated_pool_at_high_occupancy_runs_eb_before_its_first_fit(
         view = await operator_stub(channel).GetDecision(operator_pb2.GetDecisionRequest(engine_id="engine-quiet"))
         assert (view.latest.mode, view.latest.reason) == (common_pb2.MODE_MB, "insufficient_data")
         assert view.latest.diagnostics.lhs_s_per_token < view.latest.diagnostics.rhs_s_per_token
+        ramping = await queued.next_decision(where=lambda d: d.reason == "cold_start_eb")
+        assert ramping.diagnostics.n_obs == 16 + 900  # the occupancy the verdict was taken at
         for seq in range(2, 4):
             await busy.send_batch(geometric_batch(seq, rng, num=250, num_running=600))
         fitted = await busy.next_decision(where=is_data_driven)
         assert fitted.mode == common_pb2.MODE_EB and fitted.diagnostics.theta0 > 0.0
         assert fitted.reason in ("crossover_eb", "hysteresis_hold", "cooldown_hold")
-        for agent in (busy, quiet):
+        for agent in (busy, quiet, queued):
             await agent.close()

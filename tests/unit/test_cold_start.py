@@ -8,6 +8,7 @@ Then decide(): the reason, k and N of a cold-start EB decision, and every way it
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -181,3 +182,33 @@ def test_a_cold_start_eb_returns_to_mb_when_occupancy_falls_after_the_cooldown()
 def test_the_first_decision_of_an_engine_without_occupancy_is_stock() -> None:
     decision, _ = decide(_observations(n_obs=0.0, outputs=np.zeros(0)), PolicyState(), 0.0)
     assert (decision.mode, decision.reason) == (Mode.MB, Reason.INSUFFICIENT_DATA)
+
+
+def test_the_verdict_reads_the_occupancy_an_eb_batch_would_reach() -> None:
+    """A new engine under stock batching runs 60 requests under a queue (the RTX PRO 6000's threshold is about
+    95): at N_obs alone it stays MB; with 1,024 requests held (running or waiting, `n_offered`) it runs EB,
+    and the diagnostics show the occupancy the verdict was taken at. A non-finite n_offered is ignored."""
+    state = PolicyState(mode=Mode.MB)
+    ramping = _observations(n_obs=60.0)
+    alone, _ = decide(ramping, state, now_s=10.0)
+    assert (alone.mode, alone.reason, alone.diagnostics.n_obs) == (Mode.MB, Reason.INSUFFICIENT_DATA, 60.0)
+    queued, _ = decide(replace(ramping, n_offered=1024.0), state, now_s=10.0)
+    assert (queued.mode, queued.reason, queued.diagnostics.n_obs) == (Mode.EB, Reason.COLD_START_EB, 1024.0)
+    for nonsense in (math.nan, math.inf, -5.0):
+        same, _ = decide(replace(ramping, n_offered=nonsense), state, now_s=10.0)
+        assert (same.mode, same.diagnostics.n_obs) == (Mode.MB, 60.0)
+
+
+def test_without_a_fit_the_verdict_reads_the_floor_the_running_requests_prove() -> None:
+    """H200 at 512 requests before any completion (no fit): MB without a floor; EB when the running requests
+    prove μ_O ≥ 160 (`Observations.mu_o_lower_tokens`), shown in the diagnostics. A fit's floor wins."""
+    state = PolicyState(mode=Mode.MB)
+    none = _observations(n_obs=512.0, costs=H200_QWEN3_8B, outputs=np.zeros(0))
+    bare, _ = decide(none, state, now_s=100.0, fit=None)
+    assert (bare.mode, bare.diagnostics.mu_o_lower_tokens) == (Mode.MB, 1.0)
+    floored, _ = decide(replace(none, mu_o_lower_tokens=160.0), state, now_s=100.0, fit=None)
+    assert (floored.mode, floored.reason) == (Mode.EB, Reason.COLD_START_EB)
+    assert floored.diagnostics.mu_o_lower_tokens == 160.0 and floored.diagnostics.cold_start_mu_o_tokens <= 160.0
+    few, _ = decide(replace(_observations(n_obs=512.0, costs=H200_QWEN3_8B), mu_o_lower_tokens=160.0), state,
+                    now_s=100.0)  # three completions: their fit proves nothing, and its floor is the one read
+    assert (few.mode, few.diagnostics.mu_o_lower_tokens) == (Mode.MB, 1.0)

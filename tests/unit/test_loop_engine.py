@@ -3,11 +3,14 @@ events with uint64 extremes, versions fenced by epoch, ACKs of versions never se
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pytest
 
 from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.engine import EngineLoop
+from controlplane.loop.engine import EngineLoop, offered_occupancy
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.protocol import UINT64_MAX, VERSION_EPOCH_FACTOR, split_version
 
@@ -16,11 +19,12 @@ EMPTY = np.zeros(0)
 INTENT = OperatorIntent()
 
 
-def _batch(seq: int, preemptions: int = 0, *, running: int | None = 4, completions: int = 0) -> ValidatedBatch:
+def _batch(seq: int, preemptions: int = 0, *, running: int | None = 4, completions: int = 0, waiting: int = 0,
+           kv_used: int = 0, kv_total: int = 1000) -> ValidatedBatch:
     outputs = np.full(completions, 100.0)
     return ValidatedBatch(seq=seq, prompt_tokens=outputs, output_tokens=outputs, prefill_tokens=EMPTY,
                           decode_tokens=EMPTY, decode_requests=EMPTY, duration_s=EMPTY, num_aborted=0, num_dropped=0,
-                          kv_used_tokens=0, kv_total_tokens=1000, num_running=running, num_waiting=0,
+                          kv_used_tokens=kv_used, kv_total_tokens=kv_total, num_running=running, num_waiting=waiting,
                           num_preemptions=preemptions, num_events_dropped=0, traceparent="",
                           running_lengths=EMPTY.astype(np.int64), running_counts=EMPTY.astype(np.int64))
 
@@ -61,6 +65,23 @@ def test_a_running_count_dropped_by_validation_leaves_n_obs_alone() -> None:
     loop.on_batch(_batch(1, running=6), now_s=0.0)
     loop.on_batch(_batch(2, running=None), now_s=5.0)
     assert loop.n_obs == 6.0
+
+
+def test_the_offered_occupancy_counts_the_queue_while_the_kv_cache_has_room() -> None:
+    """Running plus waiting, capped at max_num_seqs (8), while the KV cache is below 90% of its capacity; the
+    running count alone when it is not, or unknown; nothing without a running count."""
+    assert offered_occupancy(_batch(1, running=2, waiting=3, kv_used=100), max_num_seqs=8) == 5.0
+    assert offered_occupancy(_batch(1, running=2, waiting=30, kv_used=100), max_num_seqs=8) == 8.0
+    assert offered_occupancy(_batch(1, running=2, waiting=30, kv_used=900), max_num_seqs=8) == 2.0
+    assert offered_occupancy(_batch(1, running=2, waiting=30, kv_used=0, kv_total=0), max_num_seqs=8) == 2.0
+    assert offered_occupancy(_batch(1, running=None, waiting=30), max_num_seqs=8) is None
+    loop = _loop()  # the same EMA as N_obs: the first batch sets both, later ones move them by 1 - e^(-dt/τ)
+    loop.on_batch(_batch(1, running=2, waiting=30), now_s=0.0)
+    assert (loop.n_obs, loop.n_offered) == (2.0, 8.0)
+    loop.on_batch(_batch(2, running=2, waiting=0), now_s=LOOP.n_obs_time_constant_s)
+    assert loop.n_obs == 2.0 and loop.n_offered == pytest.approx(2.0 + 6.0 * math.exp(-1.0))
+    loop.on_batch(_batch(3, running=None, waiting=30), now_s=2 * LOOP.n_obs_time_constant_s)
+    assert loop.n_offered == pytest.approx(2.0 + 6.0 * math.exp(-1.0))  # left alone with N_obs
 
 
 def test_versions_carry_the_epoch_and_increase_across_epochs() -> None:

@@ -167,3 +167,31 @@ def test_a_bucket_closes_over_every_batch_added_to_it() -> None:
     expected.add_steps(StepColumns(*(column[keep] for column in columns)))
     np.testing.assert_allclose(stats.costs.to_array(), expected.to_array(), rtol=1e-12)
     assert pool.close_due(1.5) is None  # nothing open any more
+
+
+def test_before_its_first_completion_a_pool_floors_the_mean_output_by_its_running_requests() -> None:
+    """No completion yet: no fit, but 300 requests running 100 tokens prove μ_O ≥ ~98
+    (`survival.running_mean_lower_bound`), and a replica that receives the bucket proves the same. Once a
+    completion is held, the floor is the fit's (the running requests are then no longer every request the
+    pool started); it stays so after the completion's bucket ages out."""
+    empty = np.zeros(0)
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
+    running = (np.array([40, 100], dtype=np.int64), np.array([100, 300], dtype=np.int64))
+    pool.add(0.2, prompts=empty, outputs=empty, steps=None, engine_id="e0", running_lengths=running[0],
+             running_counts=running[1])
+    bucket = pool.close_due(1.0)
+    first = pool.refresh(2.0, calibration=COSTS)
+    assert first.fit is None and 97.0 < first.mu_o_lower_tokens < 100.0
+    other = PoolStatistics("m|a", CONFIG, replica_id="r1")
+    other.put_remote(bucket[1], "r0", bucket[0])
+    assert other.refresh(2.0, calibration=COSTS).mu_o_lower_tokens == first.mu_o_lower_tokens
+    rng = np.random.default_rng(8)
+    prompts, outputs = _window(rng, "geometric", 50)
+    pool.add(2.2, prompts=prompts, outputs=outputs, steps=None, engine_id="e0", running_lengths=running[0],
+             running_counts=running[1])
+    fitted = pool.refresh(4.0, calibration=COSTS)
+    assert fitted.fit is not None and fitted.mu_o_lower_tokens == fitted.fit.mu_o_lower_tokens
+    pool.add(CONFIG.max_window_s + 10.2, prompts=empty, outputs=empty, steps=None, engine_id="e0",
+             running_lengths=running[0], running_counts=running[1])
+    aged = pool.refresh(CONFIG.max_window_s + 12.0, calibration=COSTS)
+    assert aged.fit is None and aged.mu_o_lower_tokens == 1.0
