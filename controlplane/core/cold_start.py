@@ -17,9 +17,9 @@ What the pool has already seen narrows the output axis: its completions and runn
 lower confidence bound on μ_O (`HazardFit.mu_o_lower_tokens`, the Kaplan–Meier restricted mean less three
 standard errors; before the first completion, the running requests' ages alone:
 `survival.running_mean_lower_bound`), and the grid keeps the μ_O values from the last one at or below that
-floor. The worst
-points are tiny outputs (μ_O ≈ 2.5 with the H200's calibration, where EB wins by less than the selector's
-hysteresis band); a pool whose requests have already run for a hundred tokens has ruled them out. The
+floor. The worst points are tiny outputs (μ_O ≈ 2.5 with the H200's calibration, where EB wins by less
+than the selector's hysteresis band); a pool whose requests have already run for a hundred tokens has ruled
+them out. The
 least favourable point for EB (the largest margin RHS + δ − LHS) stands for the rule: when EB wins
 there, it wins everywhere on the grid. The caller feeds that point to the selector
 (hysteresis and cooldown as usual), so the cold start leaves MB only on a verdict no length can overturn.
