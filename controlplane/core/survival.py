@@ -207,29 +207,38 @@ def mean_lower_bound(table: LifeTable, *, z: float, survival: np.ndarray | None 
     return max(1.0, restricted - z * math.sqrt(variance))
 
 
-def running_mean_lower_bound(running: LengthHistogram, *, z: float) -> float:
-    """A one-sided lower confidence bound on the mean output length, in tokens (≥ 1), from requests that are
-    all still running, before any request has completed.
+def running_mean_lower_bound(running: LengthHistogram, *, z: float,
+                             entered: LengthHistogram | None = None) -> float:
+    """A one-sided lower confidence bound on the mean output length, in tokens (≥ 1), from requests still
+    running, while none has completed.
 
-    A request running with c tokens has O > c. The n(t) requests that have reached age t all outlived it,
-    which has probability P(O > t)^n(t); so P(O > t) ≥ α^(1/n(t)) at confidence 1 − α, α = Φ(−z). The mean
-    is 1 + Σ_{s≥1} P(O > s) ≥ 1 + t·P(O > t), as P(O > s) does not increase: the bound is the largest
-    1 + t·α^(1/n(t)) over the ages t with at least MEAN_BOUND_MIN_AT_RISK requests at risk (with 30 at
-    risk, 0.80·t at z = 3; with 300, 0.98·t). `mean_lower_bound` cannot be used here: with no completion its
-    Greenwood variance is 0, and it would read P(O > t) = 1. Valid only while no request that reached age t
-    has completed: every request the pool started must be in `running` (a pool's first requests); 1 when
-    fewer than MEAN_BOUND_MIN_AT_RISK requests run.
+    A request seen running at c_0 tokens and later at c has outlived tokens c_0 + 1 … c: the requests at risk
+    at age s number n(s) = #{c ≥ s} − #{c_0 ≥ s} (`entered`: the requests' lengths when first seen, None: all
+    seen from their start), and none of them ended there. That has probability Π_s (1 − h(s))^n(s) ≤
+    exp(−n_min(t)·Λ(t)), Λ(t) = Σ_{s≤t} h(s) and n_min(t) = min_{s≤t} n(s); so Λ(t) ≤ −ln α / n_min(t) at
+    confidence 1 − α, α = Φ(−z), and P(O > t) ≥ 1 − Λ(t). The mean is 1 + Σ_{s≥1} P(O > s) ≥ 1 + t·P(O > t),
+    as P(O > s) does not increase: the bound is the largest 1 + t·(1 + ln α / n_min(t)) over the ages t with
+    n_min(t) ≥ MEAN_BOUND_MIN_AT_RISK (0.78·t with 30 at risk at z = 3, 0.98·t with 300). Requests seen only
+    when already old prove nothing about the ages before (a controller that starts beside a busy fleet: its
+    short requests had finished unseen). `mean_lower_bound` cannot be used here: with no completion its
+    Greenwood variance is 0, and it would read P(O > t) = 1. Valid only while no request has completed since
+    `entered` (aborted or preempted requests leave `running` and only make n smaller); 1 when nothing is
+    proven.
     """
     if running.count < MEAN_BOUND_MIN_AT_RISK or not math.isfinite(z) or z <= 0.0:
         return 1.0
     span = min(running.max_length(), MAX_TABLE_TOKENS)
     at_risk = _at_least(running, span)
-    reached = np.nonzero(at_risk >= MEAN_BOUND_MIN_AT_RISK)[0]
+    if entered is not None and entered.count:
+        at_risk = np.maximum(at_risk - _at_least(entered, span), 0.0)
+    n_min = np.minimum.accumulate(at_risk)
+    reached = np.nonzero(n_min >= MEAN_BOUND_MIN_AT_RISK)[0]
     if reached.size == 0:
         return 1.0
-    alpha = 0.5 * math.erfc(z / math.sqrt(2.0))
+    log_alpha = math.log(0.5 * math.erfc(z / math.sqrt(2.0)))
     ages = reached.astype(np.float64) + 1.0
-    return max(1.0, 1.0 + float(np.max(ages * np.power(alpha, 1.0 / at_risk[reached]))))
+    survival = np.maximum(1.0 + log_alpha / n_min[reached], 0.0)
+    return max(1.0, 1.0 + float(np.max(ages * survival)))
 
 
 def sample_mean_lower_bound(*, mean: float, std: float, count: int, z: float) -> float:

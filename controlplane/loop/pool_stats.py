@@ -391,6 +391,18 @@ class PoolStatistics:
             parts.append(stats.running)
         return sum_of(parts) if parts else None
 
+    def _running_only_floor(self, end_bucket: int) -> float:
+        """What the running requests at end_bucket prove about μ_O before any completion: the requests already
+        running at the first bucket held count only past their lengths then (`running_mean_lower_bound`)."""
+        held = [b for b, by_replica in self._buckets.items()
+                if b <= end_bucket and any(r != SNAPSHOT_REPLICA for r in by_replica)]
+        if not held:
+            return 1.0
+        running, entered = self._running_at(end_bucket), self._running_at(min(held))
+        if running is None or entered is None:
+            return 1.0
+        return running_mean_lower_bound(running, z=MEAN_LOWER_BOUND_Z, entered=entered)
+
     def _segment(self, first: int, last: int) -> tuple[LengthHistogram, LengthHistogram | None,
                                                          LengthHistogram | None]:
         """(completions, running at the close of `last`, running at the close of first − 1) of the buckets
@@ -537,8 +549,7 @@ class PoolStatistics:
                 source = "none"
         lower = fit.mu_o_lower_tokens if fit is not None else 1.0
         if fit is None and not self._ever_completed:
-            running = self._running_at(end_bucket)
-            lower = running_mean_lower_bound(running, z=MEAN_LOWER_BOUND_Z) if running is not None else 1.0
+            lower = self._running_only_floor(end_bucket)
         self.estimate = PoolEstimate(
             pool_key=self.pool_key, end_bucket=end_bucket, fit=fit, mu_o_lower_tokens=lower,
             num_samples=fit.stats.num_samples if held and fit is not None else int(stats.outputs.count),

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from controlplane.core.cost_sums import CostSums, StepColumns, predict_duration_s
+from controlplane.core.hazard import MEAN_LOWER_BOUND_Z
+from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.policy import decide
+from controlplane.core.survival import running_mean_lower_bound
 from controlplane.core.types import EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.pool_stats import MAX_STEPS_PER_BUCKET, BucketStats, PoolStatistics
@@ -170,28 +173,32 @@ def test_a_bucket_closes_over_every_batch_added_to_it() -> None:
 
 
 def test_before_its_first_completion_a_pool_floors_the_mean_output_by_its_running_requests() -> None:
-    """No completion yet: no fit, but 300 requests running 100 tokens prove μ_O ≥ ~98
-    (`survival.running_mean_lower_bound`), and a replica that receives the bucket proves the same. Once a
-    completion is held, the floor is the fit's (the running requests are then no longer every request the
-    pool started); it stays so after the completion's bucket ages out."""
+    """No completion yet: no fit, but the running requests prove a floor on μ_O
+    (`survival.running_mean_lower_bound`), counting those already running at the first bucket only past
+    their lengths then; a replica that receives the buckets proves the same. Once a completion is held, the
+    floor is the fit's; it stays so after the completion's bucket ages out."""
     empty = np.zeros(0)
     pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
-    running = (np.array([40, 100], dtype=np.int64), np.array([100, 300], dtype=np.int64))
-    pool.add(0.2, prompts=empty, outputs=empty, steps=None, engine_id="e0", running_lengths=running[0],
-             running_counts=running[1])
-    bucket = pool.close_due(1.0)
-    first = pool.refresh(2.0, calibration=COSTS)
-    assert first.fit is None and 97.0 < first.mu_o_lower_tokens < 100.0
+
+    def report(now_s: float, lengths: list[int], counts: list[int], outputs: np.ndarray = empty):
+        return pool.add(now_s, prompts=np.full(outputs.size, 64.0), outputs=outputs, steps=None, engine_id="e0",
+                 running_lengths=np.array(lengths, dtype=np.int64), running_counts=np.array(counts, dtype=np.int64))
+
+    report(0.2, [5], [100])  # the first requests, 5 tokens in when the first bucket closes
+    closed = [report(1.2, [100, 105], [300, 100]), pool.close_due(2.0)]  # 300 more since; the first at 105
+    assert pool.refresh(2.0, calibration=COSTS).mu_o_lower_tokens == 1.0  # the first bucket alone: nothing
+    first = pool.refresh(3.0, calibration=COSTS)
+    entered = LengthHistogram.from_counts(np.array([5]), np.array([100]))
+    running = LengthHistogram.from_counts(np.array([100, 105]), np.array([300, 100]))
+    expected = running_mean_lower_bound(running, z=MEAN_LOWER_BOUND_Z, entered=entered)
+    assert first.fit is None and first.mu_o_lower_tokens == expected and 95.0 < expected < 105.0
     other = PoolStatistics("m|a", CONFIG, replica_id="r1")
-    other.put_remote(bucket[1], "r0", bucket[0])
-    assert other.refresh(2.0, calibration=COSTS).mu_o_lower_tokens == first.mu_o_lower_tokens
-    rng = np.random.default_rng(8)
-    prompts, outputs = _window(rng, "geometric", 50)
-    pool.add(2.2, prompts=prompts, outputs=outputs, steps=None, engine_id="e0", running_lengths=running[0],
-             running_counts=running[1])
-    fitted = pool.refresh(4.0, calibration=COSTS)
+    for stats, bucket_id in closed:
+        other.put_remote(bucket_id, "r0", stats)
+    assert other.refresh(3.0, calibration=COSTS).mu_o_lower_tokens == expected
+    report(3.2, [100, 105], [300, 100], outputs=np.random.default_rng(8).geometric(1 / 300, 50).astype(float))
+    fitted = pool.refresh(5.0, calibration=COSTS)
     assert fitted.fit is not None and fitted.mu_o_lower_tokens == fitted.fit.mu_o_lower_tokens
-    pool.add(CONFIG.max_window_s + 10.2, prompts=empty, outputs=empty, steps=None, engine_id="e0",
-             running_lengths=running[0], running_counts=running[1])
+    report(CONFIG.max_window_s + 10.2, [100, 105], [300, 100])
     aged = pool.refresh(CONFIG.max_window_s + 12.0, calibration=COSTS)
     assert aged.fit is None and aged.mu_o_lower_tokens == 1.0

@@ -176,10 +176,24 @@ def test_the_running_only_bound_reads_only_ages_with_enough_requests_at_risk() -
     assert running_mean_lower_bound(old, z=3.0) == 1.0
     # 29 requests past 5,000 tokens and 30 at 100: only the age read with 30 at risk counts.
     mixed = LengthHistogram.from_samples(np.array([5000] * (MEAN_BOUND_MIN_AT_RISK - 1) + [100]))
-    alpha = 0.5 * math.erfc(3.0 / math.sqrt(2.0))
-    assert running_mean_lower_bound(mixed, z=3.0) == pytest.approx(1.0 + 100 * alpha ** (1 / 30))
+    log_alpha = math.log(0.5 * math.erfc(3.0 / math.sqrt(2.0)))
+    assert running_mean_lower_bound(mixed, z=3.0) == pytest.approx(1.0 + 100 * (1.0 + log_alpha / 30))
     # More requests at risk, a tighter bound: 300 at age 100 prove about 98 tokens.
     many = LengthHistogram.from_samples(np.array([100] * 300))
     assert 97.0 < running_mean_lower_bound(many, z=3.0) < 100.0
     assert running_mean_lower_bound(many, z=math.nan) == running_mean_lower_bound(many, z=-1.0) == 1.0
     assert running_mean_lower_bound(LengthHistogram.empty(), z=3.0) == 1.0
+
+
+def test_requests_first_seen_old_prove_nothing_about_the_ages_before() -> None:
+    """A controller that starts beside an engine draining a batch of outputs of 1 or 1,000 tokens (mean
+    500.5): the short half finished unseen, and the 500 long ones are at 500 tokens when first seen and at
+    600 a hundred steps later, none completed. Read as if seen from their start they would "prove" a mean
+    near 590; with their lengths when first seen as `entered` they prove nothing about the ages before, and
+    a second batch started since (300 requests at 80 tokens) proves only its own 78."""
+    first_seen = LengthHistogram.from_samples(np.full(500, 500))
+    later = LengthHistogram.from_samples(np.full(500, 600))
+    assert running_mean_lower_bound(later, z=3.0) > 500.5  # the biased reading
+    assert running_mean_lower_bound(later, z=3.0, entered=first_seen) == 1.0
+    both = LengthHistogram.from_samples(np.concatenate([np.full(500, 600), np.full(300, 80)]))
+    assert 75.0 < running_mean_lower_bound(both, z=3.0, entered=first_seen) < 80.0
