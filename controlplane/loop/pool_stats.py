@@ -32,6 +32,7 @@ Pure: no I/O, no clock (times are arguments). Serialisation of a bucket: `Bucket
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 from dataclasses import dataclass, field
@@ -63,6 +64,9 @@ MAX_STEPS_PER_BATCH = 64
 # a window's cost fit needs a few thousand steps, and summing the 64,000 a second of 1,000 engines held the
 # event loop for 15-25 ms at every bucket close (5 ms with this cap).
 MAX_STEPS_PER_BUCKET = 4096
+# Engines whose first running report a pool keeps for its running-only floor (a pool with more engines and
+# no completion yet has no such floor).
+MAX_ENTERED_ENGINES = 10_000
 # The decision flag of an estimate whose window starts at a detected shift's change point.
 WINDOW_REBASED_FLAG = "window_rebased_after_shift"
 # Bucket formats: v1 (no running requests) is still read; v2 is written.
@@ -251,8 +255,12 @@ class PoolStatistics:
         self.estimate: PoolEstimate | None = None
         self.last_window: BucketStats | None = None
         self._keep_from: int | None = None  # set by refresh: older buckets can enter no later window
-        self._ever_completed = False  # a bucket with completions was held (its running requests are then not
-        # every request the pool started: `running_mean_lower_bound` no longer applies)
+        # Until a bucket with completions is held (the running requests are then no longer every request the
+        # pool started, and `running_mean_lower_bound` no longer applies: None): each engine's first running
+        # report here. Its requests count at risk only past those lengths (an engine that joins with old
+        # requests had its short ones finish unseen). Kept after the engine leaves (its requests stay in the
+        # buckets already closed); at most MAX_ENTERED_ENGINES, else None.
+        self._entered: dict[str, LengthHistogram] | None = {}
 
     # ---- time ----
 
@@ -285,6 +293,13 @@ class PoolStatistics:
         closed = self.close_due(now_s)
         if running_lengths is not None and running_counts is not None:
             self._running[engine_id] = (running_lengths, running_counts)
+            entered = self._entered
+            if entered is not None and engine_id not in entered:
+                if len(entered) >= MAX_ENTERED_ENGINES:
+                    self._entered = None  # no running-only floor for this pool
+                else:
+                    with contextlib.suppress(ValueError):  # malformed: the bucket's running is unknown anyway
+                        entered[engine_id] = LengthHistogram.from_counts(running_lengths, running_counts)
         bucket = self._open
         if bucket is None:
             bucket = self._open = _OpenBucket(bucket_id=self.bucket_of(now_s))
@@ -315,8 +330,12 @@ class PoolStatistics:
         self._open = None
         stats = bucket.close(self.estimate.costs if self.estimate is not None else None, self._running_now())
         self._buckets.setdefault(bucket.bucket_id, {})[self.replica_id] = stats
-        self._ever_completed |= stats.outputs.count > 0
+        self._note_completions(stats)
         return stats, bucket.bucket_id
+
+    def _note_completions(self, stats: BucketStats) -> None:
+        if stats.outputs.count > 0:
+            self._entered = None
 
     def _running_now(self) -> LengthHistogram | None:
         """The sum of the engines' latest running histograms (None when a report is malformed)."""
@@ -333,7 +352,7 @@ class PoolStatistics:
         """Another replica's closed bucket (its own replica id is ignored: local data wins)."""
         if replica_id != self.replica_id:
             self._buckets.setdefault(bucket_id, {})[replica_id] = stats
-            self._ever_completed |= stats.outputs.count > 0
+            self._note_completions(stats)
 
     def seed(self, stats: BucketStats, *, now_s: float) -> None:
         """Warm start: a persisted window of this pool (`last_window` of an earlier run) stands in as the
@@ -343,7 +362,7 @@ class PoolStatistics:
         self._buckets.setdefault(self.estimate_bucket(now_s), {})[SNAPSHOT_REPLICA] = BucketStats(
             outputs=stats.outputs, prompt_count=stats.prompt_count, prompt_sum_tokens=stats.prompt_sum_tokens,
             costs=stats.costs, running=None)
-        self._ever_completed |= stats.outputs.count > 0
+        self._note_completions(stats)
 
     @property
     def num_buckets_held(self) -> int:
@@ -392,16 +411,26 @@ class PoolStatistics:
         return sum_of(parts) if parts else None
 
     def _running_only_floor(self, end_bucket: int) -> float:
-        """What the running requests at end_bucket prove about μ_O before any completion: the requests already
-        running at the first bucket held count only past their lengths then (`running_mean_lower_bound`)."""
-        held = [b for b, by_replica in self._buckets.items()
-                if b <= end_bucket and any(r != SNAPSHOT_REPLICA for r in by_replica)]
-        if not held:
+        """What the running requests at end_bucket prove about μ_O before any completion
+        (`running_mean_lower_bound`). Requests count at risk only past their lengths when first seen: this
+        replica's engines' first reports, and for another replica's the running requests of the first of its
+        buckets held (what it saw of them before is not known here). 1 when a running report is unknown."""
+        running = self._running_at(end_bucket)
+        if running is None or self._entered is None:
             return 1.0
-        running, entered = self._running_at(end_bucket), self._running_at(min(held))
-        if running is None or entered is None:
-            return 1.0
-        return running_mean_lower_bound(running, z=MEAN_LOWER_BOUND_Z, entered=entered)
+        first_of: dict[str, int] = {}
+        for bucket_id in sorted(b for b in self._buckets if b <= end_bucket):
+            for replica in self._buckets[bucket_id]:
+                if replica not in (self.replica_id, SNAPSHOT_REPLICA):
+                    first_of.setdefault(replica, bucket_id)
+        entered = list(self._entered.values())
+        for replica, bucket_id in first_of.items():
+            first = self._buckets[bucket_id][replica].running
+            if first is None:
+                return 1.0
+            entered.append(first)
+        return running_mean_lower_bound(running, z=MEAN_LOWER_BOUND_Z,
+                                        entered=sum_of(entered) if entered else None)
 
     def _segment(self, first: int, last: int) -> tuple[LengthHistogram, LengthHistogram | None,
                                                          LengthHistogram | None]:
@@ -548,7 +577,7 @@ class PoolStatistics:
             if costs is None:
                 source = "none"
         lower = fit.mu_o_lower_tokens if fit is not None else 1.0
-        if fit is None and not self._ever_completed:
+        if fit is None and self._entered is not None:
             lower = self._running_only_floor(end_bucket)
         self.estimate = PoolEstimate(
             pool_key=self.pool_key, end_bucket=end_bucket, fit=fit, mu_o_lower_tokens=lower,

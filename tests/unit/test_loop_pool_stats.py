@@ -202,3 +202,27 @@ def test_before_its_first_completion_a_pool_floors_the_mean_output_by_its_runnin
     report(CONFIG.max_window_s + 10.2, [100, 105], [300, 100])
     aged = pool.refresh(CONFIG.max_window_s + 12.0, calibration=COSTS)
     assert aged.fit is None and aged.mu_o_lower_tokens == 1.0
+
+
+def test_an_engine_that_joins_with_old_requests_does_not_inflate_the_running_only_floor() -> None:
+    """A second engine joins a pool with no completion yet carrying 500 requests 500 tokens in (a draining
+    batch whose short requests finished before it connected; they reach 600 a second later): its requests
+    count at risk only past 500, so the floor is what the first engine's young requests prove, even after the
+    second one leaves. As if seen from their start they would have "proved" about 590."""
+    empty = np.zeros(0)
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
+
+    def report(now_s: float, engine_id: str, lengths: list[int], counts: list[int]) -> None:
+        pool.add(now_s, prompts=empty, outputs=empty, steps=None, engine_id=engine_id,
+                 running_lengths=np.array(lengths, dtype=np.int64), running_counts=np.array(counts, dtype=np.int64))
+
+    report(0.2, "fresh", [5], [100])
+    report(1.2, "fresh", [100, 105], [300, 100])
+    report(1.3, "late", [500], [500])
+    report(2.2, "fresh", [200, 205], [300, 100])
+    report(2.3, "late", [600], [500])
+    pool.close_due(3.0)
+    floor = pool.refresh(3.6, calibration=COSTS).mu_o_lower_tokens
+    assert 150.0 < floor < 206.0
+    pool.forget_engine("late")  # it left: its requests are still in the closed buckets
+    assert pool.refresh(3.6, calibration=COSTS).mu_o_lower_tokens == floor
