@@ -238,10 +238,10 @@ def decide(
 
     Cold start: until the output window holds config.min_samples valid completions, mode MB (stock
     behaviour) with reason insufficient_data, unless rule (8) picks EB at every workload the engine can
-    serve (`controlplane.core.cold_start`; the cost model and N_obs are known, the lengths are not, but for
-    the lower bound on μ_O the completions and running requests so far prove — the fit's, or without a fit
-    `Observations.mu_o_lower_tokens` —; the occupancy is N_obs or, when
-    more, `Observations.n_offered`, and diagnostics.n_obs shows the one used): then EB
+    serve (`controlplane.core.cold_start`; the cost model and the occupancy are known, the lengths are not,
+    but for the lower bound on μ_O the completions and running requests so far prove: the fit's, or without
+    a fit `Observations.mu_o_lower_tokens`. The occupancy is N_obs or, when more, `Observations.n_offered`;
+    diagnostics.n_obs shows the one used): then EB
     with reason cold_start_eb, k and N as an EB pin without data gets them (θ_min, max_num_seqs, the memory
     guard), and the least favourable point's LHS and RHS in the diagnostics. Hysteresis and cooldown apply
     as for the full rule. With enough data but no usable cost model, MB with reason no_cost_model.

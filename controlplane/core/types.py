@@ -259,7 +259,8 @@ class Diagnostics:
     n_obs: float = 0.0
     num_samples: int = 0
     num_rejected_samples: int = 0
-    # Lower confidence bound on μ_O that the fitted completions and running requests prove (1.0: none yet).
+    # Lower confidence bound on μ_O that the completions and running requests prove (1.0: nothing proven;
+    # 0.0: not computed).
     mu_o_lower_tokens: float = 0.0
     # The cold-start rule's least favourable workload (0.0 when the rule did not run): LHS and RHS above are
     # its terms of rule (8).
