@@ -301,10 +301,10 @@ def decide(
     if not enough_data:
         online_mode = Mode.MB
         floor = fit.mu_o_lower_tokens if fit is not None else observations.mu_o_lower_tokens
+        occupancy = _cold_start_occupancy(observations)
         if config.cold_start_crossover and costs is not None:  # an unusable cost model gives no verdict
             cold = least_favourable_to_eb(costs, max_model_len_tokens=limits.max_model_len_tokens,
-                                          n_obs=_cold_start_occupancy(observations), delta_s_per_token=delta,
-                                          mu_o_floor_tokens=floor)
+                                          n_obs=occupancy, delta_s_per_token=delta, mu_o_floor_tokens=floor)
         if cold is not None:
             choice = select_mode(
                 current=state.mode, last_switch_s=state.last_switch_s, now_s=now_s,
@@ -350,7 +350,7 @@ def decide(
     elif cold is not None:
         diagnostics = replace(diagnostics, lhs_s_per_token=cold.lhs_s_per_token,
                               rhs_s_per_token=cold.rhs_s_per_token,
-                              n_obs=_finite(_cold_start_occupancy(observations)),
+                              n_obs=_finite(occupancy),
                               mu_o_lower_tokens=max(1.0, _finite(floor)),
                               cold_start_mu_l_tokens=_finite(cold.mu_l_tokens),
                               cold_start_mu_o_tokens=_finite(cold.mu_o_tokens), cold_start_p0=_finite(cold.p0))
