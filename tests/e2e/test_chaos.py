@@ -118,7 +118,8 @@ async def _start_engine(model_dir: Path, workdir: Path, address: str) -> EngineR
         sys.executable, str(WORKLOAD_SCRIPT), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
         "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
         "--go-file", str(workdir / "go"), "--stop-file", str(workdir / "stop"), "--address", address,
-        "--engine-id", ENGINE_ID, "--max-tokens", ",".join(map(str, MAX_TOKENS)), stdout=log, stderr=log,
+        "--engine-id", ENGINE_ID, "--max-tokens", ",".join(map(str, MAX_TOKENS)), "--max-requests", "1000000",
+        stdout=log, stderr=log,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", "CP_DECISION_TTL_S": str(TTL_S)},
     )
     return EngineRun(process=process, workdir=workdir)
