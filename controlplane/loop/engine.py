@@ -124,8 +124,8 @@ class EngineLoop:
             new = batch.num_preemptions - self.num_preemptions
             self.preemptions_since_decision += new if new >= 0 else batch.num_preemptions
         self.num_preemptions = batch.num_preemptions
-        offered = offered_occupancy(batch, max_num_seqs=self.hello.limits.max_num_seqs)
-        if batch.num_running is not None and offered is not None:  # both or neither
+        if batch.num_running is not None:
+            offered = offered_occupancy(batch, max_num_seqs=self.hello.limits.max_num_seqs) or 0.0
             if self.last_telemetry_s < 0:
                 self.n_obs, self.n_offered, self.n_obs_at_s = float(batch.num_running), offered, now_s
             else:
