@@ -304,6 +304,8 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
     view_non_finite = [f"view {v.engine_id}: {p}" for v in views for p in non_finite_doubles(v)]
     non_finite = tally.non_finite + good_non_finite + view_non_finite
     restarts = _total(after, "cp_background_loop_restarts_total")
+    forgotten = {reason: _total(after, "cp_engines_evicted_total", reason=reason)
+                 - _total(before, "cp_engines_evicted_total", reason=reason) for reason in ("ttl", "capacity")}
     exited = controller.process.poll()
     gaps = [a.max_gap_s(since=started_s, until=ended_s) for a in good]
     wall_s = sending_s
@@ -331,6 +333,8 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
         ("good engines' longest decision gap", f"{max(gaps):.2f} s (keep-alive ttl_s/3 = {args.ttl_s / 3:.2f} s)"),
         ("engines known after eviction", f"{num_known} (good engines: {len(good)}; eviction took at most "
                                          f"{evicted_s:.0f} s after a round's last stream)"),
+        ("engines forgotten (soak)", ", ".join(f"{reason} {n:,.0f}" for reason, n in forgotten.items())
+                                     + " (capacity: past max_disconnected_engines, before engine_ttl_s)"),
         ("pools in /metrics (cp_pool_engines)", f"{len(_label_values(before, 'cp_pool_engines', 'pool')):,} before → "
                                                 f"{len(_label_values(after, 'cp_pool_engines', 'pool')):,} after"),
         ("Redis keys", f"{keys_before:,} before → {keys_at_end:,} at the end → {keys_after:,} "
@@ -368,6 +372,8 @@ def main() -> int:
     parser.add_argument("--pool-every", type=int, default=1000,
                         help="one churning engine in this many claims a made-up pool of its own (0: none)")
     parser.add_argument("--engine-ttl-s", type=float, default=5.0, help="controller --engine-ttl-s")
+    parser.add_argument("--max-disconnected-engines", type=int, default=None,
+                        help="controller --max-disconnected-engines (default: the controller's; 0: no limit)")
     parser.add_argument("--engine-retention-s", type=float, default=10.0,
                         help="controller --engine-retention-s (Redis keys of gone engines expire)")
     parser.add_argument("--ttl-s", type=float, default=3.0, help="controller --ttl-s (keep-alive every ttl_s/3)")
@@ -384,7 +390,9 @@ def main() -> int:
             Path(tmp) / "data", log_path=Path(os.environ.get("CP_SOAK_LOG", str(Path(tmp) / "controller.log"))),
             args=("--redis-url", url, "--engine-ttl-s", str(args.engine_ttl_s), "--ttl-s", str(args.ttl_s),
                   "--engine-retention-s", str(args.engine_retention_s),
-                  "--metrics-port", str(metrics_port), "--controller-id", "soak"))
+                  "--metrics-port", str(metrics_port), "--controller-id", "soak")
+            + (() if args.max_disconnected_engines is None
+               else ("--max-disconnected-engines", str(args.max_disconnected_engines))))
         client = redis.Redis.from_url(url)
         started = time.monotonic()
         try:

@@ -172,6 +172,10 @@ class ControllerSettings(BaseSettings):
                             doc="decision lifetime at the agent, s (re-sent every ttl_s/3)")
     engine_ttl_s: float = _setting(_LOOP.engine_ttl_s, section="loop", gt=0.0,
                                    doc="a disconnected engine is forgotten after this long, s")
+    max_disconnected_engines: int = _setting(_LOOP.max_disconnected_engines, section="loop", ge=0,
+                                             doc="disconnected engines one agent identity may leave remembered; "
+                                             "past it its longest-disconnected is forgotten early",
+                                             note="0: no limit")
     bucket_s: float = _setting(_LOOP.bucket_s, section="loop", gt=0.0, doc="length of one pool-statistics bucket, s")
     output_window: int = _setting(_LOOP.output_window, section="loop", ge=8, rule="≥ min_samples",
                                   doc="completions in a pool's output-length window, at least")
@@ -314,6 +318,7 @@ LOOP_FIELDS = {"recompute_completions": "recompute_completions", "interval_s": "
                "ttl_s": "ttl_s", "n_obs_time_constant_s": "n_obs_time_constant_s", "output_window": "output_window",
                "prompt_window": "prompt_window", "step_window": "step_window", "bucket_s": "bucket_s",
                "max_window_s": "max_window_s", "engine_ttl_s": "engine_ttl_s",
+               "max_disconnected_engines": "max_disconnected_engines",
                "snapshot_interval_s": "snapshot_interval_s", "snapshot_ttl_s": "snapshot_ttl_s",
                "shift_detection": "shift_detection", "shift_min_samples": "shift_min_samples"}
 POLICY_FIELDS = ("min_samples", "theta_min", "theta_max", "oom_tolerance", "default_delta_s_per_token",

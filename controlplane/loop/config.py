@@ -19,6 +19,10 @@ class DecisionLoopConfig:
     bucket_s: length of one statistics bucket, seconds (pool statistics are recomputed when one closes).
     max_window_s: no bucket older than this enters a window, seconds.
     engine_ttl_s: a disconnected engine is forgotten (memory, registry, metrics) after this long.
+    max_disconnected_engines: disconnected engines one agent identity may leave remembered at once; past it,
+      its longest-disconnected engine is forgotten before engine_ttl_s. Bounds the memory one identity can
+      make a controller hold beyond its connected engines (a client cycling through engine ids), whatever
+      the rate; another identity's engines are never forgotten for it. 0: no limit (engine_ttl_s alone).
     snapshot_interval_s / snapshot_ttl_s: how often a pool's window is persisted for a warm start, and how
       long it is kept; a pool without buckets in force starts from it instead of a cold start.
     shift_detection: detect shifts of a pool's output-length distribution and re-base its window at each
@@ -38,6 +42,7 @@ class DecisionLoopConfig:
     bucket_s: float = 1.0
     max_window_s: float = 1800.0
     engine_ttl_s: float = 300.0
+    max_disconnected_engines: int = 1000
     snapshot_interval_s: float = 60.0
     snapshot_ttl_s: float = 7 * 24 * 3600.0
     shift_detection: bool = True
@@ -50,6 +55,8 @@ class DecisionLoopConfig:
                      "snapshot_interval_s", "snapshot_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_disconnected_engines < 0:
+            raise ValueError(f"max_disconnected_engines must be ≥ 0, got {self.max_disconnected_engines}")
         for name in ("output_window", "prompt_window", "step_window"):
             if getattr(self, name) < 8:
                 raise ValueError(f"{name} must be ≥ 8, got {getattr(self, name)}")

@@ -81,6 +81,9 @@ class ControllerMetrics:
         self.ready = Gauge("cp_ready", "1 when the controller reports SERVING", registry=r)
         self.watchers_dropped = Counter("cp_watch_events_dropped_total",
                                         "Decision events not delivered to a slow WatchDecisions client", registry=r)
+        self.evictions = Counter("cp_engines_evicted_total", "Disconnected engines forgotten, by reason: ttl "
+                                 "(disconnected for engine_ttl_s) or capacity (their agent identity had more than "
+                                 "max_disconnected_engines disconnected)", ["reason"], registry=r)
         self.loop_restarts = Counter("cp_background_loop_restarts_total", "Background loops restarted after an "
                                      "error", ["loop"], registry=r)
 

@@ -59,6 +59,8 @@ _GAUGE_PERIOD_S = 1.0
 # have stopped for _TRIM_QUIET_S.
 _TRIM_AFTER_EVICTIONS = 1000
 _TRIM_QUIET_S = 5.0
+# At most one warning per this many seconds that an identity's disconnected engines are forgotten early.
+_CAPACITY_WARNING_EVERY_S = 60.0
 # The scheduler task calls `tick` this often (service/app.py).
 SCHEDULER_TICK_S = 0.25
 _KEEPALIVE_LEAD_S = 2 * SCHEDULER_TICK_S
@@ -118,6 +120,9 @@ class Controller:
         self._metrics = metrics
         self._clock = clock
         self._engines: dict[str, EngineRecord] = {}
+        # Per agent identity, its disconnected engine ids in the order they disconnected (the oldest first).
+        self._disconnected: dict[str, dict[str, None]] = {}
+        self._capacity_warned_s = -math.inf
         self._pools: dict[str, PoolRecord] = {}
         self._watchers: set[asyncio.Queue[Pushed]] = set()
         self._overrides: list[operator_pb2.OverrideRecord] = []
@@ -217,6 +222,8 @@ class Controller:
         epoch = await self._reserve_epoch(hello.engine_id, record)
         record = self._engines.get(hello.engine_id)  # re-read: the await let other streams run
         self._check_identity(record, session)
+        if record is not None and record.session is None:
+            self._reconnected(hello.engine_id, record)  # no await from here until the record holds the session
         if record is not None and record.session is not None:
             resolve_takeover(record.session, session)
             record.session.mailbox.close(grpc.StatusCode.ABORTED,
@@ -290,7 +297,37 @@ class Controller:
             record.disconnected_at_s = self._clock()
             self._pools[record.loop.hello.pool_key].num_connected -= 1
             self._pools[record.loop.hello.pool_key].stats.forget_engine(session.engine_id)
+            self._remember_disconnected(session.engine_id, record)
         self._update_connected()
+
+    def _remember_disconnected(self, engine_id: str, record: EngineRecord) -> None:
+        """Queue a newly disconnected engine under its identity; past the identity's max_disconnected_engines
+        (unless 0), forget its longest-disconnected engines now (their TTL would let a client cycling through engine ids
+        hold memory in proportion to its rate)."""
+        queue = self._disconnected.setdefault(record.identity, {})
+        queue[engine_id] = None
+        limit = self._config.loop.max_disconnected_engines
+        if limit == 0 or len(queue) <= limit:
+            return
+        now_s = self._clock()
+        while len(queue) > limit:
+            oldest = next(iter(queue))
+            self._evict(oldest, self._engines[oldest], reason="capacity", now_s=now_s)
+        if now_s - self._capacity_warned_s >= _CAPACITY_WARNING_EVERY_S:
+            self._capacity_warned_s = now_s
+            logger.warning("agent identity %r has more than %d engines disconnected: its longest-disconnected are "
+                           "forgotten before engine_ttl_s (cp_engines_evicted_total{reason=\"capacity\"}; "
+                           "raise max_disconnected_engines if a fleet this size disconnects at once)",
+                           record.identity, limit)
+
+    def _reconnected(self, engine_id: str, record: EngineRecord) -> None:
+        """Take an engine off its identity's disconnected queue (a no-op when it is not on it)."""
+        queue = self._disconnected.get(record.identity)
+        if queue is None:
+            return
+        queue.pop(engine_id, None)
+        if not queue:
+            del self._disconnected[record.identity]
 
     def _update_connected(self) -> None:
         self._metrics.connected_engines.set(sum(p.num_connected for p in self._pools.values()))
@@ -477,8 +514,7 @@ class Controller:
             loop = record.loop
             if record.session is None:
                 if now_s - record.disconnected_at_s >= self._config.loop.engine_ttl_s:
-                    self._evict(engine_id, record)
-                    self._last_evicted_s = now_s
+                    self._evict(engine_id, record, reason="ttl", now_s=now_s)
                 continue
             if loop.is_due(now_s):
                 self._decide(record, now_s)
@@ -505,12 +541,19 @@ class Controller:
             if closed is not None:
                 pool.unpublished.append((closed[1], closed[0]))
 
-    def _evict(self, engine_id: str, record: EngineRecord) -> None:
+    def _evict(self, engine_id: str, record: EngineRecord, *, reason: str, now_s: float) -> None:
+        """Forget a disconnected engine: its record, queue entry and metric series, and its pool when it was
+        the pool's last engine here. reason: "ttl" (disconnected for engine_ttl_s) or "capacity" (its
+        identity's max_disconnected_engines)."""
         del self._engines[engine_id]
+        self._reconnected(engine_id, record)
         self._evicted_since_trim += 1
+        self._last_evicted_s = now_s
         key = record.loop.hello.pool_key
         self._metrics.forget_engine(engine_id)
-        logger.info("engine %s evicted after %.0f s disconnected", engine_id, self._config.loop.engine_ttl_s)
+        self._metrics.evictions.labels(reason=reason).inc()
+        logger.info("engine %s forgotten (%s) %.0f s after it disconnected", engine_id, reason,
+                    self._last_evicted_s - record.disconnected_at_s)
         pool = self._pools.get(key)
         if pool is not None and pool.num_connected == 0 and not any(
                 r.loop.hello.pool_key == key for r in self._engines.values()):

@@ -2,7 +2,8 @@
 the others. A real controller over real gRPC on loopback, a real redis-server.
 
 - sequence numbers at the extremes (1, 2^64−1, 1, 10) are three gap events, and listing keeps working;
-- engines disconnected longer than engine_ttl_s are forgotten, with their metric series;
+- engines disconnected longer than engine_ttl_s are forgotten, with their metric series; past
+  max_disconnected_engines, an identity's longest-disconnected engines are forgotten at once;
 - an ACK of a version never sent is not stored and is counted;
 - values beyond an engine's own Hello limits are dropped and counted and never move its pool's estimate;
   pool names and engine ids that break the contract are refused at Hello with a bounded message; an
@@ -30,7 +31,7 @@ from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.loop.ingest import MAX_BATCH_EVENTS, MAX_RUNNING_BINS
 from controlplane.protocol import UINT32_MAX, UINT64_MAX, split_version
 from controlplane.service.app import SERVICE_NAMES
-from controlplane.service.config import DecisionLoopConfig
+from controlplane.service.config import DecisionLoopConfig, SecurityConfig
 from controlplane.service.controller import _TRIM_QUIET_S
 from controlplane.store.embedded import EmbeddedRedis
 from tests.integration.controller_harness import LIMITS, geometric_batch, make_config, operator_stub, running_controller
@@ -55,8 +56,10 @@ def _series_with(ctl, label: str, value: str) -> list[str]:
             if sample.labels.get(label) == value]
 
 
-async def _engines(channel: grpc.aio.Channel, **request: object) -> dict[str, operator_pb2.EngineInfo]:
-    response = await operator_stub(channel).ListEngines(operator_pb2.ListEnginesRequest(**request))
+async def _engines(channel: grpc.aio.Channel, *, metadata: tuple[tuple[str, str], ...] = (),
+                   **request: object) -> dict[str, operator_pb2.EngineInfo]:
+    response = await operator_stub(channel).ListEngines(operator_pb2.ListEnginesRequest(**request),
+                                                        metadata=metadata)
     return {e.engine_id: e for e in response.engines}
 
 
@@ -137,6 +140,64 @@ async def test_engines_gone_longer_than_engine_ttl_are_forgotten_with_their_metr
         assert "cp_engine_decision_sequence" in _series_with(ctl, "engine_id", "engine-stays")
         assert (await _engines(channel))["engine-stays"].connected
         await stays.close()
+
+
+async def test_an_identity_past_max_disconnected_engines_loses_its_own_oldest_and_no_one_elses(
+        redis_url: str) -> None:
+    """A client cycling through engine ids makes the controller hold one record per id for engine_ttl_s;
+    max_disconnected_engines bounds that per agent identity: past it, that identity's longest-disconnected
+    engine is forgotten at once (counted as reason "capacity"); a reconnected engine leaves the queue, and
+    another identity's disconnected engines stay."""
+    security = SecurityConfig(agent_tokens={"agent-a-token-0123456789": "team-a",
+                                            "agent-b-token-0123456789": "team-b"},
+                              operator_tokens={"operator-token-0123456789": "alice"})
+    config = make_config(redis_url, security=security,
+                         loop=DecisionLoopConfig(recompute_completions=200, interval_s=0.3, ttl_s=30.0,
+                                                 engine_ttl_s=300.0, max_disconnected_engines=3))
+    team_a = (("authorization", "Bearer agent-a-token-0123456789"),)
+    team_b = (("authorization", "Bearer agent-b-token-0123456789"),)
+    operator = (("authorization", "Bearer operator-token-0123456789"),)
+    async with running_controller(config) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+
+        async def connect(engine_id: str, metadata) -> LiveAgent:
+            agent = await LiveAgent(channel, _hello(engine_id), metadata=metadata).open()
+            await agent.decision()
+            return agent
+
+        async def cycle(engine_id: str, metadata) -> None:
+            """Connect, then leave; return once the controller has seen the stream end."""
+            await (await connect(engine_id, metadata)).close()
+
+            async def gone_or_disconnected():
+                engine = (await _engines(channel, metadata=operator)).get(engine_id)
+                return engine is None or not engine.connected
+
+            assert await _until(gone_or_disconnected)
+
+        await cycle("b-0", team_b)
+        for i in range(6):
+            await cycle(f"a-{i}", team_a)
+        known = await _engines(channel, metadata=operator)
+        assert set(known) == {"b-0", "a-3", "a-4", "a-5"}, sorted(known)
+        assert not any(e.connected for e in known.values())
+        assert _sample(ctl, "cp_engines_evicted_total", {"reason": "capacity"}) == 3
+        assert _sample(ctl, "cp_engines_evicted_total", {"reason": "ttl"}) == 0
+        assert _series_with(ctl, "engine_id", "a-0") == []
+
+        # a-3 comes back: it is off the queue, so the next two departures push out a-4, not it.
+        back = await connect("a-3", team_a)
+        await cycle("a-6", team_a)
+        await cycle("a-7", team_a)
+        known = await _engines(channel, metadata=operator)
+        assert set(known) == {"b-0", "a-3", "a-5", "a-6", "a-7"}, sorted(known)
+        assert known["a-3"].connected and back.received and not back.ended
+        await back.close()
+
+        async def a5_forgotten():
+            return set(await _engines(channel, metadata=operator)) == {"b-0", "a-3", "a-6", "a-7"}
+
+        assert await _until(a5_forgotten), sorted(await _engines(channel, metadata=operator))
+        assert _sample(ctl, "cp_engines_evicted_total", {"reason": "capacity"}) == 5
 
 
 class _Cycle:

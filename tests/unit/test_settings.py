@@ -189,6 +189,8 @@ def test_a_commands_own_defaults_win_over_environment_and_show_in_help() -> None
         ({"CP_PORT": "tcp://10.0.0.1:50151"}, {}, "enableServiceLinks: false"),
         ({"CP_LOG_LEVEL": "chatty"}, {}, "log_level = 'chatty' from env CP_LOG_LEVEL"),
         ({"CP_MAX_WINDOW_S": "0.5"}, {}, "max_window_s (0.5) must be ≥ bucket_s (1.0)"),
+        ({}, {"max_disconnected_engines": -1}, "max_disconnected_engines = '-1' from flag --max-disconnected-engines: "
+         "Input should be greater than or equal to 0"),
         ({"CP_REDIS_URL": "redis://user:hunter2@h:6379/0?bogus=1"}, {},
          "redis_url = 'redis://user:***@h:6379/0?bogus=1' from env CP_REDIS_URL"),
         ({}, {"host": "0.0.0.0"}, "pass --insecure (CP_INSECURE=1) to do it anyway (host from flag --host"),
