@@ -104,6 +104,7 @@ class PoolRecord:
     fetched_through: int = -1
     refreshed_bucket: int | None = None
     num_connected: int = 0
+    num_records: int = 0  # engine records of the pool here, connected or not: the pool is forgotten at 0
     num_excluded: int = 0
     first_sync: asyncio.Future | None = None
     last_snapshot_s: float = float("-inf")
@@ -229,10 +230,13 @@ class Controller:
             record.session.mailbox.close(grpc.StatusCode.ABORTED,
                                          f"engine id {hello.engine_id!r} was taken over by a newer stream "
                                          f"(instance {hello.instance_id or 'unnamed'!r})")
-        if record is None or record.loop.hello.pool_key != hello.pool_key:
-            if record is not None and record.session is not None:  # the engine moved to another pool
-                self._pools[record.loop.hello.pool_key].num_connected -= 1
-                self._pools[record.loop.hello.pool_key].stats.forget_engine(hello.engine_id)
+        created = record is None or record.loop.hello.pool_key != hello.pool_key
+        if created:
+            if record is not None:  # the engine moved to another pool
+                if record.session is not None:
+                    self._pools[record.loop.hello.pool_key].num_connected -= 1
+                    self._pools[record.loop.hello.pool_key].stats.forget_engine(hello.engine_id)
+                self._release_pool(record.loop.hello.pool_key)
             loop = EngineLoop(hello=hello, config=self._config.loop, policy=self._config.policy)
             restored = self._restored.pop(hello.engine_id, None)
             if restored is not None:
@@ -248,6 +252,8 @@ class Controller:
             self._pools[hello.pool_key] = PoolRecord(
                 stats=PoolStatistics(hello.pool_key, self._config.loop, replica_id=self._config.controller_id),
                 unpublished=[])
+        if created:
+            self._pools[hello.pool_key].num_records += 1
         if record.session is None:
             self._pools[hello.pool_key].num_connected += 1
         record.session = session
@@ -554,11 +560,16 @@ class Controller:
         self._metrics.evictions.labels(reason=reason).inc()
         logger.info("engine %s forgotten (%s) %.0f s after it disconnected", engine_id, reason,
                     self._last_evicted_s - record.disconnected_at_s)
+        self._release_pool(key)
+
+    def _release_pool(self, key: str) -> None:
+        """One engine record of the pool is gone (forgotten, or moved to another pool); when it was the last,
+        forget the pool here (its buckets stay in the store for the other replicas and for a warm start)."""
         pool = self._pools.get(key)
-        if pool is not None and pool.num_connected == 0 and not any(
-                r.loop.hello.pool_key == key for r in self._engines.values()):
-            # Nobody of the pool is left here: forget it (its buckets stay in the store for the other
-            # replicas and for a warm start).
+        if pool is None:
+            return
+        pool.num_records -= 1
+        if pool.num_records <= 0:
             del self._pools[key]
             self._metrics.forget_pool(key)
 

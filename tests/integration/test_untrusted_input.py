@@ -260,6 +260,31 @@ async def test_pools_left_by_evicted_engines_are_forgotten(redis_url: str) -> No
                           f"e.g. {next(iter(left.items()))}")
 
 
+async def test_a_pool_an_engine_moved_away_from_is_forgotten(redis_url: str) -> None:
+    """An engine that comes back under another pool leaves its old pool here; when it was the old pool's only
+    engine, that pool and its series go at once (and the new pool's once the engine is evicted)."""
+    async with running_controller(_config(redis_url, engine_ttl_s=0.5)) as ctl, \
+            grpc.aio.insecure_channel(ctl.address) as channel:
+        old = common_pb2.Pool(model="moved-from", accelerator="X")
+        new = common_pb2.Pool(model="moved-to", accelerator="X")
+        for pool in (old, new):
+            agent = await LiveAgent(channel, _hello("engine-mover", pool=pool)).open()
+            await agent.decision()
+            await agent.send_batch(geometric_batch(1, np.random.default_rng(3), num=5))
+
+            async def pool_series(pool=pool):
+                return _series_with(ctl, "pool", f"{pool.model}|X")
+
+            assert await _until(pool_series)
+            await agent.close()
+        assert _series_with(ctl, "pool", "moved-from|X") == []
+
+        async def all_gone():
+            return "engine-mover" not in await _engines(channel) and not _series_with(ctl, "pool", "moved-to|X")
+
+        assert await _until(all_gone, timeout_s=10.0), _series_with(ctl, "pool", "moved-to|X")
+
+
 # ---- 4. fake ACKs ----
 
 
