@@ -558,8 +558,10 @@ class Controller:
         key = record.loop.hello.pool_key
         self._metrics.forget_engine(engine_id)
         self._metrics.evictions.labels(reason=reason).inc()
-        logger.info("engine %s forgotten (%s) %.0f s after it disconnected", engine_id, reason,
-                    self._last_evicted_s - record.disconnected_at_s)
+        # Early forgets are summed up by their counter and a warning a minute (`_remember_disconnected`): a
+        # client cycling through engine ids would otherwise write hundreds of lines a second.
+        logger.log(logging.INFO if reason == "ttl" else logging.DEBUG, "engine %s forgotten (%s) %.0f s after it "
+                   "disconnected", engine_id, reason, now_s - record.disconnected_at_s)
         self._release_pool(key)
 
     def _release_pool(self, key: str) -> None:
