@@ -308,8 +308,8 @@ class Controller:
 
     def _remember_disconnected(self, engine_id: str, record: EngineRecord) -> None:
         """Queue a newly disconnected engine under its identity; past the identity's max_disconnected_engines
-        (unless 0), forget its longest-disconnected engines now (their TTL would let a client cycling through engine ids
-        hold memory in proportion to its rate)."""
+        (unless 0), forget its longest-disconnected engines now (their TTL would let a client cycling through
+        engine ids hold memory in proportion to its rate)."""
         queue = self._disconnected.setdefault(record.identity, {})
         queue[engine_id] = None
         limit = self._config.loop.max_disconnected_engines
