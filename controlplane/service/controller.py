@@ -224,7 +224,8 @@ class Controller:
         record = self._engines.get(hello.engine_id)  # re-read: the await let other streams run
         self._check_identity(record, session)
         if record is not None and record.session is None:
-            self._reconnected(hello.engine_id, record)  # no await from here until the record holds the session
+            # No await from here until the record holds the session.
+            self._leave_disconnected_queue(hello.engine_id, record)
         if record is not None and record.session is not None:
             resolve_takeover(record.session, session)
             record.session.mailbox.close(grpc.StatusCode.ABORTED,
@@ -315,7 +316,7 @@ class Controller:
         limit = self._config.loop.max_disconnected_engines
         if limit == 0 or len(queue) <= limit:
             return
-        now_s = self._clock()
+        now_s = record.disconnected_at_s  # set by close_stream just now
         while len(queue) > limit:
             oldest = next(iter(queue))
             self._evict(oldest, self._engines[oldest], reason="capacity", now_s=now_s)
@@ -326,7 +327,7 @@ class Controller:
                            "raise max_disconnected_engines if a fleet this size disconnects at once)",
                            record.identity, limit)
 
-    def _reconnected(self, engine_id: str, record: EngineRecord) -> None:
+    def _leave_disconnected_queue(self, engine_id: str, record: EngineRecord) -> None:
         """Take an engine off its identity's disconnected queue (a no-op when it is not on it)."""
         queue = self._disconnected.get(record.identity)
         if queue is None:
@@ -552,7 +553,7 @@ class Controller:
         the pool's last engine here. reason: "ttl" (disconnected for engine_ttl_s) or "capacity" (its
         identity's max_disconnected_engines)."""
         del self._engines[engine_id]
-        self._reconnected(engine_id, record)
+        self._leave_disconnected_queue(engine_id, record)
         self._evicted_since_trim += 1
         self._last_evicted_s = now_s
         key = record.loop.hello.pool_key
