@@ -55,6 +55,8 @@ FLAG_MEANINGS: dict[str, str] = {
     "kv_below_one_request": "the KV capacity minus the OOM reserve holds less than one request: N̂* floored at 1",
     "n_capped_by_max_num_seqs": "N̂* capped at --max-num-seqs",
     "memory_rate_from_mean": "N̂* uses max(p0, 1/μ_O) as the memory rate (p0 is far below 1/μ_O)",
+    "memory_bound_from_occupancy": "the OOM reserve takes over 10% of the KV cache and σ_O ≤ μ_O: N̂* lifted "
+                                   "towards the length-moment bound (μ_L, μ_O, σ_O; same ε), fully from 40%",
     "n_obs_invalid": "N_obs invalid: N̂* used",
     "delta_out_of_range": "δ beyond ±0.01 s/token: clipped to the limit",
     # Flags of online decisions only (decide()), listed so that every code has a meaning here.
@@ -107,6 +109,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                           help="hazard slope, per token² (default 0; below 0 is clipped to 0, flagged)")
     workload.add_argument("--mu-l", type=positive_float, required=True, help="mean prompt length, tokens (> 0)")
     workload.add_argument("--mu-o", type=positive_float, required=True, help="mean output length, tokens (> 0)")
+    workload.add_argument("--sigma-o", type=positive_float,
+                          help="standard deviation of output lengths, tokens (> 0); when ≤ μ_O and the OOM reserve is "
+                               "large, N̂* also considers the length-moment bound (flag memory_bound_from_occupancy); "
+                               "not given: Proposition 3.3 alone")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--kv-capacity-tokens", type=bounded_int(low=1, high=MAX_TOKENS), required=True,
                         help="KV cache capacity C, tokens (1 to 2^53)")
@@ -187,7 +193,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                      f"--alpha-d {costs.alpha_d_s}): the ratio of the costs must be a normal number")
     if args.n_obs == 0.0:
         planner_flags.append(N_OBS_FROM_N_STAR)
-    workload = WorkloadStats(p0=p0, eta=args.eta, mu_l_tokens=args.mu_l, mu_o_tokens=args.mu_o)
+    workload = WorkloadStats(p0=p0, eta=args.eta, mu_l_tokens=args.mu_l, mu_o_tokens=args.mu_o,
+                             sigma_o_tokens=args.sigma_o or 0.0)
     limits = EngineLimits(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=_DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -220,7 +227,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "alpha_mb_s": costs.alpha_mb_s, "mb_coeffs_s_per_token": list(costs.mb_coeffs_s_per_token),
             "cost_sources": sources,
             "p0_per_token": p0, "eta_per_token2": args.eta, "mu_l_tokens": args.mu_l, "mu_o_tokens": args.mu_o,
-            "kv_capacity_tokens": args.kv_capacity_tokens, "oom_tolerance": args.oom_tolerance,
+            "sigma_o_tokens": args.sigma_o, "kv_capacity_tokens": args.kv_capacity_tokens,
+            "oom_tolerance": args.oom_tolerance,
             "max_num_seqs": args.max_num_seqs, "n_prev": args.n_prev, "n_obs": args.n_obs,
             "delta_s_per_token": args.delta, "theta_min": config.theta_min, "theta_max": config.theta_max,
         },
@@ -258,6 +266,7 @@ _INPUT_LABELS: dict[str, str] = {
     "mb_coeffs_s_per_token": "β_MB coefficients C0,C1,C2 (s/token)",
     "mu_l_tokens": "μ_L (tokens)",
     "mu_o_tokens": "μ_O (tokens)",
+    "sigma_o_tokens": "σ_O (tokens; not given: Prop. 3.3 alone)",
     "kv_capacity_tokens": "C (KV capacity, tokens)",
     "oom_tolerance": "ε (OOM tolerance)",
     "max_num_seqs": "max_num_seqs (requests)",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +60,67 @@ def memory_safe_batch_size(
         return BatchSize(n=cap, n_unclipped=0.0, below_one_request=False, capped=False)
     # Divide step by step: p0²·μ_L and θ·p0 can underflow to 0 for tiny finite inputs (the result overflows
     # to inf instead of raising).
-    reserve_tokens = math.log(1.0 / oom_tolerance) / p0 / p0 / mu_l_tokens
+    reserve = reserve_tokens(p0=p0, mu_l_tokens=mu_l_tokens, oom_tolerance=oom_tolerance)
     per_slot_tokens = tokens_per_slot(theta=theta, p0=p0, mu_l_tokens=mu_l_tokens)
-    value = (kv_capacity_tokens - reserve_tokens) / per_slot_tokens
+    value = (kv_capacity_tokens - reserve) / per_slot_tokens
     if value < 1.0:  # includes −inf: the OOM reserve alone exceeds any capacity
         return BatchSize(n=1, n_unclipped=value, below_one_request=True, capped=False)
     if not math.isfinite(value):
         return BatchSize(n=cap, n_unclipped=0.0, below_one_request=False, capped=False)
+    n = math.floor(value)
+    return BatchSize(n=min(n, cap), n_unclipped=value, below_one_request=False, capped=n > cap)
+
+
+def reserve_tokens(*, p0: float, mu_l_tokens: float, oom_tolerance: float) -> float:
+    """Prop. 3.3's OOM reserve ln(1/ε)/(p0²·μ_L), tokens (inf when p0²·μ_L underflows; inputs assumed in
+    their domains)."""
+    return math.log(1.0 / oom_tolerance) / p0 / p0 / mu_l_tokens
+
+
+def _normal_quantile(probability: float) -> float:
+    return NormalDist().inv_cdf(probability)
+
+
+def occupancy_batch_size(
+    *,
+    mu_l_tokens: float,
+    mu_o_tokens: float,
+    sigma_o_tokens: float,
+    kv_capacity_tokens: float,
+    oom_tolerance: float,
+    max_num_seqs: int,
+) -> BatchSize:
+    """The largest N whose slots' KV stays within C with probability ≥ 1 − ε, from the length moments alone.
+
+    A slot refilled as its request finishes holds a prompt and the age of an output drawn length-biased:
+    mean m = μ_L + E[O²]/(2·μ_O). Its spread is taken as s = E[O²]/(2·μ_O), the age's mean: an age's
+    standard deviation is at most its mean for outputs of increasing hazard (their age law has increasing
+    hazard too, hence a coefficient of variation ≤ 1), so the bound is conservative exactly where Prop. 3.3
+    is not usable. The sum of N independent slots, taken as normal: N·m + z_{1−ε}·√N·s ≤ C, solved for √N.
+    σ_O ≤ 0 (unknown) is taken as σ_O = μ_O (geometric).
+
+    Returns:
+        BatchSize; fallbacks as `memory_safe_batch_size` (inputs out of domain → max_num_seqs; fewer than one
+        slot → 1 with below_one_request).
+    """
+    cap = max(1, int(max_num_seqs))
+    inputs = (mu_l_tokens, mu_o_tokens, sigma_o_tokens, kv_capacity_tokens, oom_tolerance)
+    if not all(math.isfinite(x) for x in inputs) or not (
+        mu_l_tokens >= 0.0 and mu_o_tokens > 0.0 and 0.0 < oom_tolerance < 1.0
+    ):
+        return BatchSize(n=cap, n_unclipped=0.0, below_one_request=False, capped=False)
+    sigma = sigma_o_tokens if sigma_o_tokens > 0.0 else mu_o_tokens
+    age_tokens = 0.5 * mu_o_tokens + 0.5 * sigma * (sigma / mu_o_tokens)  # E[O²]/(2μ_O), no underflow
+    mean_tokens = mu_l_tokens + age_tokens
+    spread = -_normal_quantile(oom_tolerance) * age_tokens  # z_{1−ε}·s (−z_ε: exact for tiny ε)
+    # √N = (−spread + √(spread² + 4·m·C)) / (2m), written as 2C / (spread + √(spread² + 4·m·C)): no
+    # cancellation when spread² ≫ m·C, and an overflow (lengths near the float range) gives 0, not NaN.
+    denominator = spread + math.sqrt(spread * spread + 4.0 * mean_tokens * max(0.0, kv_capacity_tokens))
+    root = 2.0 * max(0.0, kv_capacity_tokens) / denominator if denominator > 0.0 else 0.0
+    value = root * root
+    if not value >= 1.0:  # includes NaN (inf / inf)
+        return BatchSize(n=1, n_unclipped=value if math.isfinite(value) else 0.0, below_one_request=True,
+                         capped=False)
     n = math.floor(value)
     return BatchSize(n=min(n, cap), n_unclipped=value, below_one_request=False, capped=n > cap)
 

@@ -8,12 +8,21 @@ completions fill the window (measured in the twin: geometric outputs of mean 1,0
 whole 4,000-request run to settle from 1,024 to 584, with 5,338 preemptions on the way).
 
 The guard is additive-increase / multiplicative-decrease on a cap over the EB batch size:
-- preemptions since the last decision (in EB) → cap = ⌊decrease_factor · N in force⌋, ≥ 1;
+- preemptions since the last decision (in EB) → cap = ⌊decrease_factor · N in force⌋, ≥ 1, unless a cap
+  holds and the engine still runs more requests than it: then the cap stays;
 - none → the cap grows by max(1, ⌈increase_fraction · cap⌉) and is released (0) once it reaches N̂*.
 N = min(N̂*, cap) while a cap holds: the guard only ever lowers N, never lifts it above N̂* (the operator's ε
 stays the bound). The base is the N in force, not the observed running count: an EMA of running requests
 lags, and one stray preemption at a low count cut N for minutes in the twin (geometric prefill-heavy: N down
-to 329 from 542, warm throughput −7%). Pure; O(1).
+to 329 from 542, warm throughput −7%).
+
+Why the hold. N bounds admissions only: a cap below the running count admits nothing less, and the
+preemptions that follow come from requests already running as they grow (vLLM preempts those itself). Cut on
+each of them, the cap fell far below what fits: on long outputs (uniform 800–4,000 tokens after 122-token
+prompts) the first 1,024 requests fill the KV cache as they grow, no one completes for a minute, and cutting
+every decision took N from 1,024 to 37 (RTX PRO 6000, Qwen3-30B-A3B) and to 10 (Qwen3-8B), then the additive
+increase took minutes to come back to the ~120–260 that fit. Holding while the engine runs more than the cap,
+the cap follows the running count down (cut once it is reached) and stopped at 86 and 153. Pure; O(1).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ def update_memory_guard(
     num_preemptions: int,
     n_in_force: int,
     n_star: int,
+    num_running: int = 0,
     decrease_factor: float,
     increase_fraction: float,
 ) -> int:
@@ -36,10 +46,13 @@ def update_memory_guard(
         cap: the cap in force (0: none). num_preemptions: preemptions since the last decision (≤ 0: none).
         n_in_force: the N the engine ran under since the last decision (≤ 0: unknown, then N̂*).
         n_star: N̂* of this decision (≥ 1 assumed; smaller is treated as 1).
+        num_running: the engine's running requests as last reported (≤ 0: unknown).
         decrease_factor: in (0, 1). increase_fraction: in (0, 1] (PolicyConfig validates both).
     """
     n_star = max(1, int(n_star))
     if num_preemptions > 0:
+        if 0 < cap < num_running:
+            return cap
         base = n_in_force if n_in_force > 0 else n_star
         return max(1, math.floor(decrease_factor * base))
     if cap <= 0:

@@ -60,6 +60,8 @@ class Flag(enum.StrEnum):
     KV_BELOW_ONE_REQUEST = "kv_below_one_request"
     N_CAPPED_BY_MAX_NUM_SEQS = "n_capped_by_max_num_seqs"
     MEMORY_RATE_FROM_MEAN = "memory_rate_from_mean"
+    # Prop. 3.3's reserve takes over 10% of C and σ_O ≤ μ_O: N̂* lifted towards the moment bound (policy.py).
+    MEMORY_BOUND_FROM_OCCUPANCY = "memory_bound_from_occupancy"
     N_OBS_INVALID = "n_obs_invalid"
     DELTA_OUT_OF_RANGE = "delta_out_of_range"
     SAMPLES_REJECTED = "samples_rejected"
@@ -198,6 +200,8 @@ class Observations:
     num_rejected_samples: samples the estimators rejected since the last decision (counted, not used).
     num_preemptions: requests the engine preempted since the last decision (KV cache exhausted); feeds the
       memory guard (`controlplane.core.memory_guard`).
+    num_running: the engine's running requests as last reported (0: unknown, as for a merged pool); the
+      memory guard holds its cap while the engine runs more than it.
     """
 
     output_lengths_tokens: np.ndarray
@@ -209,6 +213,7 @@ class Observations:
     num_preemptions: int = 0
     n_offered: float = 0.0
     mu_o_lower_tokens: float = 1.0
+    num_running: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,7 @@ class EngineLoop:
     num_sequence_gaps: int = 0
     num_preemptions: int = 0  # the engine's cumulative counter, as last reported
     preemptions_since_decision: int = 0
+    num_running: int = 0  # running requests, as last reported (0: not reported)
     traceparent: str = ""
     excluded_from_pool: bool = False
     sent_versions: deque[int] = field(default_factory=lambda: deque(maxlen=_SENT_VERSIONS_KEPT))
@@ -125,6 +126,7 @@ class EngineLoop:
             self.preemptions_since_decision += new if new >= 0 else batch.num_preemptions
         self.num_preemptions = batch.num_preemptions
         if batch.num_running is not None:
+            self.num_running = batch.num_running
             offered = offered_occupancy(batch, max_num_seqs=self.hello.limits.max_num_seqs) or 0.0
             if self.last_telemetry_s < 0:
                 self.n_obs, self.n_offered, self.n_obs_at_s = float(batch.num_running), offered, now_s
@@ -172,6 +174,7 @@ class EngineLoop:
             costs=estimate.costs if estimate is not None else None, limits=self.hello.limits, n_obs=self.n_obs,
             num_rejected_samples=self.num_rejected_events, num_preemptions=self.preemptions_since_decision,
             n_offered=self.n_offered, mu_o_lower_tokens=estimate.mu_o_lower_tokens if estimate is not None else 1.0,
+            num_running=self.num_running,
         )
         decision, self.policy_state = decide(
             observations, self.policy_state, now_s, intent=intent, config=self.policy,

@@ -197,3 +197,69 @@ def test_threshold_k_is_floor_clamped(theta: float, n: int) -> None:
     k = threshold_k(theta=theta, n=n)
     assert 1 <= k <= n
     assert k == min(n, max(1, math.floor(theta * n)))
+
+
+# ---- the moment bound used where Prop. 3.3's reserve takes more than half the KV cache ----
+
+
+def _stationary_slot_tokens(rng, outputs_sampler, mu_l: float, size: tuple[int, int]):
+    """KV tokens of slots refilled as their requests finish, in steady state: a prompt of μ_L plus the age of
+    an output drawn length-biased (age uniform over the output)."""
+    import numpy as np
+
+    draws = outputs_sampler(rng, size[0] * size[1] * 8)
+    biased = rng.choice(draws, size=size, p=draws / draws.sum())
+    return mu_l + rng.uniform(0.0, 1.0, size=size) * biased + np.zeros(size)
+
+
+@pytest.mark.parametrize("capacity", [217_042.0, 447_720.0])
+def test_occupancy_bound_holds_its_tolerance_where_prop_3_3_collapses(capacity: float) -> None:
+    """Uniform 800–4,000 outputs after 122-token prompts (the NuminaMath shape): Prop. 3.3 at p = 1/μ_O
+    leaves no room (or a third of what fits), the moment bound gives an N whose steady-state KV exceeds C
+    in at most ε of draws, and an N a quarter larger would not."""
+    import numpy as np
+
+    from controlplane.core.batch_size import occupancy_batch_size, reserve_tokens
+
+    mu_o, sigma_o, mu_l = 2400.0, 3200.0 / math.sqrt(12.0), 122.0
+    assert reserve_tokens(p0=1.0 / mu_o, mu_l_tokens=mu_l, oom_tolerance=0.01) > 0.45 * capacity
+    paper = memory_safe_batch_size(theta=0.02, p0=1.0 / mu_o, mu_l_tokens=mu_l, kv_capacity_tokens=capacity,
+                                   oom_tolerance=0.01, max_num_seqs=1024)
+    bound = occupancy_batch_size(mu_l_tokens=mu_l, mu_o_tokens=mu_o, sigma_o_tokens=sigma_o,
+                                 kv_capacity_tokens=capacity, oom_tolerance=0.01, max_num_seqs=1024)
+    assert bound.n > 2 * paper.n and not bound.below_one_request
+
+    rng = np.random.default_rng(7)
+
+    def uniform(generator, count):
+        return generator.uniform(800.0, 4000.0, size=count)
+
+    at_bound = _stationary_slot_tokens(rng, uniform, mu_l, (20_000, bound.n)).sum(axis=1)
+    assert np.mean(at_bound > capacity) <= 0.01
+    larger = int(bound.n * 1.25)
+    beyond = _stationary_slot_tokens(rng, uniform, mu_l, (20_000, larger)).sum(axis=1)
+    assert np.mean(beyond > capacity) > 0.5
+
+
+def test_occupancy_bound_is_close_to_prop_3_3_for_geometric_outputs() -> None:
+    """Where the paper's formula holds (geometric outputs, a small reserve) the two agree within 5%."""
+    from controlplane.core.batch_size import occupancy_batch_size
+
+    for mu_l, mu_o, capacity in ((512.0, 256.0, 447_720.0), (128.0, 1024.0, 700_000.0), (1024.0, 128.0, 700_000.0)):
+        paper = memory_safe_batch_size(theta=0.03, p0=1.0 / mu_o, mu_l_tokens=mu_l, kv_capacity_tokens=capacity,
+                                       oom_tolerance=0.01, max_num_seqs=1 << 20)
+        bound = occupancy_batch_size(mu_l_tokens=mu_l, mu_o_tokens=mu_o, sigma_o_tokens=mu_o,
+                                     kv_capacity_tokens=capacity, oom_tolerance=0.01, max_num_seqs=1 << 20)
+        assert bound.n == pytest.approx(paper.n, rel=0.05)
+
+
+@given(mu_l=st.floats(allow_nan=True, allow_infinity=True), mu_o=st.floats(allow_nan=True, allow_infinity=True),
+       sigma=st.floats(allow_nan=True, allow_infinity=True), capacity=st.floats(allow_nan=True, allow_infinity=True),
+       eps=st.floats(allow_nan=True, allow_infinity=True), cap=st.integers(-5, 1 << 20))
+@settings(max_examples=400, deadline=None)
+def test_occupancy_bound_is_in_range_for_any_input(mu_l, mu_o, sigma, capacity, eps, cap) -> None:
+    from controlplane.core.batch_size import occupancy_batch_size
+
+    result = occupancy_batch_size(mu_l_tokens=mu_l, mu_o_tokens=mu_o, sigma_o_tokens=sigma,
+                                  kv_capacity_tokens=capacity, oom_tolerance=eps, max_num_seqs=cap)
+    assert 1 <= result.n <= max(1, cap) and math.isfinite(result.n_unclipped)

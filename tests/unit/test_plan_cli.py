@@ -410,3 +410,21 @@ def test_readme_plan_commands_run(monkeypatch: pytest.MonkeyPatch, capsys) -> No
     expected = reference(H200, mu_l=512.0, mu_o=256.0, kv=1_500_000, max_num_seqs=2048, n_obs=512.0)
     assert_report_matches(from_files, expected)
     assert from_files["inputs"]["cost_sources"]["alpha_p_s"].endswith("pd_calibration_Qwen3-8B_H200.json")
+
+
+def test_sigma_o_lets_the_moment_bound_lift_a_collapsed_n_star(capsys) -> None:
+    """NuminaMath's shape on 217k KV tokens: Prop. 3.3 alone leaves one request (flagged); with σ_O the planner
+    prints the N̂* the controller would use, flagged, and the σ_O it used."""
+    base = [*cost_flags(RTX), "--mu-l", "122", "--mu-o", "2400", "--kv-capacity-tokens", "217042", "--json"]
+    alone = run_plan(base, capsys)
+    assert alone["n_star"] == 1 and "kv_below_one_request" in alone["flags"]
+    lifted = run_plan([*base, "--sigma-o", "924"], capsys)
+    assert 100 <= lifted["n_star"] <= 145 and "memory_bound_from_occupancy" in lifted["flags"]
+    assert lifted["inputs"]["sigma_o_tokens"] == 924.0 and alone["inputs"]["sigma_o_tokens"] is None
+    expected = evaluate(WorkloadStats(p0=1 / 2400, eta=0.0, mu_l_tokens=122.0, mu_o_tokens=2400.0,
+                                      sigma_o_tokens=924.0),
+                        CostModel(alpha_p_s=RTX["alpha_p"], beta_p_s_per_token=RTX["beta_p"], alpha_d_s=RTX["alpha_d"],
+                                  beta_d_s_per_request=RTX["beta_d"], alpha_mb_s=RTX["alpha_p"],
+                                  mb_coeffs_s_per_token=RTX["abc"]),
+                        EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=217042))
+    assert lifted["n_star"] == expected.n_star

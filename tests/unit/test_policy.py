@@ -503,10 +503,10 @@ def test_batch_size_uses_the_geometric_rate_of_the_mean_when_the_intercept_is_lo
     assert reserve_tokens > 0.5 * limits.kv_capacity_tokens
 
 
-def _guard_observations(preemptions: int) -> Observations:
+def _guard_observations(preemptions: int, num_running: int = 0) -> Observations:
     return Observations(output_lengths_tokens=linear_hazard_outputs(3, 2000),
                         prompt_lengths_tokens=np.full(2000, 512.0), costs=H200, limits=LIMITS,
-                        num_preemptions=preemptions)
+                        num_preemptions=preemptions, num_running=num_running)
 
 
 def test_memory_guard_cuts_n_on_preemption_and_releases_it_gradually() -> None:
@@ -531,6 +531,20 @@ def test_memory_guard_cuts_n_on_preemption_and_releases_it_gradually() -> None:
     assert all(b - a == max(1, math.ceil(0.02 * a)) for a, b in growth)
 
 
+def test_memory_guard_holds_its_cap_while_the_engine_runs_more_than_it() -> None:
+    """A cut below the running count admits nothing less: the preemptions that follow come from requests
+    already running as they grow (vLLM preempts those itself). The cap holds until the running count falls
+    to it, then cuts again; without the hold, long outputs took N from 1,024 to 37 in the twin."""
+    eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
+    first, state = decide(_guard_observations(0), PolicyState(), 0.0, intent=eb, config=NO_COOLDOWN)
+    cut, state = decide(_guard_observations(9, num_running=first.n), state, 1.0, intent=eb, config=NO_COOLDOWN)
+    assert cut.n == math.floor(0.85 * first.n)
+    held, state = decide(_guard_observations(9, num_running=cut.n + 1), state, 2.0, intent=eb, config=NO_COOLDOWN)
+    assert held.n == cut.n and Flag.MEMORY_GUARD in held.flags
+    again, state = decide(_guard_observations(9, num_running=cut.n), state, 3.0, intent=eb, config=NO_COOLDOWN)
+    assert again.n == math.floor(0.85 * cut.n)
+
+
 def test_memory_guard_ignores_preemptions_outside_computed_eb_and_can_be_turned_off() -> None:
     mb, _ = decide(_guard_observations(50), PolicyState(n_eb_in_force=0), 0.0, config=NO_COOLDOWN,
                    intent=OperatorIntent(pin=ModePin(mode=Mode.MB)))
@@ -549,3 +563,23 @@ def test_memory_guard_ignores_preemptions_outside_computed_eb_and_can_be_turned_
 def test_pool_observations_add_up_preemptions() -> None:
     merged = merge_pool_observations([_guard_observations(3), _guard_observations(-1), _guard_observations(4)])
     assert merged.num_preemptions == 7
+
+
+def test_long_outputs_behind_short_prompts_do_not_collapse_n_star() -> None:
+    """NuminaMath's shape (122-token prompts, uniform 800–4,000 outputs) on 217k KV tokens: Prop. 3.3's reserve
+    ln(1/ε)·μ_O²/μ_L is the whole cache, and N̂* was 1 (EB −74% against v1 in the twin). The moment bound
+    takes over, flagged; a short-output workload keeps the paper's formula, unflagged."""
+    from controlplane.core.policy import evaluate
+    from controlplane.core.types import CostModel, EngineLimits, Flag, WorkloadStats
+
+    costs = CostModel(alpha_p_s=0.0047, beta_p_s_per_token=5e-5, alpha_d_s=0.0104, beta_d_s_per_request=1e-4,
+                      alpha_mb_s=0.0047, mb_coeffs_s_per_token=(6.3e-5, 2e-4, 1e-5))
+    limits = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=217_042)
+    long = evaluate(WorkloadStats(p0=1e-5, eta=3e-7, mu_l_tokens=122.0, mu_o_tokens=2400.0, sigma_o_tokens=924.0),
+                    costs, limits)
+    assert Flag.MEMORY_BOUND_FROM_OCCUPANCY in long.flags and Flag.KV_BELOW_ONE_REQUEST not in long.flags
+    # 217,042 tokens over ≈ 1,500 per slot (122 + E[O²]/(2μ_O) ≈ 1,377) is ≈ 145 on average; the ε margin
+    # takes some of it.
+    assert 100 <= long.n_star <= 145
+    short = evaluate(WorkloadStats(p0=1 / 256, eta=0.0, mu_l_tokens=512.0, mu_o_tokens=256.0), costs, limits)
+    assert Flag.MEMORY_BOUND_FROM_OCCUPANCY not in short.flags
