@@ -338,9 +338,11 @@ def section_table3(requests: int, quick: bool) -> None:
                 add(title, f"{label}: EB+/v1 tok/s", 62.0, change(tps(ebp), tps(v1)), note=note)
                 add(title, f"{label}: TPOT change EB+ vs v1 (1.8× lower)", (1 / 1.8 - 1) * 100,
                     change(ebp.metrics.tpot_mean_s, v1.metrics.tpot_mean_s), sign_matters=True)
-                add(title, f"{label}: goodput EB+ (TTFT<10 s, TPOT<100 ms)", 80.3, goodput(ebp))
-                add(title, f"{label}: goodput EB(k̂*)", 77.3, goodput(eb))
-                add(title, f"{label}: goodput v1", 5.8, goodput(v1))
+                add(title, f"{label}: goodput EB+ (TTFT<10 s, TPOT<100 ms)", 80.3, goodput(ebp),
+                    note=slo_spread(ebp))
+                add(title, f"{label}: goodput EB(k̂*)", 77.3, goodput(eb), note=slo_spread(eb))
+                add(title, f"{label}: goodput v1", 5.8, goodput(v1), note=slo_spread(v1))
+                footnote(title, goodput_floor(profile, running=512, context_tokens=512 + 256 // 2))
             elif rtx and cell == "c=32":
                 add(title, f"{label}: EB+/v1 tok/s (EB+ picks MB)", 0.0, change(tps(ebp), tps(v1)), note=note)
                 add(title, f"{label}: EB+ tok/s", 4930, tps(ebp), kind="abs", unit="tok/s")
@@ -370,6 +372,33 @@ def goodput(result: RunResult, *, ttft_s: float = 10.0, tpot_s: float = 0.1) -> 
     outputs = req["output_tokens"]
     tpot = np.where(outputs > 1, (req["finish_s"] - req["first_token_s"]) / np.maximum(outputs - 1, 1), 0.0)
     return float(np.mean((ttft < ttft_s) & (tpot < tpot_s)) * 100.0)
+
+
+def slo_spread(result: RunResult) -> str:
+    """Where the requests' TPOT and TTFT sit against the goodput SLOs: a threshold metric, so a TPOT level a
+    fifth off moves it from most requests to few."""
+    req = result.requests
+    outputs = req["output_tokens"]
+    many = outputs > 1
+    tpot_ms = (req["finish_s"] - req["first_token_s"])[many] / (outputs[many] - 1) * 1e3
+    ttft_s = req["first_token_s"] - req["arrival_s"]
+    p20, p50, p80 = np.percentile(tpot_ms, [20, 50, 80])
+    return (f"TPOT p20/p50/p80 {p20:.0f}/{p50:.0f}/{p80:.0f} ms, TTFT p50 {np.median(ttft_s):.1f} s, "
+            f"{np.mean(ttft_s < 10.0) * 100:.0f}% under 10 s")
+
+
+def goodput_floor(profile: SimProfile, *, running: int, context_tokens: int) -> str:
+    """The decode step the profile's published calibration and datasheet bandwidth allow at `running` requests
+    of `context_tokens` context: what TPOT cannot go below in EB, before any prefill phase."""
+    assert profile.roofline is not None
+    line_s = profile.costs.alpha_d_s + running * profile.costs.beta_d_s_per_request
+    kv_bytes = running * context_tokens * profile.roofline.model.kv_bytes_per_token
+    kv_s = kv_bytes / profile.roofline.accelerator.memory_bandwidth_bytes_per_s
+    return (f"goodput at c = 512: a decode step of {running} requests takes {line_s * 1e3:.0f} ms on the published "
+            f"calibration line (at 16 tokens of context) and reads {kv_bytes / 1e9:.0f} GB of KV at the workload's "
+            f"mean context ({context_tokens} tokens), ≥ {kv_s * 1e3:.0f} ms at the datasheet bandwidth: "
+            f"≥ {(line_s + kv_s) * 1e3:.0f} ms per token before the prefill phases EB interleaves, against the "
+            f"100 ms SLO that the paper's 80% of requests meet")
 
 
 ORACLE_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768)
