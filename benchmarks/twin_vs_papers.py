@@ -413,11 +413,12 @@ def section_oracle(requests: int) -> None:
     for name, paper in ORACLE_PAPER.items():
         mu_l, mu_o = {"decode-heavy": (128, 1024), "balanced": (512, 512), "prefill-heavy": (1024, 128)}[name]
         workload = closed_loop(synthetic_geometric_shape(mu_l, mu_o), concurrency=2048, num_requests=requests)
-        runs = {k: run(workload, f"eb:{k}:1024", profile) for k in ORACLE_KS}
+        runs = {k: run(workload, f"eb:{k}:1024", profile, steps=True) for k in ORACLE_KS}
         best_k = max(runs, key=lambda k: tps(runs[k]))
         eb = run(workload, "eb-kstar", profile, steps=True)
         add(title, f"h200 geometric {name}: EB(k̂*) over best fixed k", paper, change(tps(eb), tps(runs[best_k])),
-            note=f"best fixed k {best_k} ({tps(runs[best_k]):.0f} tok/s); EB {eb_state(eb)}, {tps(eb):.0f} tok/s")
+            note=f"best fixed k {best_k} ({tps(runs[best_k]):.0f} tok/s, {mean_running(runs[best_k]):.0f} running, "
+                 f"{runs[best_k].metrics.num_preemptions} preemptions); EB {eb_state(eb)}, {tps(eb):.0f} tok/s")
     print_rows(title)
 
 
