@@ -158,3 +158,21 @@ def test_the_interval_recompute_is_phased_too() -> None:
     assert len(offsets) == int(LOOP.interval_s)  # every one-second slot of the interval is used
     for due in first_due:
         assert due[1] - due[0] == int(LOOP.interval_s)
+
+
+def test_the_memory_guard_sees_the_last_running_count_and_holds_its_cap_above_it() -> None:
+    """The loop passes the running count of the last batch that carried one to the policy: preemptions while
+    the engine runs more than the guard's cap leave the cap alone, and cut it once the count is down to it."""
+    from controlplane.core.types import Mode, ModePin, PolicyState
+
+    loop = _loop()
+    loop.policy_state = PolicyState(n_guard=4, n_eb_in_force=4)
+    eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
+    loop.on_batch(_batch(1, 0, running=6), now_s=0.0)
+    loop.on_batch(_batch(2, 5, running=None), now_s=1.0)  # a count dropped by validation keeps the last one
+    assert loop.num_running == 6
+    held = loop.decide(None, intent=eb, now_s=2.0).decision
+    assert held.n == 4 and loop.policy_state.n_guard == 4
+    loop.on_batch(_batch(3, 9, running=4), now_s=3.0)
+    cut = loop.decide(None, intent=eb, now_s=4.0).decision
+    assert cut.n == 3 and loop.policy_state.n_guard == 3
