@@ -20,10 +20,11 @@ Why the hold. N bounds admissions only: a cap below the running count admits not
 preemptions that follow come from requests already running as they grow (vLLM preempts those itself). Cut on
 each of them, the cap fell far below what fits: on long outputs (uniform 800–4,000 tokens after 122-token
 prompts) the first 1,024 requests fill the KV cache as they grow, no one completes for a minute, and cutting
-every decision took N from 1,024 to 37 (RTX PRO 6000, Qwen3-30B-A3B) and to 10 (Qwen3-8B), then the additive
-increase took minutes to come back to the ~120–260 that fit. Holding while the engine runs more than the cap,
-the cap follows the running count down (cut once it is reached): its lowest was 74 and 150 in those runs, and
-EB against v1 went from −6.9% to −4.0% and from −11.6% to −0.4% (twin_vs_papers.py, Table 2). Pure; O(1).
+every decision took N from 1,024 to 34 (RTX PRO 6000, Qwen3-30B-A3B) and to 6 (Qwen3-8B), then the additive
+increase took minutes to come back to the ~120–360 that fit. Holding while the engine runs more than the cap,
+the cap follows the running count down (cut once it is reached). Over 4,000 requests at c = 2,048 its lowest
+went from 6 / 34 / 74 / 169 to 142 / 68 / 213 / 192 (RTX PRO 6000 8B / 30B, H200 8B / 30B), and EB against
+v1 from −1.0 / −7.8 / +0.3 / −1.9% to +2.3 / −6.7 / +3.9 / −1.6% (twin_vs_papers.py, Table 2). Pure; O(1).
 """
 
 from __future__ import annotations

@@ -534,7 +534,7 @@ def test_memory_guard_cuts_n_on_preemption_and_releases_it_gradually() -> None:
 def test_memory_guard_holds_its_cap_while_the_engine_runs_more_than_it() -> None:
     """A cut below the running count admits nothing less: the preemptions that follow come from requests
     already running as they grow (vLLM preempts those itself). The cap holds until the running count falls
-    to it, then cuts again; without the hold, long outputs took N from 1,024 to 37 in the twin."""
+    to it, then cuts again; without the hold, long outputs took N from 1,024 to 6–34 in the twin."""
     eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
     first, state = decide(_guard_observations(0), PolicyState(), 0.0, intent=eb, config=NO_COOLDOWN)
     cut, state = decide(_guard_observations(9, num_running=first.n), state, 1.0, intent=eb, config=NO_COOLDOWN)
