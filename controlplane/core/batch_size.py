@@ -121,6 +121,8 @@ def occupancy_batch_size(
     if not value >= 1.0:  # includes NaN (inf / inf)
         return BatchSize(n=1, n_unclipped=value if math.isfinite(value) else 0.0, below_one_request=True,
                          capped=False)
+    if not math.isfinite(value):  # C near the float range over a slot of almost nothing
+        return BatchSize(n=cap, n_unclipped=0.0, below_one_request=False, capped=True)
     n = math.floor(value)
     return BatchSize(n=min(n, cap), n_unclipped=value, below_one_request=False, capped=n > cap)
 
