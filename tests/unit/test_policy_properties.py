@@ -206,7 +206,7 @@ def test_decide_on_real_windows_follows_the_evaluation(seed, p0, n, costs, limit
 
 @settings(max_examples=300, deadline=None)
 @given(
-    workload=st.builds(WorkloadStats, any_float, any_float, any_float, any_float),
+    workload=st.builds(WorkloadStats, any_float, any_float, any_float, any_float, any_float),  # σ_O too
     costs=st.one_of(st.sampled_from([H200, RTX_PRO_6000]),
                     st.builds(CostModel, any_float, any_float, any_float, any_float, any_float,
                               st.tuples(any_float, any_float, any_float))),
@@ -234,6 +234,7 @@ def test_evaluate_is_finite_for_any_input(workload, costs, limits, n_prev, n_obs
         eta=st.floats(min_value=0.0, max_value=1e300),
         mu_l_tokens=st.floats(min_value=1e-300, max_value=1e300),
         mu_o_tokens=st.floats(min_value=1e-300, max_value=1e300),
+        sigma_o_tokens=st.floats(min_value=0.0, max_value=1e300),
     ),
     limits=engine_limits,
 )
