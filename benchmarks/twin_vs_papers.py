@@ -220,9 +220,8 @@ TTFT_S = {("rtx-pro-6000-qwen3-8b", "longbench"): (175.56, 169.64)}  # (v1 s, EB
 
 def tpot_median_ms(result: RunResult) -> float:
     """Median time per output token after the first, ms: a preempted request's wait inflates the mean alone."""
-    req = result.requests
-    many = req["output_tokens"] > 1
-    return float(np.median((req["finish_s"] - req["first_token_s"])[many] / (req["output_tokens"][many] - 1)) * 1e3)
+    _, tpot_s, many = request_latencies_s(result)
+    return float(np.median(tpot_s[many]) * 1e3)
 
 
 def section_table2(requests: int, long_requests: int) -> None:
@@ -375,24 +374,27 @@ def section_table3(requests: int, quick: bool) -> None:
     print_rows(title)
 
 
+def request_latencies_s(result: RunResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request: TTFT, TPOT (time per output token after the first; 0 for one-token outputs) and whether it
+    has a TPOT (more than one output token), seconds."""
+    req = result.requests
+    outputs = req["output_tokens"]
+    many = outputs > 1
+    tpot = np.where(many, (req["finish_s"] - req["first_token_s"]) / np.maximum(outputs - 1, 1), 0.0)
+    return req["first_token_s"] - req["arrival_s"], tpot, many
+
+
 def goodput(result: RunResult, *, ttft_s: float = 10.0, tpot_s: float = 0.1) -> float:
     """Percent of requests meeting both SLOs (TTFT < 10 s and TPOT < 100 ms; one-token outputs: TTFT only)."""
-    req = result.requests
-    ttft = req["first_token_s"] - req["arrival_s"]
-    outputs = req["output_tokens"]
-    tpot = np.where(outputs > 1, (req["finish_s"] - req["first_token_s"]) / np.maximum(outputs - 1, 1), 0.0)
+    ttft, tpot, _ = request_latencies_s(result)
     return float(np.mean((ttft < ttft_s) & (tpot < tpot_s)) * 100.0)
 
 
 def slo_spread(result: RunResult) -> str:
     """Where the requests' TPOT and TTFT sit against the goodput SLOs: a threshold metric, so a TPOT level a
     fifth off moves it from most requests to few."""
-    req = result.requests
-    outputs = req["output_tokens"]
-    many = outputs > 1
-    tpot_ms = (req["finish_s"] - req["first_token_s"])[many] / (outputs[many] - 1) * 1e3
-    ttft_s = req["first_token_s"] - req["arrival_s"]
-    p20, p50, p80 = np.percentile(tpot_ms, [20, 50, 80])
+    ttft_s, tpot_s, many = request_latencies_s(result)
+    p20, p50, p80 = np.percentile(tpot_s[many] * 1e3, [20, 50, 80])
     return (f"TPOT p20/p50/p80 {p20:.0f}/{p50:.0f}/{p80:.0f} ms, TTFT p50 {np.median(ttft_s):.1f} s, "
             f"{np.mean(ttft_s < 10.0) * 100:.0f}% under 10 s")
 

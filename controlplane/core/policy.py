@@ -176,14 +176,15 @@ def evaluate(
     if mu_o > 0.0 and 0.0 < sigma_o <= mu_o and capacity > 0.0 and p_mem > 0.0 and mu_l > 0.0:
         share = reserve_tokens(p0=p_mem, mu_l_tokens=mu_l, oom_tolerance=config.oom_tolerance) / capacity
         weight = min(1.0, max(0.0, (share - _OCCUPANCY_FROM_SHARE) / (_OCCUPANCY_FULL_SHARE - _OCCUPANCY_FROM_SHARE)))
-        occupancy = _occupancy_batch_size(
-            mu_l_tokens=mu_l, mu_o_tokens=mu_o, sigma_o_tokens=sigma_o, kv_capacity_tokens=capacity,
-            oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
-        ) if weight > 0.0 else sizing
-        n_blend = sizing.n + math.floor(weight * (occupancy.n - sizing.n))
-        if n_blend > sizing.n:
-            sizing = replace(occupancy, n=n_blend, capped=occupancy.capped and n_blend == occupancy.n)
-            flags.append(Flag.MEMORY_BOUND_FROM_OCCUPANCY)
+        if weight > 0.0:
+            occupancy = _occupancy_batch_size(
+                mu_l_tokens=mu_l, mu_o_tokens=mu_o, sigma_o_tokens=sigma_o, kv_capacity_tokens=capacity,
+                oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
+            )
+            n_blend = sizing.n + math.floor(weight * (occupancy.n - sizing.n))
+            if n_blend > sizing.n:
+                sizing = replace(occupancy, n=n_blend, capped=occupancy.capped and n_blend == occupancy.n)
+                flags.append(Flag.MEMORY_BOUND_FROM_OCCUPANCY)
     if sizing.below_one_request:
         flags.append(Flag.KV_BELOW_ONE_REQUEST)
     if sizing.capped:
