@@ -248,16 +248,17 @@ def section_table2(requests: int, long_requests: int) -> None:
                     note=v1_state(v1))
                 add(title, f"{name} {workload_name}: EB(k̂*) req/s", paper_eb, rps(eb), kind="abs", unit="req/s",
                     note=f"EB {eb_state(eb)}")
-                if workload_name in ("wildchat", "numinamath"):
-                    tpot_ms = TPOT_MS[key][1]
+                if workload_name in ("sharegpt", "wildchat", "numinamath"):
+                    tpot_v1_ms, tpot_ms = TPOT_MS[key]
                     shape = DATASET_SHAPES[workload_name]
                     decoding = paper_eb * shape.output.mean_tokens * tpot_ms / 1e3
+                    decoding_v1 = paper_v1 * shape.output.mean_tokens * tpot_v1_ms / 1e3
                     footnote(title, f"{name} {workload_name}: the paper's EB(k̂*) {paper_eb} req/s at {tpot_ms} ms per "
                                     f"token means ≈ {decoding:.0f} requests decoding (Little's law with the shape's "
-                                    f"{shape.output.mean_tokens:.0f}-token mean output); the twin's KV "
-                                    f"({profile.shape.kv_capacity_tokens} tokens) holds {mean_running(eb):.0f} "
-                                    f"(EB) / {mean_running(v1):.0f} (v1) of this shape, whose requests carry "
-                                    f"{shape.mean_prompt_tokens:.0f} prompt tokens on average")
+                                    f"{shape.output.mean_tokens:.0f}-token mean output; v1 ≈ {decoding_v1:.0f}); the "
+                                    f"twin's KV ({profile.shape.kv_capacity_tokens} tokens) holds "
+                                    f"{mean_running(eb):.0f} (EB) / {mean_running(v1):.0f} (v1) of this shape, whose "
+                                    f"requests carry {shape.mean_prompt_tokens:.0f} prompt tokens on average")
             tpot = change(eb.metrics.tpot_mean_s, v1.metrics.tpot_mean_s)
             ttft = change(eb.metrics.ttft_mean_s, v1.metrics.ttft_mean_s)
             latency = (f"TPOT EB {eb.metrics.tpot_mean_s * 1e3:.0f} / v1 {v1.metrics.tpot_mean_s * 1e3:.0f} ms "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -503,9 +504,9 @@ def test_batch_size_uses_the_geometric_rate_of_the_mean_when_the_intercept_is_lo
     assert reserve_tokens > 0.5 * limits.kv_capacity_tokens
 
 
-def _guard_observations(preemptions: int, num_running: int = 0) -> Observations:
+def _guard_observations(preemptions: int, num_running: int = 0, limits: EngineLimits = LIMITS) -> Observations:
     return Observations(output_lengths_tokens=linear_hazard_outputs(3, 2000),
-                        prompt_lengths_tokens=np.full(2000, 512.0), costs=H200, limits=LIMITS,
+                        prompt_lengths_tokens=np.full(2000, 512.0), costs=H200, limits=limits,
                         num_preemptions=preemptions, num_running=num_running)
 
 
@@ -543,6 +544,27 @@ def test_memory_guard_holds_its_cap_while_the_engine_runs_more_than_it() -> None
     assert held.n == cut.n and Flag.MEMORY_GUARD in held.flags
     again, state = decide(_guard_observations(9, num_running=cut.n), state, 3.0, intent=eb, config=NO_COOLDOWN)
     assert again.n == math.floor(0.85 * cut.n)
+
+
+
+def test_memory_guard_does_not_blame_a_lowered_n_for_requests_admitted_under_a_larger_one() -> None:
+    """The rule lowered N (a cold start ran max_num_seqs; the first fit asks for less) while the engine still
+    runs the requests admitted before: their preemptions say nothing about the new N, so no cap is set. Cut
+    on them, the cap fell to 0.85·N̂* of a first, low estimate and took minutes to grow back (twin, RTX PRO
+    6000, Qwen3-30B-A3B, ShareGPT: N 175–336 where N̂* was 632). Once the running count is down to N, a
+    preemption cuts as before."""
+    eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
+    limits = replace(LIMITS, kv_capacity_tokens=400_000)
+    state = PolicyState(n_eb_in_force=limits.max_num_seqs)
+    first, state = decide(_guard_observations(0, limits=limits), state, 0.0, intent=eb, config=NO_COOLDOWN)
+    n_star = first.diagnostics.n_star
+    assert n_star < limits.max_num_seqs and first.n == n_star and state.n_eb_in_force == n_star
+    held, state = decide(_guard_observations(40, num_running=n_star + 1, limits=limits), state, 1.0, intent=eb,
+                         config=NO_COOLDOWN)
+    assert held.n == n_star and state.n_guard == 0 and Flag.MEMORY_GUARD not in held.flags
+    cut, state = decide(_guard_observations(3, num_running=n_star, limits=limits), state, 2.0, intent=eb,
+                        config=NO_COOLDOWN)
+    assert cut.n == math.floor(0.85 * n_star) and Flag.MEMORY_GUARD in cut.flags
 
 
 def test_memory_guard_ignores_preemptions_outside_computed_eb_and_can_be_turned_off() -> None:
