@@ -145,11 +145,12 @@ def length_moments(survival: np.ndarray, *, p0: float) -> tuple[float, float]:
     """(mean, standard deviation) of the output length, in tokens, from Ŝ(t), t = 1..τ.
 
     E[O] = Σ_{t≥0} S(t) and E[O²] = Σ_{t≥0} (2t+1)·S(t), with S(0) = 1, Ŝ up to the last observed age τ
-    (a restricted mean) and, beyond τ, Ŝ(τ) times the survival of a constant hazard p0 (the fitted
-    intercept). With no censored request past the last completion Ŝ(τ) = 0 and these are the moments of the
-    completions. The constant tail is the conservative choice for memory (N̂* reads 1/μ_O): a true IFR tail
-    ends sooner, and extrapolating a fitted slope far past the data would trust exactly the slopes that
-    mixtures of two workloads fake mid-shift. NaN when the tail is needed and p0 ≤ 0.
+    (a restricted mean) and, beyond τ, Ŝ(τ) times the survival of a constant hazard p0 (the caller's: the
+    fitted intercept, or a measured rate no higher than the hazard past τ, see `hazard._tail_hazard`). With
+    no censored request past the last completion Ŝ(τ) = 0 and these are the moments of the completions. The
+    constant tail is the conservative choice for memory (N̂* reads 1/μ_O): a true IFR tail ends sooner, and
+    extrapolating a fitted slope far past the data would trust exactly the slopes that mixtures of two
+    workloads fake mid-shift. NaN when the tail is needed and p0 ≤ 0.
     """
     t = np.arange(0, survival.size + 1, dtype=np.float64)
     levels = np.concatenate(([1.0], survival))

@@ -255,3 +255,38 @@ def test_a_transient_fit_never_extrapolates_an_unmeasured_intercept() -> None:
             assert fit is not None and fit.stats.eta == 0.0
             rates.append(fit.stats.p0 * 1024.0)
     assert min(rates) > 0.5, min(rates)
+
+
+def _increasing_hazard_length(rng: np.random.Generator, *, p0: float, eta: float) -> int:
+    """One length of hazard h(t) = p0 + η·t: the inverse of H(t) = p0·t + η·t²/2 at an Exp(1) draw."""
+    draw = rng.exponential()
+    return max(1, math.ceil((-p0 + math.sqrt(p0 * p0 + 2.0 * eta * draw)) / eta))
+
+
+@pytest.mark.parametrize("cut_tokens", [200, 300, 500])
+def test_the_mean_of_an_increasing_hazard_is_continued_at_a_measured_rate(cut_tokens: int) -> None:
+    """A cold engine's first window of an IFR law (h(t) = 2e-5 + 1e-5·t, mean 395): most requests are still
+    running, and the fitted intercept is an extrapolation to age 0 that a steep slope takes towards 0. The
+    curve past the last observed age continues at the window's events over exposure (no lower than the
+    hazard there for an increasing hazard), so μ̂_O stays at or above the truth (conservative for memory)
+    and bounded; continued at the intercept it reached 40,021 / 102,696 / 118,684 tokens on these seeds."""
+    p0, eta, true_mean = 2e-5, 1e-5, 395.1
+    means, sloped = [], 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        done: list[int] = []
+        running: list[int] = []
+        for _ in range(512):  # slots refilled as their requests finish, observed at cut_tokens
+            elapsed = 0
+            while (length := _increasing_hazard_length(rng, p0=p0, eta=eta)) + elapsed <= cut_tokens:
+                done.append(length)
+                elapsed += length
+            running.append(cut_tokens - elapsed)
+        fit = fit_hazard_histogram(LengthHistogram.from_samples(np.array(done)), prompt_count=1,
+                                   prompt_sum_tokens=512.0, censored=hist(running))
+        assert fit is not None
+        sloped += fit.stats.eta > 0.0  # the others fall back to the geometric law (a non-positive intercept)
+        means.append(fit.stats.mu_o_tokens)
+    assert sloped >= 10
+    assert min(means) >= 0.98 * true_mean
+    assert max(means) <= 4.0 * true_mean
