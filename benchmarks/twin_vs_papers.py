@@ -37,7 +37,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from agents.enforcement.plan import StepKind
 from controlplane.sim.arrivals import Workload, bursty, closed_loop, materialize
+from controlplane.sim.engine import KIND_CODES
 from controlplane.sim.lengths import (
     DATASET_SHAPES,
     FixedLengths,
@@ -218,6 +220,25 @@ TPOT_MS = {  # (profile, workload) → (v1 ms, EB ms), EB paper §4.3.3
 TTFT_S = {("rtx-pro-6000-qwen3-8b", "longbench"): (175.56, 169.64)}  # (v1 s, EB s), §4.3.3
 
 
+def decode_split(eb: RunResult, v1: RunResult) -> str:
+    """Where the decode tokens cost time (needs the step log): EB's decode-only steps (share of its time, mean
+    duration, requests per step) against what v1's mixed steps take beyond their prefill at EB's prefill cost
+    per token."""
+    steps = eb.steps
+    decode = steps["kind"] == KIND_CODES[StepKind.DECODE_ONLY]
+    prefill = steps["kind"] == KIND_CODES[StepKind.PREFILL_ONLY]
+    if not (decode.any() and prefill.any() and v1.steps):
+        return "no EB phase steps"
+    duration = steps["duration_s"]
+    per_prefill_token_s = duration[prefill].sum() / steps["prefill_tokens"][prefill].sum()
+    mixed = v1.steps
+    extra_s = mixed["duration_s"] - mixed["prefill_tokens"] * per_prefill_token_s
+    return (f"EB's decode-only steps take {duration[decode].sum() / duration.sum():.0%} of its time, "
+            f"{duration[decode].mean() * 1e3:.0f} ms each for {steps['num_decodes'][decode].mean():.0f} requests; "
+            f"v1's mixed steps take {extra_s.mean() * 1e3:.0f} ms beyond their prefill for "
+            f"{mixed['num_decodes'].mean():.0f} decodes")
+
+
 def queue_wait(eb: RunResult, v1: RunResult) -> str:
     """The mean wait in the queue by Little's law (time-weighted mean of waiting requests / request rate; needs
     the step log): at c = 2,048 it is most of TTFT, so the faster scheduler has the lower TTFT (as in the
@@ -286,6 +307,8 @@ def section_table2(requests: int, long_requests: int) -> None:
                     unit="ms")
             elif workload_name == "longbench" and name.endswith("qwen3-8b"):
                 add(title, f"{name} longbench: TPOT change (v1 lower, §4.3.3)", 1.0, tpot, kind="sign", note=latency)
+            if workload_name == "longbench":
+                footnote(title, f"{name} longbench: {decode_split(eb, v1)}")
             if workload_name == "longbench" and name.endswith("qwen3-8b"):
                 if key in TTFT_S:
                     paper_v1, paper_eb = TTFT_S[key]
