@@ -125,6 +125,7 @@ class Controller:
         self._disconnected: dict[str, dict[str, None]] = {}
         self._capacity_warned_s = -math.inf
         self._pools: dict[str, PoolRecord] = {}
+        self._num_connected = 0  # Σ pool.num_connected, kept as they change (the gauge is set per connect)
         self._watchers: set[asyncio.Queue[Pushed]] = set()
         self._overrides: list[operator_pb2.OverrideRecord] = []
         self._calibrations: dict[str, CostModel] = {}
@@ -236,6 +237,7 @@ class Controller:
             if record is not None:  # the engine moved to another pool
                 if record.session is not None:
                     self._pools[record.loop.hello.pool_key].num_connected -= 1
+                    self._num_connected -= 1
                     self._pools[record.loop.hello.pool_key].stats.forget_engine(hello.engine_id)
                 self._release_pool(record.loop.hello.pool_key)
             loop = EngineLoop(hello=hello, config=self._config.loop, policy=self._config.policy)
@@ -257,6 +259,7 @@ class Controller:
             self._pools[hello.pool_key].num_records += 1
         if record.session is None:
             self._pools[hello.pool_key].num_connected += 1
+            self._num_connected += 1
         record.session = session
         self._update_connected()
         pool = self._pools[hello.pool_key]
@@ -303,6 +306,7 @@ class Controller:
             record.session = None
             record.disconnected_at_s = self._clock()
             self._pools[record.loop.hello.pool_key].num_connected -= 1
+            self._num_connected -= 1
             self._pools[record.loop.hello.pool_key].stats.forget_engine(session.engine_id)
             self._remember_disconnected(session.engine_id, record)
         self._update_connected()
@@ -337,7 +341,7 @@ class Controller:
             del self._disconnected[record.identity]
 
     def _update_connected(self) -> None:
-        self._metrics.connected_engines.set(sum(p.num_connected for p in self._pools.values()))
+        self._metrics.connected_engines.set(self._num_connected)
 
     def ingest(self, session: Session, batch: ValidatedBatch) -> None:
         """Feed one validated batch; decide and push at once when the engine's decision is due."""

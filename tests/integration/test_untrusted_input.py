@@ -285,6 +285,35 @@ async def test_a_pool_an_engine_moved_away_from_is_forgotten(redis_url: str) -> 
         assert await _until(all_gone, timeout_s=10.0), _series_with(ctl, "pool", "moved-to|X")
 
 
+async def test_connected_engines_counts_each_engine_once_through_a_takeover_into_another_pool(redis_url: str) -> None:
+    """cp_connected_engines follows connects, a takeover by a newer stream that moves the engine to another
+    pool (one engine, not two, and not zero) and the close."""
+    async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        registry = ctl.app.metrics.registry
+
+        def connected() -> float | None:
+            return registry.get_sample_value("cp_connected_engines")
+
+        pool_a, pool_b = (common_pb2.Pool(model=model, accelerator="X") for model in ("a", "b"))
+        first = await LiveAgent(channel, _hello("engine-gauge", pool=pool_a)).open()
+        await first.decision()
+        other = await LiveAgent(channel, _hello("engine-other")).open()
+        await other.decision()
+        assert connected() == 2
+        newer = await LiveAgent(channel, _hello("engine-gauge", pool=pool_b)).open()
+        await newer.decision()
+        assert connected() == 2
+        await newer.close()
+        await other.close()
+
+        async def none_left():
+            return connected() == 0
+
+        assert await _until(none_left), connected()
+        await first.close()
+        assert connected() == 0
+
+
 # ---- 4. fake ACKs ----
 
 
