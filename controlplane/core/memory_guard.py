@@ -9,7 +9,8 @@ whole 4,000-request run to settle from 1,024 to 584, with 5,338 preemptions on t
 
 The guard is additive-increase / multiplicative-decrease on a cap over the EB batch size:
 - preemptions since the last decision (in EB) → cap = ⌊decrease_factor · N in force⌋, ≥ 1, unless the
-  engine still runs more requests than the cap (or, with none, than the N in force): then the cap stays;
+  engine still runs more requests than the N in force (≤ the cap; admitted under a larger N): then the cap,
+  or its absence, stays;
 - none → the cap grows by max(1, ⌈increase_fraction · cap⌉) and is released (0) once it reaches N̂*.
 N = min(N̂*, cap) while a cap holds: the guard only ever lowers N, never lifts it above N̂* (the operator's ε
 stays the bound). The base is the N in force, not the observed running count: an EMA of running requests
