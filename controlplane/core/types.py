@@ -201,7 +201,7 @@ class Observations:
     num_preemptions: requests the engine preempted since the last decision (KV cache exhausted); feeds the
       memory guard (`controlplane.core.memory_guard`).
     num_running: the engine's running requests as last reported (0: unknown, as for a merged pool); the
-      memory guard holds its cap while the engine runs more than it.
+      memory guard holds while the engine runs more than the N in force.
     """
 
     output_lengths_tokens: np.ndarray
