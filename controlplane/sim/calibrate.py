@@ -27,7 +27,11 @@ are silent, priors, transfer rules), data/models.json, data/accelerators.json. S
    and by layers × query heads.
 5. The controller's CostModel of each profile: the published one where it exists, else lines fitted to the
    roofline the way the eb-vllm calibrator measures (α/β over the same sizes and counts; β_MB^e through the
-   twin's v1 1/throughput at the three r, α_MB = α_p).
+   twin's v1 1/throughput at the three r, α_MB = α_p). The line through the roofline's prefill steps has a
+   lower intercept than the calibrator published for the same model (Qwen3-8B: −2.8 / −2.2 ms against +4.7 /
+   +1.3 ms on the RTX PRO 6000 / H200, i.e. 13.4 / 16.6 GB at their bandwidths, about one weight read): a
+   profile of a model with published cards adds their mean gap, as bytes over its own bandwidth, to α_p
+   (`prefill_intercept_gap_bytes`; Qwen3-8B on the L40S and the B300, whose fitted intercept was below 0).
 
 Runs the twin (CPU-seconds to minutes); writes only data/roofline_fits.json and only with --write.
 """
@@ -214,17 +218,21 @@ def v1_check(profile: SimProfile, beta_mb_coeffs: tuple[float, float, float]) ->
     return {r: v1_throughput(profile, r)[0] * (a + b * r + c * r * r) - 1.0 for r in BETA_MB_RATIOS}
 
 
-def derived_cost_model(profile: SimProfile, assumptions: dict[str, Any]) -> tuple[CostModel, dict[str, Any]]:
-    """The CostModel the eb-vllm calibrator would measure on this profile (step 5), and its v1 throughputs."""
+def derived_cost_model(profile: SimProfile, assumptions: dict[str, Any], *, prefill_gap_bytes: float = 0.0
+                       ) -> tuple[CostModel, dict[str, Any]]:
+    """The CostModel the eb-vllm calibrator would measure on this profile (step 5), and its v1 throughputs.
+
+    prefill_gap_bytes: what the published calibrations of the same model put into α_p beyond this fit, as
+    bytes read at the card's bandwidth (`prefill_intercept_gap_bytes`); added to the fitted α_p before its
+    floor at 0."""
     assert profile.roofline is not None
     m = RooflineStepModel(profile.roofline)
-    sizes = np.asarray(assumptions["prefill_sizes_tokens"], dtype=float)
     counts = np.asarray(assumptions["decode_counts"], dtype=float)
     context = int(assumptions["decode_context_tokens"])
-    prefill = np.asarray([m.duration_s(int(n), 0, 0, prefill_pairs_from_scratch(int(n))) for n in sizes])
     decode = np.asarray([m.duration_s(0, int(n), int(n) * context, 0) for n in counts])
-    b_p, a_p = np.polyfit(sizes, prefill, 1)
+    b_p, a_p = _prefill_line(profile, assumptions)
     b_d, a_d = np.polyfit(counts, decode, 1)
+    a_p += prefill_gap_bytes / profile.roofline.accelerator.memory_bandwidth_bytes_per_s
     throughput = {r: v1_throughput(profile, r) for r in BETA_MB_RATIOS}
     ratios = np.asarray(BETA_MB_RATIOS)
     c2, c1, c0 = np.polyfit(ratios, [1.0 / throughput[r][0] for r in BETA_MB_RATIOS], 2)
@@ -232,6 +240,30 @@ def derived_cost_model(profile: SimProfile, assumptions: dict[str, Any]) -> tupl
                       beta_d_s_per_request=float(b_d), alpha_mb_s=max(float(a_p), 0.0),
                       mb_coeffs_s_per_token=(float(c0), float(c1), float(c2)))
     return costs, {str(r): {"tokens_per_s": round(t, 1), "max_num_seqs": n} for r, (t, n) in throughput.items()}
+
+
+def prefill_intercept_gap_bytes(profile: SimProfile, published: dict[str, Any], assumptions: dict[str, Any]) -> float:
+    """Published α_p minus the α_p of the line fitted to the roofline (step 5), in bytes at the card's bandwidth.
+
+    The roofline's prefill steps over the calibration sizes (256–8,192 tokens) bend upwards (attention), and
+    the line through them crosses 0 below the axis: −2.8 ms on the RTX PRO 6000 and −2.2 ms on the H200 for
+    Qwen3-8B, where eb-vllm's calibrator published +4.7 and +1.3 ms. The gaps, 7.5 and 3.5 ms, are 13.4 and
+    16.6 GB at the two cards' bandwidths, about one read of the model's 16.4 GB of weights per prefill
+    step: so the gap is carried to other cards as bytes."""
+    assert profile.roofline is not None
+    _, a_p = _prefill_line(profile, assumptions)
+    return (float(published["alpha_p_s"]) - a_p) * profile.roofline.accelerator.memory_bandwidth_bytes_per_s
+
+
+def _prefill_line(profile: SimProfile, assumptions: dict[str, Any]) -> tuple[float, float]:
+    """(β_p, α_p) of the line through the roofline's prefill steps at the calibration sizes, one prompt per
+    step from an empty cache (the calibrator's measurement, step 5)."""
+    assert profile.roofline is not None
+    m = RooflineStepModel(profile.roofline)
+    sizes = np.asarray(assumptions["prefill_sizes_tokens"], dtype=float)
+    prefill = np.asarray([m.duration_s(int(n), 0, 0, prefill_pairs_from_scratch(int(n))) for n in sizes])
+    b_p, a_p = np.polyfit(sizes, prefill, 1)
+    return float(b_p), float(a_p)
 
 
 def _interference_scale(model_key: str, accelerator_key: str, ref_model: str, ref_accelerator: str) -> float:
@@ -262,6 +294,7 @@ def calibrate(*, log=print) -> dict[str, Any]:
     e_kv = float(priors["kv_memory_efficiency"]["value"])
     fitted: dict[str, RooflineParams] = {}
     notes: dict[str, dict[str, Any]] = {}
+    gaps_bytes: dict[str, list[float]] = {}  # model → prefill_intercept_gap_bytes of its published cards
     for pair in ("qwen3-8b@h200", "qwen3-8b@rtx-pro-6000"):
         model_key, acc_key = pair.split("@")
         entry = published[pair]
@@ -272,13 +305,16 @@ def calibrate(*, log=print) -> dict[str, Any]:
         profile = roofline_profile(f"{acc_key}-{model_key}", model=model_key, accelerator=acc_key, params=params,
                                    costs=_published_costs(entry))
         check = v1_check(profile, tuple(entry["beta_mb_coeffs_s_per_token"]))
+        gap = prefill_intercept_gap_bytes(profile, entry, assumptions)
+        gaps_bytes.setdefault(model_key, []).append(gap)
         log(f"{pair}: {asdict(params)}")
         log(f"   prefill residuals {_rounded(fit.prefill_residuals)}")
         log(f"   decode residuals  {_rounded(fit.decode_residuals)}")
         log(f"   κ {kappa * 1e6:.1f} µs puts the crossover at r = {entry['mixed_crossover_decode_ratio']}; check, v1 "
-            f"throughput / (1/β_MB^e(r)) − 1: {_rounded(check)}")
+            f"throughput / (1/β_MB^e(r)) − 1: {_rounded(check)}; published α_p over the roofline line's: "
+            f"{gap / 1e9:.1f} GB at the card's bandwidth")
         fitted[pair] = params
-        notes[pair] = {"fitted_to": entry["source"],
+        notes[pair] = {"fitted_to": entry["source"], "prefill_intercept_gap_gb": round(gap / 1e9, 2),
                        "prefill_residuals": _rounded(fit.prefill_residuals),
                        "decode_residuals": _rounded(fit.decode_residuals),
                        "mixed_crossover_decode_ratio": entry["mixed_crossover_decode_ratio"],
@@ -312,8 +348,12 @@ def calibrate(*, log=print) -> dict[str, Any]:
             costs = _published_costs(published[pair])
             note["controller_costs"] = "published"
         else:
-            costs, throughput = derived_cost_model(profile, assumptions)
+            gaps = gaps_bytes.get(model_key, [])
+            gap_bytes = float(np.mean(gaps)) if gaps else 0.0
+            costs, throughput = derived_cost_model(profile, assumptions, prefill_gap_bytes=gap_bytes)
             note["controller_costs"] = "fitted to this roofline as the eb-vllm calibrator measures"
+            if gaps:
+                note["alpha_p_plus_published_gap_gb"] = round(gap_bytes / 1e9, 2)
             note["v1_throughput_by_r"] = throughput
         log(f"{name}: κ {params.mixed_interference_s_per_token * 1e6:.1f} µs, "
             f"KV {profile.shape.kv_capacity_tokens} tokens, "
