@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from controlplane.sim.calibrate import fit_step_params
+from controlplane.sim.calibrate import fit_step_params, prefill_intercept_gap_bytes
 from controlplane.sim.hardware import (
     accelerators_from_json,
     get_accelerator,
@@ -121,6 +121,27 @@ def test_the_shipped_step_factors_are_what_the_calibration_fit_gives(name: str) 
     for n, residual in fit.decode_residuals.items():
         assert residual == pytest.approx(recorded["decode_residuals"][str(n)], abs=1e-3)
         assert abs(residual) <= STEP_TOLERANCE
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_the_published_prefill_intercept_exceeds_the_roofline_line_by_about_one_weight_read(name: str) -> None:
+    """The line through the twin's prefill steps at the calibration sizes crosses below the published α_p by
+    about the model's weights read once at the card's bandwidth (13.4 / 16.6 GB for 16.4 GB of Qwen3-8B)."""
+    profile = get_profile(name)
+    model_key, _ = PUBLISHED[name].split("@")
+    gap = prefill_intercept_gap_bytes(profile, CALIBRATIONS["published"][PUBLISHED[name]], CALIBRATIONS["assumptions"])
+    weights = get_model(model_key).weight_bytes
+    assert 0.7 * weights < gap < 1.1 * weights
+    assert FITS[name]["calibration"]["prefill_intercept_gap_gb"] == pytest.approx(gap / 1e9, abs=0.01)
+
+
+@pytest.mark.parametrize("name", ROOFLINE_PROFILES)
+def test_every_profile_gives_the_controller_a_positive_prefill_intercept(name: str) -> None:
+    """α_p > 0 in every shipped controller cost model: with α_p = 0, γ = p0·α_p/α_d = 0 puts θ0 at 0 and k̂*
+    on the θ_min floor (k̂* 1 of N̂* 138 for WildChat on the L40S before the transferred gap)."""
+    costs = get_profile(name).costs
+    assert costs.alpha_p_s > 0.0
+    assert costs.alpha_mb_s == costs.alpha_p_s
 
 
 def test_bandwidth_bound_decode_follows_the_datasheets() -> None:
