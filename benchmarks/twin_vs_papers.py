@@ -160,12 +160,17 @@ def change(a: float, b: float) -> float:
     return (a / b - 1.0) * 100.0
 
 
-def mean_running(result: RunResult) -> float:
-    """Time-weighted mean of running requests (needs the step log)."""
+def time_mean(result: RunResult, column: str) -> float:
+    """Time-weighted mean of one step-log column (NaN without a step log)."""
     steps = result.steps
     if not steps or steps["duration_s"].size == 0:
         return math.nan
-    return float(np.average(steps["num_running"], weights=steps["duration_s"]))
+    return float(np.average(steps[column], weights=steps["duration_s"]))
+
+
+def mean_running(result: RunResult) -> float:
+    """Time-weighted mean of running requests (needs the step log)."""
+    return time_mean(result, "num_running")
 
 
 def best_v1(workload: Workload, profile: SimProfile, key: Callable[[RunResult], float] = rps) -> RunResult:
@@ -179,10 +184,7 @@ def best_v1(workload: Workload, profile: SimProfile, key: Callable[[RunResult], 
 
 def kv_used(result: RunResult) -> float:
     """Time-weighted mean KV occupancy in percent (needs the step log)."""
-    steps = result.steps
-    if not steps or steps["duration_s"].size == 0:
-        return math.nan
-    return float(np.average(steps["kv_used_tokens"], weights=steps["duration_s"]) / result.kv_total_tokens * 100.0)
+    return time_mean(result, "kv_used_tokens") / result.kv_total_tokens * 100.0
 
 
 def v1_state(result: RunResult) -> str:
@@ -243,11 +245,7 @@ def queue_wait(eb: RunResult, v1: RunResult) -> str:
     """The mean wait in the queue by Little's law (time-weighted mean of waiting requests / request rate; needs
     the step log): at c = 2,048 it is most of TTFT, so the faster scheduler has the lower TTFT (as in the
     paper's own Table 3 at c = 2,048: EB 70.8 s, v1 83.8 s)."""
-    waits = []
-    for result in (eb, v1):
-        steps = result.steps
-        waiting = float(np.average(steps["num_waiting"], weights=steps["duration_s"])) if steps else math.nan
-        waits.append(waiting / rps(result))
+    waits = [time_mean(result, "num_waiting") / rps(result) for result in (eb, v1)]
     return f"queue wait (Little's law) EB {waits[0]:.0f} / v1 {waits[1]:.0f} s"
 
 
