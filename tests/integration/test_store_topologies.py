@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis.asyncio as redis
@@ -27,6 +28,7 @@ from tests.integration.store_helpers import (
 )
 
 FAILOVER_TIMEOUT_S = 30.0
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -41,6 +43,20 @@ async def node_client(port: int) -> AsyncIterator[redis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+async def until_available(operation: Callable[[], Awaitable[T]], topology: Topology, started_s: float,
+                          what: str) -> T:
+    """Run `operation` until it no longer raises StoreUnavailable, as a client riding out a failover
+    does; fail with the last error and the sentinel's log once FAILOVER_TIMEOUT_S have passed since
+    `started_s`."""
+    while True:
+        try:
+            return await operation()
+        except StoreUnavailable as err:
+            if time.monotonic() - started_s > FAILOVER_TIMEOUT_S:
+                raise AssertionError(f"{what} still fails after {FAILOVER_TIMEOUT_S} s: {err}\n"
+                                     f"sentinel log:\n{topology.sentinels[0].log_tail()}") from err
+        await asyncio.sleep(0.2)
 
 
 async def keys_on_node(port: int, pattern: str) -> list[bytes]:
@@ -125,14 +141,9 @@ async def test_sentinel_failover_moves_writes_and_notices_to_the_new_master(tmp_
             async def written() -> bool:
                 nonlocal version
                 version += 1
-                try:
-                    return await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(version))
-                except StoreUnavailable:
-                    return False
+                return await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(version))
 
-            while not await written():
-                assert time.monotonic() - started_s < FAILOVER_TIMEOUT_S, "no write succeeded after the failover"
-                await asyncio.sleep(0.2)
+            assert await until_available(written, topology, started_s, "a decision write after the crash")
             assert await asyncio.to_thread(sentinel_master_port, topology) == replica.port
             async with node_client(replica.port) as client:
                 assert (await client.info("replication"))["role"] == "master"
@@ -143,8 +154,14 @@ async def test_sentinel_failover_moves_writes_and_notices_to_the_new_master(tmp_
 
             # the watcher lost its connection with the old master and resubscribed on the new one
             assert await asyncio.wait_for(notices.get(), FAILOVER_TIMEOUT_S) == RESYNC
-            await writer.clear_override(FLEET, operator_pb2.OVERRIDE_KIND_DELTA, actor="after", reason="x",
-                                        now_s=3.0)
+
+            # the second client's pooled connection still points at the dead master: its first command
+            # asks the sentinel again, which may answer "no master" for a moment after the switch
+            async def cleared() -> operator_pb2.OverrideRecord | None:
+                return await writer.clear_override(FLEET, operator_pb2.OVERRIDE_KIND_DELTA, actor="after",
+                                                   reason="x", now_s=3.0)
+
+            await until_available(cleared, topology, time.monotonic(), "the second client's first write")
             notice = await asyncio.wait_for(notices.get(), WAIT_S)
             assert (notice.action, notice.actor) == ("clear", "after")
     finally:
