@@ -196,7 +196,8 @@ class ControllerLink:
         return agent_pb2.TelemetryBatch(
             seq=seq,
             completions=agent_pb2.Completions(prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
-                                              finish_time_s=s.finish_time_s, aborted=s.aborted),
+                                              finish_time_s=s.finish_time_s, aborted=s.aborted,
+                                              admitted_time_s=s.admitted_time_s),
             steps=agent_pb2.Steps(prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
                                   decode_requests=s.decode_requests, duration_s=s.duration_s),
             kv_used_tokens=min(s.kv_used_tokens, s.kv_total_tokens), kv_total_tokens=s.kv_total_tokens,
@@ -205,6 +206,7 @@ class ControllerLink:
                                                largest_remaining_prefill_tokens=s.largest_remaining_prefill_tokens),
             counters=agent_pb2.Counters(num_preemptions=s.num_preemptions, num_events_dropped=s.num_events_dropped),
             running=agent_pb2.RunningLengths(output_tokens=s.running_output_tokens,
-                                             num_requests=s.running_num_requests),
+                                             num_requests=s.running_num_requests,
+                                             admitted_time_s=s.running_admitted_time_s),
             sent_at_s=self._wall_clock(),
         )

@@ -7,6 +7,7 @@ counted in `num_dropped`; the scheduler never waits for the network.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -72,6 +73,8 @@ class TelemetrySnapshot:
     num_events_dropped: int
     running_output_tokens: list[int]
     running_num_requests: list[int]
+    admitted_time_s: list[float]  # per completion: when first scheduled (NaN: never scheduled)
+    running_admitted_time_s: list[float]  # per running entry: its earliest first-scheduled time; [] unknown
 
 
 class TelemetryRecorder:
@@ -83,19 +86,21 @@ class TelemetryRecorder:
         if capacity < 1:
             raise ValueError(f"capacity must be ≥ 1, got {capacity}")
         self._lock = threading.Lock()
-        self._completions = _Ring(capacity, 4)
+        self._completions = _Ring(capacity, 5)
         self._steps = _Ring(capacity, 4)
         self._gauges = (0, 0, 0, 0, 0, 0)
-        self._running: tuple[list[int], list[int]] | None = None
+        self._running: tuple[list[int], list[int], list[float]] | None = None
         self.num_preemptions = 0
 
     def record_step(self, prefill_tokens: int, decode_tokens: int, decode_requests: int, duration_s: float) -> None:
         with self._lock:
             self._steps.push(prefill_tokens, decode_tokens, decode_requests, duration_s)
 
-    def record_completion(self, prompt_tokens: int, output_tokens: int, finish_time_s: float, aborted: bool) -> None:
+    def record_completion(self, prompt_tokens: int, output_tokens: int, finish_time_s: float, aborted: bool,
+                          admitted_time_s: float = math.nan) -> None:
+        """admitted_time_s: when the engine first scheduled the request (wall clock; NaN: never)."""
         with self._lock:
-            self._completions.push(prompt_tokens, output_tokens, finish_time_s, aborted)
+            self._completions.push(prompt_tokens, output_tokens, finish_time_s, aborted, admitted_time_s)
 
     def set_gauges(self, kv_used_tokens: int, kv_total_tokens: int, num_running_prefills: int,
                    num_running_decodes: int, num_waiting: int, largest_remaining_prefill_tokens: int) -> None:
@@ -103,11 +108,13 @@ class TelemetryRecorder:
         self._gauges = (kv_used_tokens, kv_total_tokens, num_running_prefills, num_running_decodes, num_waiting,
                         largest_remaining_prefill_tokens)
 
-    def set_running_lengths(self, output_tokens: list[int], num_requests: list[int]) -> None:
-        """The running requests' output-length histogram (see agents.running_lengths), handed over whole;
-        it replaces one not drained yet. The next `drain` takes it, so it is sent once."""
+    def set_running_lengths(self, output_tokens: list[int], num_requests: list[int],
+                            admitted_time_s: list[float] | None = None) -> None:
+        """The running requests' output-length histogram (see agents.running_lengths), with each entry's
+        earliest first-scheduled time when known, handed over whole; it replaces one not drained yet. The
+        next `drain` takes it, so it is sent once."""
         with self._lock:
-            self._running = (output_tokens, num_requests)
+            self._running = (output_tokens, num_requests, admitted_time_s or [])
 
     def add_preemptions(self, count: int) -> None:
         self.num_preemptions += count
@@ -123,12 +130,12 @@ class TelemetryRecorder:
     def drain(self) -> TelemetrySnapshot:
         """Everything recorded since the last drain (called by the link thread)."""
         with self._lock:
-            prompts, outputs, finish, aborted = self._completions.take()
+            prompts, outputs, finish, aborted, admitted = self._completions.take()
             prefill, decode_tok, decode_req, duration = self._steps.take()
             dropped = self.num_dropped
             running, self._running = self._running, None
         kv_used, kv_total, running_prefills, running_decodes, waiting, largest = self._gauges
-        running_tokens, running_counts = running if running is not None else ([], [])
+        running_tokens, running_counts, running_admitted = running if running is not None else ([], [], [])
         return TelemetrySnapshot(
             prompt_tokens=prompts, output_tokens=outputs, finish_time_s=finish, aborted=[bool(a) for a in aborted],
             prefill_tokens=prefill, decode_tokens=decode_tok, decode_requests=decode_req, duration_s=duration,
@@ -136,4 +143,5 @@ class TelemetryRecorder:
             num_running_decodes=running_decodes, num_waiting=waiting, largest_remaining_prefill_tokens=largest,
             num_preemptions=self.num_preemptions, num_events_dropped=dropped,
             running_output_tokens=running_tokens, running_num_requests=running_counts,
+            admitted_time_s=admitted, running_admitted_time_s=running_admitted,
         )

@@ -45,7 +45,7 @@ from agents.enforcement.plan import StepKind
 from agents.link import ControllerLink
 from agents.recorder import TelemetryRecorder
 from agents.report import ReportWriter
-from agents.running_lengths import running_length_histogram
+from agents.running_lengths import running_length_entries
 from agents.vllm.probe import probe_scheduler
 from controlplane.api.v1 import agent_pb2, common_pb2
 
@@ -55,6 +55,8 @@ _DECODE_ONLY = StepKind.DECODE_ONLY
 _HOOK_SAMPLES = 4096
 _NO_REQUESTS: tuple[Any, ...] = ()
 _NO_IDS: frozenset[str] = frozenset()
+# Admission stamps kept at most (one per request in the engine; finished requests drop theirs).
+_MAX_ADMITTED = 1 << 20
 
 
 def _vllm_version() -> str:
@@ -102,6 +104,9 @@ class AgentRuntime:
         self._prompt_tokens_ema = 0.0
         self._knobs_set = False  # a decision's knobs are in the scheduler (restored when it ends)
         self._aborted_status: Any = None
+        # request id → wall-clock time it was first scheduled (dropped when it leaves); a request already
+        # running when the agent started counts as admitted then.
+        self._admitted_s: dict[str, float] = {}
         self.num_steps = 0
         self.hook_time_s = 0.0
         # Per-step hook time of the last _HOOK_SAMPLES steps (the mean alone is inflated by the rare steps
@@ -244,7 +249,9 @@ class AgentRuntime:
                                  num_running - num_prefills, num_waiting, largest_remaining)
         if now_s >= self._next_running_lengths_s:
             self._next_running_lengths_s = now_s + self._config.batch_interval_s
-            self.recorder.set_running_lengths(*running_length_histogram([r.num_output_tokens for r in running]))
+            admitted, since_s = self._admitted_s, self.started_at_s
+            self.recorder.set_running_lengths(*running_length_entries(
+                [r.num_output_tokens for r in running], [admitted.get(r.request_id, since_s) for r in running]))
         self._step_hook_s = time.perf_counter() - started
         return kind is _DECODE_ONLY
 
@@ -258,6 +265,8 @@ class AgentRuntime:
         for new in new_reqs:
             prefill_tokens += counts[new.req_id]
         num_prefill_reqs = len(new_reqs)
+        if new_reqs:
+            self._note_admitted(new_reqs)
         resumed = output.scheduled_cached_reqs.resumed_req_ids
         prefilling = self._prefilling
         if resumed or prefilling:
@@ -348,6 +357,16 @@ class AgentRuntime:
         self._hook_samples_s[self.num_steps % _HOOK_SAMPLES] = step_hook_s
         self.num_steps += 1
 
+    def _note_admitted(self, new_reqs: Any) -> None:
+        """Stamp the wall-clock time requests were first scheduled (a resumed request keeps its first)."""
+        admitted = self._admitted_s
+        if len(admitted) >= _MAX_ADMITTED:  # requests that left unseen: never expected; bounded anyway
+            logger.warning("%d admission stamps without a finish; dropped", len(admitted))
+            admitted.clear()
+        wall_s = time.time()
+        for new in new_reqs:
+            admitted.setdefault(new.req_id, wall_s)
+
     def record_finish(self, request: Any) -> None:
         """A request left the engine (finished, stopped, aborted or failed)."""
         if self._aborted_status is None:
@@ -356,7 +375,8 @@ class AgentRuntime:
             self._aborted_status = RequestStatus.FINISHED_ABORTED
         aborted = request.status == self._aborted_status
         prompt_tokens = request.num_prompt_tokens
-        self.recorder.record_completion(prompt_tokens, request.num_output_tokens, time.time(), aborted)
+        admitted_s = self._admitted_s.pop(request.request_id, math.nan)
+        self.recorder.record_completion(prompt_tokens, request.num_output_tokens, time.time(), aborted, admitted_s)
         if not aborted:
             self._prompt_tokens_ema += 0.05 * (prompt_tokens - self._prompt_tokens_ema)
 

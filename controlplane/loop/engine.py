@@ -29,7 +29,7 @@ from controlplane.core.types import Decision, Observations, OperatorIntent, Poli
 from controlplane.loop.codec import decision_to_proto
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
-from controlplane.loop.pool_stats import WINDOW_REBASED_FLAG, PoolEstimate
+from controlplane.loop.pool_stats import WINDOW_COHORT_FLAG, WINDOW_REBASED_FLAG, PoolEstimate
 from controlplane.protocol import VERSION_EPOCH_FACTOR, compose_version
 
 _EMPTY = np.zeros(0)
@@ -240,6 +240,8 @@ class EngineLoop:
                 diag.last_shift.mean_ratio = shift.mean_ratio
             if estimate.window_rebased:
                 message.flags.append(WINDOW_REBASED_FLAG)
+            if estimate.window_cohort:
+                message.flags.append(WINDOW_COHORT_FLAG)
         return message
 
     def _next_version(self) -> int:

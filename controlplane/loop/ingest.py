@@ -29,6 +29,8 @@ MAX_KV_CAPACITY_TOKENS = 1 << 40
 MAX_STEP_DURATION_S = 600.0
 MAX_TEXT_CHARS = 128
 MAX_RUNNING_BINS = 4096
+# An admission further back than this before its batch was sent is not believed (a week).
+MAX_ADMITTED_AGE_S = 7 * 86_400.0
 
 
 class TelemetryError(ValueError):
@@ -110,6 +112,10 @@ class ValidatedBatch:
     num_dropped: values dropped as invalid or out of range for this engine (counted, not used).
     num_running: running requests (None when the reported count exceeded the engine's max_num_seqs).
     running_lengths / running_counts: the censored running-length histogram (empty when not sent).
+    admitted_age_s: per usable completion, how long before the batch was sent the engine first scheduled it,
+      seconds (the agent's clock cancels out; NaN where the value was impossible); empty when not sent.
+    running_admitted_age_s: the same per running-histogram entry, for the earliest-scheduled request of the
+      entry; empty when not sent or when a value was impossible.
     """
 
     seq: int
@@ -130,6 +136,8 @@ class ValidatedBatch:
     traceparent: str
     running_lengths: np.ndarray
     running_counts: np.ndarray
+    admitted_age_s: np.ndarray = field(default_factory=lambda: _EMPTY)
+    running_admitted_age_s: np.ndarray = field(default_factory=lambda: _EMPTY)
 
 
 def _same_length(prefix: str, names: tuple[str, ...], *columns: Sized) -> int:
@@ -156,22 +164,48 @@ _RUNNING_COLUMNS = ("output_tokens", "num_requests")
 # holding one takes the masked tier). The reductions are few on purpose: at 2,000 engines the controller
 # validates 2,000 batches a second, and each numpy call costs about a microsecond before it reads a value.
 
-def _usable_completions(c: agent_pb2.Completions, max_len: float) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(prompts, outputs, num_aborted, num_dropped): the completions the estimators may use."""
+def _usable_completions(c: agent_pb2.Completions, max_len: float, sent_at_s: float
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """(prompts, outputs, admitted ages, num_aborted, num_dropped): the completions the estimators may use."""
     if not len(c.output_tokens):
-        return _EMPTY, _EMPTY, 0, 0
+        return _EMPTY, _EMPTY, _EMPTY, 0, 0
     columns = np.array((c.prompt_tokens, c.output_tokens, c.finish_time_s, c.aborted), dtype=np.float64)
     prompts, outputs, finish, aborted_column = columns
+    ages = _admitted_ages(c.admitted_time_s, finish, sent_at_s) if len(c.admitted_time_s) else _EMPTY
     low, high = columns.min(axis=1), columns.max(axis=1)
     # The longest prompt plus the longest output bounds every request's total from above.
     if (high[3] == 0 and low[0] >= 1 and low[1] >= 1 and math.isfinite(low[2]) and math.isfinite(high[2])
             and (high[0] + high[1] <= max_len or (prompts + outputs).max() <= max_len)):
-        return prompts, outputs, 0, 0
+        return prompts, outputs, ages, 0, 0
     aborted = aborted_column != 0
     good = ~aborted & (prompts >= 1) & (outputs >= 1) & np.isfinite(finish) & (prompts + outputs <= max_len)
     num_good = int(np.count_nonzero(good))
     num_aborted = int(np.count_nonzero(aborted))
-    return prompts[good], outputs[good], num_aborted, prompts.size - num_good - num_aborted
+    return (prompts[good], outputs[good], ages[good] if ages.size else _EMPTY, num_aborted,
+            prompts.size - num_good - num_aborted)
+
+
+def _admitted_ages(admitted_time_s: Sized, finish_time_s: np.ndarray, sent_at_s: float) -> np.ndarray:
+    """sent_at_s − admitted_time_s per completion; NaN where the admission is not finite, after the
+    completion's finish, or more than MAX_ADMITTED_AGE_S before the batch was sent."""
+    admitted = np.asarray(admitted_time_s, dtype=np.float64)
+    ages = sent_at_s - admitted
+    bad = ~(np.isfinite(ages) & (admitted <= finish_time_s) & (ages <= MAX_ADMITTED_AGE_S))
+    if bad.any():
+        ages[bad] = np.nan
+    return ages
+
+
+def _running_admitted_ages(r: agent_pb2.RunningLengths, sent_at_s: float) -> np.ndarray:
+    """sent_at_s − admitted_time_s per running entry; empty when not sent or when one value is impossible (not
+    finite, or more than MAX_ADMITTED_AGE_S before the batch was sent): the cohort of a window needs every
+    running request's admission."""
+    if not len(r.admitted_time_s):
+        return _EMPTY
+    ages = sent_at_s - np.asarray(r.admitted_time_s, dtype=np.float64)
+    if not (np.isfinite(ages).all() and ages.max() <= MAX_ADMITTED_AGE_S):
+        return _EMPTY
+    return np.maximum(ages, 0.0)
 
 
 def _usable_steps(s: agent_pb2.Steps, limits: EngineLimits) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
@@ -203,11 +237,17 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
     c = batch.completions
     _same_length("telemetry.completions", _COMPLETION_COLUMNS, c.prompt_tokens, c.output_tokens, c.finish_time_s,
                  c.aborted)
+    if len(c.admitted_time_s) and len(c.admitted_time_s) != len(c.output_tokens):
+        raise TelemetryError("telemetry.completions.admitted_time_s", f"must be empty or one per completion "
+                             f"({len(c.output_tokens)}), got {len(c.admitted_time_s)}")
     s = batch.steps
     _same_length("telemetry.steps", _STEP_COLUMNS, s.prefill_tokens, s.decode_tokens, s.decode_requests,
                  s.duration_s)
     r = batch.running
     _same_length("telemetry.running", _RUNNING_COLUMNS, r.output_tokens, r.num_requests)
+    if len(r.admitted_time_s) and len(r.admitted_time_s) != len(r.output_tokens):
+        raise TelemetryError("telemetry.running.admitted_time_s", f"must be empty or one per entry "
+                             f"({len(r.output_tokens)}), got {len(r.admitted_time_s)}")
     if len(r.output_tokens) > MAX_RUNNING_BINS:
         raise TelemetryError("telemetry.running", f"at most {MAX_RUNNING_BINS} bins, got {len(r.output_tokens)}",
                              cause="oversize")
@@ -221,7 +261,7 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
         raise TelemetryError("telemetry.sent_at_s", "must be finite")
 
     max_len = float(limits.max_model_len_tokens)
-    prompts, outputs, num_aborted, dropped = _usable_completions(c, max_len)
+    prompts, outputs, admitted_ages, num_aborted, dropped = _usable_completions(c, max_len, batch.sent_at_s)
     prefill, decode_tok, decode_req, duration, dropped_steps = _usable_steps(s, limits)
     dropped += dropped_steps
 
@@ -231,8 +271,9 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
         num_running, dropped = None, dropped + 1
     run_lengths = np.asarray(r.output_tokens, dtype=np.int64) if len(r.output_tokens) else _EMPTY_INT
     run_counts = np.asarray(r.num_requests, dtype=np.int64) if len(r.num_requests) else _EMPTY_INT
+    run_ages = _running_admitted_ages(r, batch.sent_at_s)
     if run_lengths.size and (run_counts.sum() > limits.max_num_seqs or run_lengths.max() > max_len):
-        run_lengths, run_counts, dropped = _EMPTY_INT, _EMPTY_INT, dropped + 1
+        run_lengths, run_counts, run_ages, dropped = _EMPTY_INT, _EMPTY_INT, _EMPTY, dropped + 1
     return ValidatedBatch(
         seq=batch.seq,
         prompt_tokens=prompts,
@@ -252,4 +293,6 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
         traceparent=batch.traceparent,
         running_lengths=run_lengths,
         running_counts=run_counts,
+        admitted_age_s=admitted_ages,
+        running_admitted_age_s=run_ages,
     )

@@ -4,7 +4,8 @@ Every completion and step an engine of a pool reports goes into the pool's open 
 ⌊now_s / bucket_s⌋ on the controller's clock). A closed bucket is immutable: a sparse histogram of output
 lengths, the count and sum of prompt lengths, the normal-equation sums of the step costs
 (`core.cost_sums.CostSums`) and the histogram of the output lengths so far of the requests running when it
-closed (the sum of each engine's latest report; `forget_engine` drops an engine that left). Replicas publish
+closed (the sum of each engine's latest report; `forget_engine` drops an engine that left), and both by the
+bucket each request was first scheduled in when the engines report it (`core.admitted_counts`). Replicas publish
 their closed buckets and add each other's, so every replica holds the same buckets for one pool; a window is
 a sum of buckets, and a fit costs O(distinct lengths), not O(samples).
 
@@ -23,9 +24,13 @@ detector is confirmed by a log-rank test of the hazard between the buckets befor
 since, each with its running requests at both ends (`_compare_at_shift`), so that a length-biased completion
 stream of one law does not re-base the window. A re-based window is fitted
 once it holds shift_min_samples completions (the previous fit stands until then), and while the requests in
-flight at its opening still weigh on it, it is fitted as transient (`core.survival.is_shift_transient`). A
-shift is not a cold start: a decision from a re-based window is made whatever its size
-(`core.policy.decide(established=True)`, passed by `loop.engine`), and every count shown is the one fitted.
+flight at its opening still weigh on it, it is fitted as transient (`core.survival.is_shift_transient`).
+After a shift towards shorter outputs, when every bucket since the change point knows its requests'
+admissions, the window holds only the requests admitted since the change point's bucket (`_cohort`): the
+old law's, in flight for an old lifetime after the shift, are not part of it, and nothing of it was in
+flight at its opening until it alone fills output_window. A shift is not a cold start: a decision from a
+re-based window is made whatever its size (`core.policy.decide(established=True)`, passed by `loop.engine`),
+and every count shown is the one fitted.
 
 Pure: no I/O, no clock (times are arguments). Serialisation of a bucket: `BucketStats.to_bytes`.
 """
@@ -40,6 +45,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_model import CostFit
 from controlplane.core.cost_sums import CostSums, StepColumns
@@ -69,12 +75,20 @@ MAX_STEPS_PER_BUCKET = 4096
 MAX_ENTERED_ENGINES = 10_000
 # The decision flag of an estimate whose window starts at a detected shift's change point.
 WINDOW_REBASED_FLAG = "window_rebased_after_shift"
-# Bucket formats: v1 (no running requests) is still read; v2 is written.
+# The decision flag of an estimate fitted on the requests admitted since a shift towards shorter outputs.
+WINDOW_COHORT_FLAG = "window_admitted_since_shift"
+# How many buckets back a bucket keeps its requests' admission exact (older ones sit at that bound): a window
+# is fitted on the requests admitted since its change point only while that point is at most this far back.
+MAX_ADMISSION_LAG_BUCKETS = 600
+# Bucket formats: v1 (no running requests) and v2 (no admissions) are still read; v3 is written.
 _MAGIC_V1 = b"CPB1"
 _HEADER_V1 = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
-_MAGIC = b"CPB2"
+_MAGIC_V2 = b"CPB2"
 # magic, prompt count, prompt sum, histogram byte length, running known (0/1), running histogram byte length
-_HEADER = struct.Struct("<4sqdIBI")
+_HEADER_V2 = struct.Struct("<4sqdIBI")
+_MAGIC = b"CPB3"
+# v2's, then for the completions' and the running requests' admissions: known (0/1), byte length
+_HEADER = struct.Struct("<4sqdIBIBIBI")
 
 
 @dataclass(slots=True)
@@ -83,6 +97,9 @@ class BucketStats:
 
     running: output lengths so far of the requests running when the bucket closed (None: not known, as in
     a bucket of the v1 format or a persisted window).
+    admitted_outputs: the completions by admission bucket (None: an engine did not report one of them).
+    admitted_running: `running` by admission bucket (None: an engine did not report its running requests'
+      admissions).
     """
 
     outputs: LengthHistogram
@@ -90,6 +107,8 @@ class BucketStats:
     prompt_sum_tokens: float
     costs: CostSums
     running: LengthHistogram | None = None
+    admitted_outputs: AdmittedCounts | None = None
+    admitted_running: AdmittedCounts | None = None
 
     @classmethod
     def empty(cls) -> BucketStats:
@@ -99,30 +118,45 @@ class BucketStats:
     def to_bytes(self) -> bytes:
         hist = self.outputs.to_bytes()
         running = self.running.to_bytes() if self.running is not None else b""
+        admitted = self.admitted_outputs.to_bytes() if self.admitted_outputs is not None else b""
+        admitted_running = self.admitted_running.to_bytes() if self.admitted_running is not None else b""
         costs = self.costs.to_array().astype("<f8").tobytes()
         header = _HEADER.pack(_MAGIC, self.prompt_count, self.prompt_sum_tokens, len(hist),
-                              int(self.running is not None), len(running))
-        return header + hist + running + costs
+                              int(self.running is not None), len(running), int(self.admitted_outputs is not None),
+                              len(admitted), int(self.admitted_running is not None), len(admitted_running))
+        return header + hist + running + admitted + admitted_running + costs
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> BucketStats:
-        """Either format (v1: running None). Raises ValueError for a payload that is not a bucket."""
+        """Any format (v1: running None; v1 and v2: admissions None). Raises ValueError for a payload that is
+        not a bucket."""
+        known_admitted = known_admitted_running = admitted_len = admitted_running_len = 0
         if payload[:4] == _MAGIC_V1 and len(payload) >= _HEADER_V1.size:
             _, count, total, hist_len = _HEADER_V1.unpack_from(payload)
             known, running_len, offset = 0, 0, _HEADER_V1.size
+        elif payload[:4] == _MAGIC_V2 and len(payload) >= _HEADER_V2.size:
+            _, count, total, hist_len, known, running_len = _HEADER_V2.unpack_from(payload)
+            offset = _HEADER_V2.size
         elif payload[:4] == _MAGIC and len(payload) >= _HEADER.size:
-            _, count, total, hist_len, known, running_len = _HEADER.unpack_from(payload)
+            (_, count, total, hist_len, known, running_len, known_admitted, admitted_len, known_admitted_running,
+             admitted_running_len) = _HEADER.unpack_from(payload)
             offset = _HEADER.size
         else:
             raise ValueError("not a pool-statistics bucket")
-        if count < 0 or not math.isfinite(total) or known > 1 or offset + hist_len + running_len > len(payload):
+        sections = (hist_len, running_len, admitted_len, admitted_running_len)
+        if (count < 0 or not math.isfinite(total) or max(known, known_admitted, known_admitted_running) > 1
+                or offset + sum(sections) > len(payload)):
             raise ValueError("not a pool-statistics bucket")
-        hist = LengthHistogram.from_bytes(payload[offset:offset + hist_len])
-        offset += hist_len
-        running = LengthHistogram.from_bytes(payload[offset:offset + running_len]) if known else None
-        costs = CostSums.from_array(np.frombuffer(payload[offset + running_len:], dtype="<f8"))
-        return cls(outputs=hist, prompt_count=int(count), prompt_sum_tokens=float(total), costs=costs,
-                   running=running)
+        parts = []
+        for size in sections:
+            parts.append(payload[offset:offset + size])
+            offset += size
+        costs = CostSums.from_array(np.frombuffer(payload[offset:], dtype="<f8"))
+        return cls(outputs=LengthHistogram.from_bytes(parts[0]), prompt_count=int(count),
+                   prompt_sum_tokens=float(total), costs=costs,
+                   running=LengthHistogram.from_bytes(parts[1]) if known else None,
+                   admitted_outputs=AdmittedCounts.from_bytes(parts[2]) if known_admitted else None,
+                   admitted_running=AdmittedCounts.from_bytes(parts[3]) if known_admitted_running else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +168,11 @@ class PoolEstimate:
     usable). cost_source: "calibration" | "online" | "none". contributors: replica ids whose buckets were summed.
     window_first_bucket: the oldest bucket whose completions are in the window (None: no completion).
     window_rebased: the window starts at the change point of a detected shift (it holds fewer completions
-      than output_window). window_transient: re-based, and the requests in flight at its opening still weigh
-      on it (the fit keeps p0, with η = 0 and μ_O = 1/p0). fit_held: the window was re-based but holds fewer
-      than shift_min_samples completions: `fit` is the previous estimate's.
+      than output_window). window_cohort: re-based at a shift towards shorter outputs and fitted on the
+      requests admitted since its change point alone (`PoolStatistics._cohort`). window_transient: re-based,
+      and the requests in flight at its opening still weigh on it (the fit keeps p0, with η = 0 and
+      μ_O = 1/p0). fit_held: the window was re-based but holds fewer than shift_min_samples completions:
+      `fit` is the previous estimate's.
     num_censored / num_truncated: requests running at the window's close / opening used by the fit (0 when
       either end is unknown). last_shift: the latest shift detected in the pool (None: none yet); num_shifts:
       how many were detected (and confirmed); num_unconfirmed_shifts: the detector's alarms the hazard test
@@ -157,6 +193,7 @@ class PoolEstimate:
     num_rejected_steps: int = 0
     window_first_bucket: int | None = None
     window_rebased: bool = False
+    window_cohort: bool = False
     window_transient: bool = False
     fit_held: bool = False
     num_censored: int = 0
@@ -179,6 +216,18 @@ class _Window:
     truncated: LengthHistogram | None
     rebased: bool
     keep_from: int | None = None  # the oldest bucket a later window can read (`PoolStatistics.prune`)
+    cohort: bool = False  # completions and censored requests are those admitted since the re-base bucket
+
+
+@dataclass(frozen=True, slots=True)
+class _Cohort:
+    """The window of the requests admitted since a re-base (`PoolStatistics._cohort`): their completions in
+    the buckets [first_bucket, the window's last], those running at its close and at its opening."""
+
+    completed: LengthHistogram
+    censored: LengthHistogram
+    truncated: LengthHistogram
+    first_bucket: int
 
 
 @lru_cache(maxsize=64)
@@ -223,20 +272,28 @@ class _OpenBucket:
 
     bucket_id: int
     outputs: _Columns = field(default_factory=lambda: _Columns(1))
+    admitted: _Columns = field(default_factory=lambda: _Columns(1))  # admission bucket per output
+    admission_known: bool = True  # every output's admission was reported
     prompt_count: int = 0
     prompt_sum_tokens: float = 0.0
     steps: _Columns = field(default_factory=lambda: _Columns(4))  # prefill, decode, requests, duration
 
-    def close(self, reference_costs: CostModel | None, running: LengthHistogram | None) -> BucketStats:
+    def close(self, reference_costs: CostModel | None, running: LengthHistogram | None,
+              admitted_running: AdmittedCounts | None = None) -> BucketStats:
         costs = CostSums()
         if self.steps.size:
             columns = self.steps.view()
             if self.steps.size > MAX_STEPS_PER_BUCKET:
                 columns = columns[:, np.linspace(0, self.steps.size - 1, MAX_STEPS_PER_BUCKET).astype(np.int64)]
             costs.add_steps(StepColumns(*columns), reference=reference_costs)
-        return BucketStats(outputs=LengthHistogram.from_samples(self.outputs.view()[0]),
-                           prompt_count=self.prompt_count, prompt_sum_tokens=self.prompt_sum_tokens, costs=costs,
-                           running=running)
+        outputs = self.outputs.view()[0]
+        admitted = None
+        if self.admission_known:
+            admitted = AdmittedCounts.from_columns(self.admitted.view()[0], outputs).cap_admission(
+                self.bucket_id - MAX_ADMISSION_LAG_BUCKETS)
+        return BucketStats(outputs=LengthHistogram.from_samples(outputs), prompt_count=self.prompt_count,
+                           prompt_sum_tokens=self.prompt_sum_tokens, costs=costs, running=running,
+                           admitted_outputs=admitted, admitted_running=admitted_running)
 
 
 class PoolStatistics:
@@ -249,8 +306,10 @@ class PoolStatistics:
         self.settle_s = settle_s
         self._open: _OpenBucket | None = None
         self._buckets: dict[int, dict[str, BucketStats]] = {}
-        # Each engine's latest running-requests histogram (lengths, counts), summed when a bucket closes.
+        # Each engine's latest running-requests histogram (lengths, counts), summed when a bucket closes, and
+        # the admission bucket of each entry (None: not reported).
         self._running: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._running_admitted: dict[str, np.ndarray | None] = {}
         self._shifts = ShiftTracker(ShiftDetector()) if config.shift_detection else None
         self.estimate: PoolEstimate | None = None
         self.last_window: BucketStats | None = None
@@ -278,13 +337,18 @@ class PoolStatistics:
 
     def add(self, now_s: float, *, prompts: np.ndarray, outputs: np.ndarray, steps: StepColumns | None,
             engine_id: str = "", running_lengths: np.ndarray | None = None,
-            running_counts: np.ndarray | None = None) -> tuple[BucketStats, int] | None:
+            running_counts: np.ndarray | None = None, admitted_age_s: np.ndarray | None = None,
+            running_admitted_age_s: np.ndarray | None = None) -> tuple[BucketStats, int] | None:
         """Add one engine's validated completions and steps at now_s (O(1): the arrays are kept).
 
         running_lengths / running_counts: the engine's running requests as a histogram of their output
         lengths so far (`ValidatedBatch.running_lengths / running_counts`; empty: none running); they replace
         the engine's previous report and count in every bucket that closes until the next one (None: keep
         the previous report).
+        admitted_age_s: per output, how long before now_s the engine first scheduled it (NaN or a size other
+        than the outputs': not known, and the bucket's admissions are then unknown).
+        running_admitted_age_s: the same per running entry, with running_lengths (a size other than the
+        entries', or empty with entries: not known).
 
         Returns the bucket this call closed (with its id) when now_s is past the open bucket, for publishing.
         Steps whose duration is far from the current estimate's cost model are kept out of the cost sums
@@ -293,6 +357,9 @@ class PoolStatistics:
         closed = self.close_due(now_s)
         if running_lengths is not None and running_counts is not None:
             self._running[engine_id] = (running_lengths, running_counts)
+            ages = running_admitted_age_s
+            known = ages is not None and ages.size == running_lengths.size and bool(np.isfinite(ages).all())
+            self._running_admitted[engine_id] = self._admission_buckets(now_s, ages) if known else None
             entered = self._entered
             if entered is not None and engine_id not in entered:
                 if len(entered) >= MAX_ENTERED_ENGINES:
@@ -305,6 +372,13 @@ class PoolStatistics:
             bucket = self._open = _OpenBucket(bucket_id=self.bucket_of(now_s))
         if outputs.size:
             bucket.outputs.append(outputs)
+            if admitted_age_s is not None and admitted_age_s.size == outputs.size:
+                admitted = self._admission_buckets(now_s, admitted_age_s)
+                bucket.admission_known &= bool(np.isfinite(admitted).all())
+                bucket.admitted.append(admitted)
+            else:
+                bucket.admission_known = False
+                bucket.admitted.append(np.zeros(outputs.size))
             bucket.prompt_count += int(prompts.size)
             bucket.prompt_sum_tokens += float(prompts.sum())
         if steps is not None and steps.duration_s.size:
@@ -318,9 +392,14 @@ class PoolStatistics:
             bucket.steps.append(steps.prefill_tokens, steps.decode_tokens, steps.decode_requests, steps.duration_s)
         return closed
 
+    def _admission_buckets(self, now_s: float, ages_s: np.ndarray) -> np.ndarray:
+        """The bucket ids (as float64, NaN where unknown) of admissions ages_s seconds before now_s."""
+        return np.floor((now_s - np.asarray(ages_s, dtype=np.float64)) / self._config.bucket_s)
+
     def forget_engine(self, engine_id: str) -> None:
         """Stop counting an engine's running requests (it disconnected, left the pool or was kept out of it)."""
         self._running.pop(engine_id, None)
+        self._running_admitted.pop(engine_id, None)
 
     def close_due(self, now_s: float) -> tuple[BucketStats, int] | None:
         """Close the open bucket when now_s is past its end; returns (stats, bucket id) or None."""
@@ -328,7 +407,8 @@ class PoolStatistics:
         if bucket is None or self.bucket_of(now_s) <= bucket.bucket_id:
             return None
         self._open = None
-        stats = bucket.close(self.estimate.costs if self.estimate is not None else None, self._running_now())
+        stats = bucket.close(self.estimate.costs if self.estimate is not None else None, self._running_now(),
+                             self._admitted_running_now(bucket.bucket_id))
         self._buckets.setdefault(bucket.bucket_id, {})[self.replica_id] = stats
         self._note_completions(stats)
         return stats, bucket.bucket_id
@@ -347,6 +427,22 @@ class PoolStatistics:
                                                np.concatenate([counts for _, counts in reports]))
         except ValueError:
             return None
+
+    def _admitted_running_now(self, bucket_id: int) -> AdmittedCounts | None:
+        """The engines' latest running histograms by admission bucket (None when one is not known)."""
+        if not self._running:
+            return AdmittedCounts.empty()
+        admitted = [self._running_admitted.get(engine) for engine in self._running]
+        if any(a is None for a in admitted):
+            return None
+        reports = list(self._running.values())
+        try:
+            counts = AdmittedCounts.from_columns(np.concatenate(admitted),  # type: ignore[arg-type]
+                                                 np.concatenate([lengths for lengths, _ in reports]),
+                                                 np.concatenate([counts for _, counts in reports]))
+        except ValueError:
+            return None
+        return counts.cap_admission(bucket_id - MAX_ADMISSION_LAG_BUCKETS)
 
     def put_remote(self, bucket_id: int, replica_id: str, stats: BucketStats) -> None:
         """Another replica's closed bucket (its own replica id is ignored: local data wins)."""
@@ -523,15 +619,75 @@ class PoolStatistics:
                 return self._window(end_bucket, opens_after=first_output)
             if censored is None or truncated is None or (censored.count == 0 and truncated.count == 0):
                 censored = truncated = None
+        cohort = None
+        if (opens_after is None and last_output is not None and rebase is not None and floor == rebase
+                and end_bucket - rebase < MAX_ADMISSION_LAG_BUCKETS):
+            cohort = self._cohort(rebase, last_output)
+        if cohort is not None:
+            merged, censored, truncated = cohort.completed, cohort.censored, cohort.truncated
+            first_output = cohort.first_bucket
         stats = BucketStats(outputs=merged, prompt_count=prompt_count, prompt_sum_tokens=prompt_sum, costs=costs)
         keep_from = None
         if needed_from is not None:  # and the bucket before it, the opening of a window that starts there
             position = in_range.index(needed_from)
             keep_from = in_range[position - 1] if position > 0 else needed_from
+        if cohort is not None:  # a later cohort window starts no earlier, and reads its opening's bucket
+            keep_from = cohort.first_bucket - 1 if keep_from is None else min(keep_from, cohort.first_bucket - 1)
         return _Window(stats=stats, num_buckets=used, contributors=tuple(sorted(replicas)),
                        first_output_bucket=first_output, censored=censored,
                        truncated=truncated, rebased=floor > oldest and num_outputs < config.output_window,
-                       keep_from=keep_from)
+                       keep_from=keep_from, cohort=cohort is not None)
+
+    def _cohort(self, rebase: int, last_bucket: int) -> _Cohort | None:
+        """The window ending at last_bucket of the requests admitted in the re-base bucket or later: the newest
+        buckets until their completions of such requests reach output_window (never before the re-base), those
+        running at its close and at its opening. None unless the latest shift was towards shorter outputs and
+        every bucket read knows its completions' admissions and both ends their running requests'.
+
+        Why only then: after a shift to shorter outputs the old law's requests in flight at the change point
+        (and those still queued) finish over a whole old lifetime and dominate the re-based window; the
+        requests admitted since are the new law's alone. Measured in the twin (H200, Qwen3-8B, c = 2,048,
+        geometric 1,024 → 256, 5 seeds): k̂*·N̂* and N̂* settle within 10% / 5% after a median 187 / 262
+        new-law completions instead of 546 / 1,303. After a shift to longer outputs the old requests are short
+        and gone within an old lifetime, while the change point in the completion stream lags the new law's
+        first admissions: a cohort from the change point dropped the new law's oldest requests and was worse
+        for uniform outputs (512 → 1,024: 714 / 759 new-law completions instead of 498 / 555)."""
+        last_shift = self._shifts.last_shift if self._shifts is not None else None
+        if last_shift is None or last_shift.direction >= 0:
+            return None
+        parts: list[LengthHistogram] = []
+        num_completed = 0
+        first = last_bucket
+        for bucket_id in range(last_bucket, rebase - 1, -1):
+            if num_completed >= self._config.output_window:
+                break
+            first = bucket_id
+            for replica, stats in self._buckets.get(bucket_id, {}).items():
+                if replica == SNAPSHOT_REPLICA or stats.admitted_outputs is None:
+                    return None
+                part = stats.admitted_outputs.since(rebase)
+                parts.append(part)
+                num_completed += part.count
+        censored = self._admitted_running_at(last_bucket, rebase)
+        truncated = self._admitted_running_at(first - 1, rebase) if first > rebase else LengthHistogram.empty()
+        if censored is None or truncated is None:
+            return None
+        return _Cohort(sum_of(parts) if parts else LengthHistogram.empty(), censored, truncated, first)
+
+    def _admitted_running_at(self, bucket_id: int, rebase: int) -> LengthHistogram | None:
+        """The requests admitted in the re-base bucket or later and running when bucket_id closed (None: not
+        known; a bucket not held: none known)."""
+        held = self._buckets.get(bucket_id)
+        if not held:
+            return None
+        parts = []
+        for replica, stats in held.items():
+            if replica == SNAPSHOT_REPLICA:
+                continue
+            if stats.admitted_running is None:
+                return None
+            parts.append(stats.admitted_running.since(rebase))
+        return sum_of(parts) if parts else None
 
     def window(self, end_bucket: int) -> tuple[BucketStats, int, tuple[str, ...]]:
         """The window ending at end_bucket (see the module docstring): (summed stats, buckets used,
@@ -585,6 +741,7 @@ class PoolStatistics:
             cost_fit=cost_fit, costs=costs, cost_source=source, num_buckets=window.num_buckets,
             contributors=window.contributors, num_rejected_steps=stats.costs.num_rejected,
             window_first_bucket=window.first_output_bucket, window_rebased=window.rebased,
+            window_cohort=window.cohort and not held,
             window_transient=transient and not held, fit_held=held,
             num_censored=window.censored.count if window.censored is not None and not held else 0,
             num_truncated=window.truncated.count if window.truncated is not None and not held else 0,

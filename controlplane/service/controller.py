@@ -364,7 +364,9 @@ class Controller:
             self._add_to_pool(pool, now_s, prompts, outputs,
                               StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests,
                                           batch.duration_s), engine_id=session.engine_id,
-                              running=(batch.running_lengths, batch.running_counts))
+                              running=(batch.running_lengths, batch.running_counts),
+                              admitted_age_s=batch.admitted_age_s if outputs.size else None,
+                              running_admitted_age_s=batch.running_admitted_age_s)
         self._batches_accepted.inc()
         self._completions_accepted.inc(batch.output_tokens.size)
         self._steps_accepted.inc(batch.duration_s.size)
@@ -375,10 +377,12 @@ class Controller:
 
     def _add_to_pool(self, pool: PoolRecord, now_s: float, prompts: np.ndarray, outputs: np.ndarray,
                      steps: StepColumns | None, *, engine_id: str = "",
-                     running: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                     running: tuple[np.ndarray, np.ndarray] | None = None, admitted_age_s: np.ndarray | None = None,
+                     running_admitted_age_s: np.ndarray | None = None) -> None:
         lengths, counts = running if running is not None else (None, None)
         closed = pool.stats.add(now_s, prompts=prompts, outputs=outputs, steps=steps, engine_id=engine_id,
-                                running_lengths=lengths, running_counts=counts)
+                                running_lengths=lengths, running_counts=counts, admitted_age_s=admitted_age_s,
+                                running_admitted_age_s=running_admitted_age_s)
         if closed is not None:
             pool.unpublished.append((closed[1], closed[0]))
 

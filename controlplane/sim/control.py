@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agents.running_lengths import running_length_histogram
+from agents.running_lengths import running_length_entries
 from controlplane.api.v1 import common_pb2
 from controlplane.core.budget import SweepPoint
 from controlplane.core.types import CostModel, EngineLimits, OperatorIntent, PolicyConfig
@@ -114,6 +114,7 @@ class OnlineControl:
         self._seq = 0
         self._prompts: list[np.ndarray] = []
         self._outputs: list[np.ndarray] = []
+        self._admitted: list[np.ndarray] = []  # when each completion was first scheduled
         self.num_decisions = 0
         self.timeline: list[DecisionRecord] = []
         self.pool_window: BucketStats | None = None  # the window a warm start would seed (see _refresh)
@@ -153,6 +154,7 @@ class OnlineControl:
             prompts, outputs = engine.lengths_of(finished)
             self._prompts.append(np.asarray(prompts, dtype=np.float64))
             self._outputs.append(np.asarray(outputs, dtype=np.float64))
+            self._admitted.append(engine.admitted_of(finished))
         if engine.now_s >= self._next_telemetry_s:
             self._telemetry(engine)
 
@@ -161,10 +163,13 @@ class OnlineControl:
         self._next_telemetry_s = max(self._next_telemetry_s + self._settings.telemetry_interval_s, now_s)
         prompts = np.concatenate(self._prompts) if self._prompts else _EMPTY
         outputs = np.concatenate(self._outputs) if self._outputs else _EMPTY
+        admitted = np.concatenate(self._admitted) if self._admitted else _EMPTY
         self._prompts.clear()
         self._outputs.clear()
+        self._admitted.clear()
         self._seq += 1
-        running_lengths, running_counts = running_length_histogram(engine.running_output_tokens().tolist())
+        running_lengths, running_counts, running_admitted = running_length_entries(
+            engine.running_output_tokens().tolist(), engine.running_admitted_s().tolist())
         batch = ValidatedBatch(
             seq=self._seq, prompt_tokens=prompts, output_tokens=outputs, prefill_tokens=_EMPTY, decode_tokens=_EMPTY,
             decode_requests=_EMPTY, duration_s=_EMPTY, num_aborted=0, num_dropped=0,
@@ -172,7 +177,8 @@ class OnlineControl:
             num_running=int(engine.num_running), num_waiting=int(engine.num_waiting),
             num_preemptions=int(engine.num_preemptions), num_events_dropped=0, traceparent="",
             running_lengths=np.asarray(running_lengths, dtype=np.int64),
-            running_counts=np.asarray(running_counts, dtype=np.int64))
+            running_counts=np.asarray(running_counts, dtype=np.int64),
+            admitted_age_s=now_s - admitted, running_admitted_age_s=now_s - np.asarray(running_admitted))
         outcome = self.on_telemetry(batch, now_s=now_s)
         if outcome is not None:
             self._apply(engine, outcome, now_s)
@@ -200,7 +206,8 @@ class OnlineControl:
         loop.on_batch(batch, now_s=now_s)
         pool.add(now_s, prompts=batch.prompt_tokens, outputs=batch.output_tokens, steps=None,
                  engine_id=loop.hello.engine_id, running_lengths=batch.running_lengths,
-                 running_counts=batch.running_counts)
+                 running_counts=batch.running_counts, admitted_age_s=batch.admitted_age_s,
+                 running_admitted_age_s=batch.running_admitted_age_s)
         if not loop.is_due(now_s):
             return None
         self.num_decisions += 1

@@ -134,6 +134,7 @@ class SimEngine:
         self._blocks = np.zeros(capacity, dtype=np.int64)
         self._arrival = np.full(capacity, np.nan)
         self._first_token = np.full(capacity, np.nan)
+        self._admitted = np.full(capacity, np.nan)  # when first scheduled
         self._finish = np.full(capacity, np.nan)
         self._waiting: deque[int] = deque()
         self._prefilling: list[int] = []
@@ -197,6 +198,14 @@ class SimEngine:
     def running_output_tokens(self) -> np.ndarray:
         """Output tokens generated so far by each running request (what an agent reports as running lengths)."""
         return self._generated[np.concatenate((self._decoding, np.asarray(self._prefilling, dtype=np.int64)))]
+
+    def running_admitted_s(self) -> np.ndarray:
+        """When each running request was first scheduled, in the order of `running_output_tokens`."""
+        return self._admitted[np.concatenate((self._decoding, np.asarray(self._prefilling, dtype=np.int64)))]
+
+    def admitted_of(self, ids: np.ndarray) -> np.ndarray:
+        """When the requests `ids` were first scheduled (NaN: not yet)."""
+        return self._admitted[ids]
 
     def lengths_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(prompt tokens, output tokens) of the requests `ids` (after truncation to the engine)."""
@@ -262,7 +271,7 @@ class SimEngine:
             new = np.zeros(capacity, dtype=np.int64)
             new[: old.size] = old
             setattr(self, name, new)
-        for name in ("_arrival", "_first_token", "_finish"):
+        for name in ("_arrival", "_first_token", "_admitted", "_finish"):
             old = getattr(self, name)
             new = np.full(capacity, np.nan)
             new[: old.size] = old
@@ -401,6 +410,8 @@ class SimEngine:
             if need > self._free_blocks:
                 break
             waiting.popleft()
+            if math.isnan(self._admitted[rid]):
+                self._admitted[rid] = self.now_s
             self._free_blocks -= need
             self._blocks[rid] = need
             self._computed[rid] = cached

@@ -199,13 +199,17 @@ async def test_hello_fencing_fields_and_the_running_histogram_are_sent() -> None
     try:
         link.start()
         await _until(lambda: bool(service.batches))
-        recorder.set_running_lengths([3, 40, 512], [5, 1, 2])
+        recorder.record_completion(10, 20, 1.7e9 + 3.0, False, 1.7e9 + 1.0)
+        recorder.set_running_lengths([3, 40, 512], [5, 1, 2], [1.7e9 + 4.0, 1.7e9 + 2.0, 1.7e9])
         await _until(lambda: any(b.running.output_tokens for b in service.batches))
         [hello] = service.hellos
         assert (hello.instance_id, hello.instance_started_at_s) == ("a" * 32, 1.7e9)
         sent = [b.running for b in service.batches if b.running.output_tokens]
         assert len(sent) == 1
         assert (list(sent[0].output_tokens), list(sent[0].num_requests)) == ([3, 40, 512], [5, 1, 2])
+        assert list(sent[0].admitted_time_s) == [1.7e9 + 4.0, 1.7e9 + 2.0, 1.7e9]
+        [completions] = [b.completions for b in service.batches if b.completions.output_tokens]
+        assert list(completions.admitted_time_s) == [1.7e9 + 1.0]
     finally:
         await asyncio.to_thread(link.stop)
         await server.stop(0)

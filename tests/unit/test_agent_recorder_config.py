@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import threading
@@ -36,6 +37,7 @@ def test_recorder_drains_in_order_and_empties() -> None:
     assert snapshot.prompt_tokens == [10, 11, 12] and snapshot.aborted == [False, False, True]
     assert (snapshot.kv_used_tokens, snapshot.kv_total_tokens, snapshot.num_waiting) == (500, 1000, 3)
     assert snapshot.num_preemptions == 2 and snapshot.num_events_dropped == 0
+    assert all(math.isnan(a) for a in snapshot.admitted_time_s) and len(snapshot.admitted_time_s) == 3
     empty = recorder.drain()
     assert empty.prefill_tokens == [] and empty.prompt_tokens == []
 
@@ -113,9 +115,11 @@ def test_recorder_hands_the_running_lengths_over_once() -> None:
     recorder = TelemetryRecorder(capacity=8)
     assert recorder.drain().running_output_tokens == []
     recorder.set_running_lengths([1, 9], [2, 3])
-    recorder.set_running_lengths([4, 9], [1, 5])  # a newer one replaces one not drained yet
+    recorder.set_running_lengths([4, 9], [1, 5], [1e9 + 2.0, 1e9])  # a newer one replaces one not drained yet
+    recorder.record_completion(10, 20, 1e9 + 3.0, False, 1e9 + 1.0)
     snapshot = recorder.drain()
     assert (snapshot.running_output_tokens, snapshot.running_num_requests) == ([4, 9], [1, 5])
+    assert snapshot.running_admitted_time_s == [1e9 + 2.0, 1e9] and snapshot.admitted_time_s == [1e9 + 1.0]
     assert recorder.drain().running_output_tokens == []
 
 

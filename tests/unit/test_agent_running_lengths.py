@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.running_lengths import MAX_ENTRIES, running_length_histogram
+from agents.running_lengths import MAX_ENTRIES, running_length_entries, running_length_histogram
 
 
 def test_few_distinct_lengths_are_kept_exactly_and_sorted() -> None:
@@ -44,3 +45,23 @@ def test_any_lengths_give_a_bounded_conservative_histogram(lengths: list[int], m
         assert reported <= actual < 2 * reported + 64
     if len(set(lengths)) <= max_entries:
         assert Counter(lengths) == Counter(expanded)
+
+
+@given(st.lists(st.tuples(st.integers(0, 200_000), st.floats(1.6e9, 1.8e9)), max_size=3000))
+def test_entries_bin_as_the_histogram_and_carry_their_earliest_admission(requests: list[tuple[int, float]]) -> None:
+    lengths = [length for length, _ in requests]
+    admitted = [when for _, when in requests]
+    tokens, counts, earliest = running_length_entries(lengths, admitted)
+    assert (tokens, counts) == running_length_histogram(lengths)
+    assert len(earliest) == len(tokens)
+    # a request's entry is the largest lower edge at or below its length (bins do not overlap)
+    members: dict[int, list[float]] = {}
+    for length, when in requests:
+        members.setdefault(tokens[bisect.bisect_right(tokens, length) - 1], []).append(when)
+    assert [min(members[token]) for token in tokens] == earliest
+    assert [len(members[token]) for token in tokens] == counts
+
+
+def test_entries_need_one_admission_per_length() -> None:
+    with pytest.raises(ValueError, match="2 lengths but 1 admission"):
+        running_length_entries([3, 4], [1.7e9])

@@ -378,7 +378,26 @@ def test_running_lengths_are_sampled_from_the_scheduler_thread(model_dir: Path, 
     scheduler.schedule()
     sampled = runtime.recorder.drain()
     assert (sampled.running_output_tokens, sampled.running_num_requests) == ([3, 6], [1, 3])
+    # each entry's earliest admission: "long" was first scheduled three steps after the others
+    late, early = sampled.running_admitted_time_s
+    assert runtime.started_at_s <= early < late <= time.time()
     assert runtime.recorder.drain().running_output_tokens == []  # handed over once
+
+
+def test_each_completion_carries_when_it_was_first_scheduled_and_the_stamps_are_dropped(
+        model_dir: Path, agent_env: Path, schedulers: Callable[..., Any]) -> None:
+    scheduler = schedulers(with_agent(Scheduler), model_dir, max_num_seqs=2)
+    runtime = scheduler.cp_agent
+    started_s = time.time()
+    add_requests(scheduler, 4, max_tokens=3)  # two slots: r2 and r3 are admitted once r0 and r1 finish
+    run_steps(scheduler)
+    drained = runtime.recorder.drain()
+    assert len(drained.admitted_time_s) == 4
+    for admitted_s, finish_s in zip(drained.admitted_time_s, drained.finish_time_s, strict=True):
+        assert started_s <= admitted_s <= finish_s
+    first, second = drained.admitted_time_s[:2], drained.admitted_time_s[2:]  # in the order they finished
+    assert max(first) < min(second)
+    assert runtime._admitted_s == {}  # nothing kept for requests that left
 
 
 # ------------------------------------------------------------------------------ 3. report at exit

@@ -14,7 +14,7 @@ import pytest
 
 from controlplane.api.v1 import agent_pb2
 from controlplane.core.types import EngineLimits
-from controlplane.loop.ingest import MAX_STEP_DURATION_S, validate_batch
+from controlplane.loop.ingest import MAX_STEP_DURATION_S, TelemetryError, validate_batch
 
 LIMITS = EngineLimits(max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=1 << 20,
                       max_model_len_tokens=4096)
@@ -149,3 +149,35 @@ def test_empty_columns_give_empty_float_arrays() -> None:
         assert column.size == 0
         assert column.dtype == np.float64
     assert (v.num_aborted, v.num_dropped) == (0, 0)
+
+
+def test_admissions_become_ages_before_the_batch_was_sent_and_impossible_ones_unknown() -> None:
+    sent_at_s = 1.7e9 + 10.0
+    batch = agent_pb2.TelemetryBatch(
+        seq=1, sent_at_s=sent_at_s,
+        completions=agent_pb2.Completions(
+            prompt_tokens=[10, 10, 10, 10, 0], output_tokens=[5, 6, 7, 8, 9],
+            finish_time_s=[1.7e9 + 9.0] * 5, aborted=[False, False, False, True, False],
+            # fine, after its finish, not finite, aborted, dropped (prompt 0)
+            admitted_time_s=[1.7e9 + 4.0, 1.7e9 + 9.5, math.nan, math.nan, 1.7e9]),
+        running=agent_pb2.RunningLengths(output_tokens=[3, 40], num_requests=[2, 1],
+                                         admitted_time_s=[1.7e9 + 9.0, 1.7e9 + 2.0]))
+    v = validate_batch(batch, LIMITS)
+    assert v.output_tokens.tolist() == [5.0, 6.0, 7.0]
+    assert v.admitted_age_s[0] == pytest.approx(6.0) and np.isnan(v.admitted_age_s[1:]).all()
+    assert v.running_admitted_age_s.tolist() == pytest.approx([1.0, 8.0])
+    batch.running.admitted_time_s[1] = math.inf  # one unknown running admission: none is used
+    assert validate_batch(batch, LIMITS).running_admitted_age_s.size == 0
+    unreported = validate_batch(agent_pb2.TelemetryBatch(seq=1, completions=batch.completions), LIMITS)
+    assert unreported.running_admitted_age_s.size == 0
+
+
+@pytest.mark.parametrize("column", ["completions", "running"])
+def test_admissions_of_the_wrong_count_are_refused_with_the_field_named(column: str) -> None:
+    batch = agent_pb2.TelemetryBatch(
+        seq=1, completions=agent_pb2.Completions(prompt_tokens=[10, 10], output_tokens=[5, 6],
+                                                 finish_time_s=[1.7e9] * 2, aborted=[False] * 2),
+        running=agent_pb2.RunningLengths(output_tokens=[3], num_requests=[2]))
+    getattr(batch, column).admitted_time_s.extend([1.7e9] * 3)
+    with pytest.raises(TelemetryError, match=f"telemetry.{column}.admitted_time_s"):
+        validate_batch(batch, LIMITS)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
@@ -79,24 +80,36 @@ def comparable(estimate) -> tuple:
 # ------------------------------------------------------------------------------------------ bucket format
 
 
-def test_a_bucket_carries_its_running_requests_and_the_v1_format_is_still_read() -> None:
+def test_a_bucket_carries_its_running_requests_and_admissions_and_older_formats_are_still_read() -> None:
     outputs = LengthHistogram.from_samples([5, 7, 7, 300])
     running = LengthHistogram.from_counts([3, 40], [2, 5])
-    stats = BucketStats(outputs=outputs, prompt_count=4, prompt_sum_tokens=1200.0, costs=CostSums(), running=running)
+    admitted = AdmittedCounts.from_columns(np.array([9, 10, 10, 10]), np.array([300, 5, 7, 7]))
+    admitted_running = AdmittedCounts.from_columns(np.array([8, 10]), np.array([40, 3]), np.array([5, 2]))
+    stats = BucketStats(outputs=outputs, prompt_count=4, prompt_sum_tokens=1200.0, costs=CostSums(), running=running,
+                        admitted_outputs=admitted, admitted_running=admitted_running)
     payload = stats.to_bytes()
-    assert payload[:4] == b"CPB2"
+    assert payload[:4] == b"CPB3"
     restored = BucketStats.from_bytes(payload)
     assert restored.running is not None and restored.running.lengths.tolist() == [3, 40]
     assert restored.running.counts.tolist() == [2, 5] and restored.outputs.count == 4
+    assert restored.admitted_outputs is not None and restored.admitted_running is not None
+    assert restored.admitted_outputs.since(10).lengths.tolist() == [5, 7]
+    assert restored.admitted_outputs.since(10).counts.tolist() == [1, 2]
+    assert restored.admitted_running.since(9).lengths.tolist() == [3]
     unknown = BucketStats.from_bytes(BucketStats(outputs=outputs, prompt_count=4, prompt_sum_tokens=1200.0,
                                                  costs=CostSums()).to_bytes())
-    assert unknown.running is None
-    # The v1 layout (what replicas of the previous release publish): no running requests.
-    hist = outputs.to_bytes()
-    v1 = struct.pack("<4sqdI", b"CPB1", 4, 1200.0, len(hist)) + hist + CostSums().to_array().astype("<f8").tobytes()
+    assert unknown.running is None and unknown.admitted_outputs is None and unknown.admitted_running is None
+    hist, run = outputs.to_bytes(), running.to_bytes()
+    costs = CostSums().to_array().astype("<f8").tobytes()
+    # The v2 layout (what replicas of the previous release publish): running requests, no admissions.
+    v2 = struct.pack("<4sqdIBI", b"CPB2", 4, 1200.0, len(hist), 1, len(run)) + hist + run + costs
+    older = BucketStats.from_bytes(v2)
+    assert older.running is not None and older.running.count == 7 and older.admitted_outputs is None
+    # The v1 layout: no running requests.
+    v1 = struct.pack("<4sqdI", b"CPB1", 4, 1200.0, len(hist)) + hist + costs
     old = BucketStats.from_bytes(v1)
     assert old.running is None and old.outputs.count == 4 and old.prompt_sum_tokens == 1200.0
-    for garbage in (b"CPB2", payload[:-3], payload[:4] + b"\xff" * 30, v1[:10]):
+    for garbage in (b"CPB3", payload[:-3], payload[:4] + b"\xff" * 50, v1[:10], v2[:-3]):
         with pytest.raises(ValueError):
             BucketStats.from_bytes(garbage)
 

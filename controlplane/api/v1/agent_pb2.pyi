@@ -56,16 +56,18 @@ class Hello(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[EngineLimits, _Mapping]] = ..., instance_id: _Optional[str] = ..., instance_started_at_s: _Optional[float] = ...) -> None: ...
 
 class Completions(_message.Message):
-    __slots__ = ("prompt_tokens", "output_tokens", "finish_time_s", "aborted")
+    __slots__ = ("prompt_tokens", "output_tokens", "finish_time_s", "aborted", "admitted_time_s")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_TIME_S_FIELD_NUMBER: _ClassVar[int]
     ABORTED_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_TIME_S_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     output_tokens: _containers.RepeatedScalarFieldContainer[int]
     finish_time_s: _containers.RepeatedScalarFieldContainer[float]
     aborted: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., output_tokens: _Optional[_Iterable[int]] = ..., finish_time_s: _Optional[_Iterable[float]] = ..., aborted: _Optional[_Iterable[bool]] = ...) -> None: ...
+    admitted_time_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., output_tokens: _Optional[_Iterable[int]] = ..., finish_time_s: _Optional[_Iterable[float]] = ..., aborted: _Optional[_Iterable[bool]] = ..., admitted_time_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Steps(_message.Message):
     __slots__ = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s")
@@ -100,12 +102,14 @@ class Counters(_message.Message):
     def __init__(self, num_preemptions: _Optional[int] = ..., num_events_dropped: _Optional[int] = ...) -> None: ...
 
 class RunningLengths(_message.Message):
-    __slots__ = ("output_tokens", "num_requests")
+    __slots__ = ("output_tokens", "num_requests", "admitted_time_s")
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_TIME_S_FIELD_NUMBER: _ClassVar[int]
     output_tokens: _containers.RepeatedScalarFieldContainer[int]
     num_requests: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, output_tokens: _Optional[_Iterable[int]] = ..., num_requests: _Optional[_Iterable[int]] = ...) -> None: ...
+    admitted_time_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, output_tokens: _Optional[_Iterable[int]] = ..., num_requests: _Optional[_Iterable[int]] = ..., admitted_time_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class TelemetryBatch(_message.Message):
     __slots__ = ("seq", "completions", "steps", "kv_used_tokens", "kv_total_tokens", "scheduler", "counters", "sent_at_s", "traceparent", "running")
