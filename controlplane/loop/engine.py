@@ -179,7 +179,7 @@ class EngineLoop:
         decision, self.policy_state = decide(
             observations, self.policy_state, now_s, intent=intent, config=self.policy,
             budget_sweep=self.budget_sweep, fit=estimate.fit if estimate is not None else None,
-            established=estimate is not None and estimate.window_rebased,
+            established=estimate is not None and (estimate.window_rebased or estimate.window_cohort),
         )
         self.last_decided_s = now_s
         self.completions_since_decision = 0

@@ -171,8 +171,8 @@ class PoolEstimate:
       than output_window). window_cohort: re-based at a shift towards shorter outputs and fitted on the
       requests admitted since its change point alone (`PoolStatistics._cohort`). window_transient: re-based,
       and the requests in flight at its opening still weigh on it (the fit keeps p0, with η = 0 and
-      μ_O = 1/p0). fit_held: the window was re-based but holds fewer than shift_min_samples completions:
-      `fit` is the previous estimate's.
+      μ_O = 1/p0). fit_held: the window was re-based (or is a cohort) but holds fewer than shift_min_samples
+      completions: `fit` is the previous estimate's.
     num_censored / num_truncated: requests running at the window's close / opening used by the fit (0 when
       either end is unknown). last_shift: the latest shift detected in the pool (None: none yet); num_shifts:
       how many were detected (and confirmed); num_unconfirmed_shifts: the detector's alarms the hazard test
@@ -715,7 +715,7 @@ class PoolStatistics:
         transient = is_shift_transient(rebased=window.rebased, num_completed=stats.outputs.count,
                                        truncated=window.truncated)
         previous = self.estimate
-        held = (window.rebased and stats.outputs.count < self._config.shift_min_samples
+        held = ((window.rebased or window.cohort) and stats.outputs.count < self._config.shift_min_samples
                 and previous is not None and previous.fit is not None)
         if held:
             fit = previous.fit

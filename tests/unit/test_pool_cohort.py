@@ -129,6 +129,11 @@ def test_a_decision_from_a_cohort_window_says_so() -> None:
     assert WINDOW_COHORT_FLAG in loop.latest.flags
     loop.decide(estimates[100], intent=OperatorIntent(), now_s=301.0)
     assert WINDOW_COHORT_FLAG not in loop.latest.flags
+    # a cohort is not a cold start, also once the window without it would be full (no longer re-based)
+    full = next(e for e in estimates if e.window_cohort and not e.window_rebased)
+    strict = EngineLoop(hello=hello, config=CONFIG, policy=PolicyConfig(min_samples=full.num_samples + 1))
+    outcome = strict.decide(full, intent=OperatorIntent(), now_s=302.0)
+    assert outcome.decision.reason != "insufficient_data" and WINDOW_COHORT_FLAG in strict.latest.flags
 
 
 def test_admitted_counts_sum_pairs_select_by_admission_and_round_trip() -> None:
