@@ -494,16 +494,22 @@ class PoolStatistics:
         by_replica = self._buckets.get(bucket_id, {})
         return sum_of(by_replica[replica].outputs for replica in sorted(by_replica))
 
-    def _running_at(self, bucket_id: int) -> LengthHistogram | None:
+    def _running_at(self, bucket_id: int, *, admitted_since: int | None = None) -> LengthHistogram | None:
         """The pool's running requests when the bucket closed: the sum over the replicas holding it (a
-        persisted window counts for none); None when one of them does not know its own."""
+        persisted window counts for none); None when one of them does not know its own. With admitted_since,
+        only those admitted in that bucket or later (None also when one does not know their admissions)."""
         parts = []
         for replica, stats in sorted(self._buckets.get(bucket_id, {}).items()):
             if replica == SNAPSHOT_REPLICA:
                 continue
-            if stats.running is None:
-                return None
-            parts.append(stats.running)
+            if admitted_since is None:
+                if stats.running is None:
+                    return None
+                parts.append(stats.running)
+            else:
+                if stats.admitted_running is None:
+                    return None
+                parts.append(stats.admitted_running.since(admitted_since))
         return sum_of(parts) if parts else None
 
     def _running_only_floor(self, end_bucket: int) -> float:
@@ -668,26 +674,12 @@ class PoolStatistics:
                 part = stats.admitted_outputs.since(rebase)
                 parts.append(part)
                 num_completed += part.count
-        censored = self._admitted_running_at(last_bucket, rebase)
-        truncated = self._admitted_running_at(first - 1, rebase) if first > rebase else LengthHistogram.empty()
+        censored = self._running_at(last_bucket, admitted_since=rebase)
+        truncated = (self._running_at(first - 1, admitted_since=rebase) if first > rebase
+                     else LengthHistogram.empty())
         if censored is None or truncated is None:
             return None
         return _Cohort(sum_of(parts) if parts else LengthHistogram.empty(), censored, truncated, first)
-
-    def _admitted_running_at(self, bucket_id: int, rebase: int) -> LengthHistogram | None:
-        """The requests admitted in the re-base bucket or later and running when bucket_id closed (None: not
-        known; a bucket not held: none known)."""
-        held = self._buckets.get(bucket_id)
-        if not held:
-            return None
-        parts = []
-        for replica, stats in held.items():
-            if replica == SNAPSHOT_REPLICA:
-                continue
-            if stats.admitted_running is None:
-                return None
-            parts.append(stats.admitted_running.since(rebase))
-        return sum_of(parts) if parts else None
 
     def window(self, end_bucket: int) -> tuple[BucketStats, int, tuple[str, ...]]:
         """The window ending at end_bucket (see the module docstring): (summed stats, buckets used,
