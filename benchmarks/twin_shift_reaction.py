@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/twin_shift_reaction.py                 # H200 Qwen3-8B, 3 shifts, 5 seeds
     .venv/bin/python benchmarks/twin_shift_reaction.py --seeds 20 --profile rtx-pro-6000-qwen3-8b
+    .venv/bin/python benchmarks/twin_shift_reaction.py --seeds 20 --shift geometric:1024:256   # one shift
 
 Each run is one workload of two closed-loop phases (prompts uniform on 0.5–1.5× 512 tokens; outputs of the
 old law, then of the new one) under `eb+`, the product's decision loop with its defaults (a decision every
@@ -104,6 +105,13 @@ def _error_at(done: np.ndarray, error: np.ndarray, completions: int) -> float:
     return float(error[i]) if i < error.size else float("nan")
 
 
+def _parse_shift(text: str) -> tuple[str, int, int]:
+    kind, before, after = text.split(":")
+    if kind not in ("geometric", "uniform") or int(before) < 1 or int(after) < 1:
+        raise argparse.ArgumentTypeError(f"expected geometric|uniform:BEFORE:AFTER (tokens ≥ 1), got {text!r}")
+    return kind, int(before), int(after)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="h200-qwen3-8b")
@@ -111,13 +119,16 @@ def main() -> None:
     parser.add_argument("--post-completions", type=int, default=6000, help="completions of the new law")
     parser.add_argument("--reference-seeds", type=int, default=3,
                         help="runs of the new law alone for its steady values")
+    parser.add_argument("--shift", action="append", type=_parse_shift, metavar="KIND:BEFORE:AFTER",
+                        help="a shift to run (repeatable; kind geometric or uniform, mean output tokens); default: "
+                             + ", ".join(f"{k}:{b}:{a}" for k, b, a in SHIFTS))
     args = parser.parse_args()
     started = time.perf_counter()
     print(f"{args.profile}, c = {CONCURRENCY}, EB+ with the product's loop defaults; medians over {args.seeds} "
           f"seeds; completions counted from the shift")
     print(f"{'shift':<24}{'steady k / N':>14}{'10% after':>11}{'5% after':>10}{'err@300':>9}{'err@600':>9}"
           f"   new-law completions: {'10%':>5}{'5%':>6}")
-    for kind, before, after in SHIFTS:
+    for kind, before, after in args.shift or SHIFTS:
         k_steady, n_steady = steady(kind, after, args.profile, 2 * args.post_completions, args.reference_seeds)
         figures: dict[str, list[float]] = {name: [] for name in ("10", "5", "300", "600", "new10", "new5")}
         for seed in range(args.seeds):

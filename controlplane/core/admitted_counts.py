@@ -2,7 +2,7 @@
 
 `AdmittedCounts` holds (admission bucket, length, count) triples: count requests of that output length (final
 for completions, so far for running requests) that the engine first scheduled in that bucket. A window re-based
-at a shift towards shorter outputs keeps, with it, only the requests admitted since the change point's bucket
+at a shift keeps, with it, only the requests admitted since the new law began
 (`since`): a cohort the old law's requests, still in flight for a whole old lifetime after the shift, are not
 part of (`controlplane.loop.pool_stats`).
 

@@ -53,6 +53,11 @@ DEFAULT_PROMPT_WINDOW = 4096
 MIN_FIT_POINTS = 2
 # A slope within this many standard errors of 0 is not kept (see fit_hazard).
 SLOPE_SIGNIFICANCE_Z = 2.0
+# The same test for a window re-based at a shift (`loop.pool_stats`), a few hundred completions: at z = 2 one
+# fit in twenty keeps a slope a geometric law does not have, and the IFR correction it drives moved k̂* by
+# 50-130% (the twin, H200, c = 2,048, geometric 128 → 1,024: k̂* 11-18 against a steady 7.6 in runs of
+# consecutive refreshes). At z = 3 the slope of a uniform law is still kept from its first completions.
+SHIFT_SLOPE_Z = 3.0
 # The fit allocates O(t95) memory; beyond this span (far longer than any real output) it is not attempted
 # and the geometric MLE fallback is used instead.
 MAX_FIT_SPAN_TOKENS = 1 << 20
@@ -62,6 +67,9 @@ YOUNG_BAND_SHARE = 0.25
 # HazardFit.mu_o_lower_tokens: a one-sided bound at z = 3 (the true mean is below it with probability ≈ 0.13%
 # for a window of a stationary workload).
 MEAN_LOWER_BOUND_Z = 3.0
+# The Kaplan–Meier curve enters the length moments only at ages with at least this many requests at risk
+# (`_supported`).
+KM_MIN_AT_RISK = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +229,7 @@ def fit_hazard_histogram(
     censored: LengthHistogram | None = None,
     truncated: LengthHistogram | None = None,
     shift_transient: bool = False,
+    slope_z: float = SLOPE_SIGNIFICANCE_Z,
 ) -> HazardFit | None:
     """`fit_hazard` over a histogram of completions, optionally with censored and left-truncated requests.
 
@@ -263,6 +272,8 @@ def fit_hazard_histogram(
         censored: output lengths so far of the requests running when the window closed.
         truncated: output lengths of the requests already running when the window opened.
         shift_transient: see above.
+        slope_z: the standard errors from 0 a slope must reach to be kept (SLOPE_SIGNIFICANCE_Z by default;
+            a window re-based at a shift asks for SHIFT_SLOPE_Z, see there).
     Returns:
         The fit, or None when there is no completion or no prompt. Fallbacks as in `fit_hazard`.
         num_samples is the number of completions in the window.
@@ -281,7 +292,8 @@ def fit_hazard_histogram(
         t95 = outputs.percentile(95.0)
         fit = None
         if t95 <= MAX_FIT_SPAN_TOKENS:
-            fit = _wls_counts(*dense_events_and_exposure(WindowObservations(completed=outputs), t_max=int(t95)))
+            fit = _wls_from_sums(_line_sums(*dense_events_and_exposure(WindowObservations(completed=outputs),
+                                                                       t_max=int(t95))), slope_z=slope_z)
         fallback_p0 = 1.0 / outputs.mean()
         mu_o, sigma_o = outputs.mean(), outputs.std()
         lower = sample_mean_lower_bound(mean=mu_o, std=sigma_o, count=outputs.count, z=MEAN_LOWER_BOUND_Z)
@@ -292,7 +304,7 @@ def fit_hazard_histogram(
         t95 = float(reached if reached is not None else min(outputs.max_length(), table.last_age))
         events, at_risk = table.events[: int(t95)], table.at_risk[: int(t95)]
         line = _line_sums(events, at_risk)  # read again by a transient fit's intercept check
-        fit = _wls_from_sums(line)
+        fit = _wls_from_sums(line, slope_z=slope_z)
         # The geometric law with the Kaplan–Meier mean (1/μ_O of the completions when nothing is censored).
         km_mean = geometric_mean_length(survival)
         fallback_p0 = 1.0 / km_mean if km_mean is not None else table.total_events / max(table.total_exposure, 1.0)
@@ -310,7 +322,7 @@ def fit_hazard_histogram(
         eta, slope_clipped = 0.0, False
         mu_o = sigma_o = 1.0 / p0
     elif censored is not None or truncated is not None:
-        mu_o, sigma_o = length_moments(survival, p0=_tail_hazard(p0, eta, table))
+        mu_o, sigma_o = length_moments(_supported(survival, table), p0=_tail_hazard(p0, eta, table))
         if not (math.isfinite(mu_o) and mu_o > 0.0):
             mu_o, sigma_o = outputs.mean(), outputs.std()
     stats = WorkloadStats(
@@ -319,6 +331,17 @@ def fit_hazard_histogram(
     )
     return HazardFit(stats=stats, intercept_fallback=intercept_fallback, slope_clipped=slope_clipped,
                      shift_transient=shift_transient, mu_o_lower_tokens=lower)
+
+
+def _supported(survival: np.ndarray, table: LifeTable) -> np.ndarray:
+    """The Kaplan–Meier curve up to the last age with at least KM_MIN_AT_RISK requests at risk (the whole
+    curve when no age has that many): past it one completion moves the curve by a tenth or more, and the
+    moments continue it by the constant tail hazard instead (`survival.length_moments`). A window of the
+    requests admitted since a shift (`loop.pool_stats`) holds its oldest requests alone at its oldest ages:
+    when the oldest of them completed, the curve fell to 0 there and μ̂_O to the ages observed (the twin, H200,
+    c = 2,048, 128 → 1,024 tokens: μ̂_O 400-694 for a law of mean 1,024, one refresh in five)."""
+    supported = np.nonzero(table.at_risk >= KM_MIN_AT_RISK)[0]
+    return survival[: supported[-1] + 1] if supported.size else survival
 
 
 def _tail_hazard(p0: float, eta: float, table: LifeTable) -> float:
@@ -429,8 +452,9 @@ def _wls_counts(completions: np.ndarray, at_risk: np.ndarray) -> tuple[float, fl
     return _wls_from_sums(_line_sums(completions, at_risk))
 
 
-def _wls_from_sums(sums: _LineSums | None) -> tuple[float, float] | None:
-    """The line of `_wls_counts` from its weighted sums (None when under-determined)."""
+def _wls_from_sums(sums: _LineSums | None, *, slope_z: float = SLOPE_SIGNIFICANCE_Z) -> tuple[float, float] | None:
+    """The line of `_wls_counts` from its weighted sums (None when under-determined); a slope under slope_z
+    standard errors from 0 is not kept."""
     if sums is None:
         return None
     t_mean, h_mean = sums.t_mean, sums.h_mean
@@ -438,6 +462,6 @@ def _wls_from_sums(sums: _LineSums | None) -> tuple[float, float] | None:
     eta = float((sums.weights * dt * (sums.hazard - h_mean)).sum() / sums.s_tt)
     # Var(η̂) = Σ n(t)·(t − t̄)²·h(1−h) / s_tt² ≈ h̄(1−h̄)/s_tt under the binomial model.
     eta_std_error = math.sqrt(sums.binomial_variance / sums.s_tt)
-    if abs(eta) < SLOPE_SIGNIFICANCE_Z * eta_std_error:
+    if abs(eta) < slope_z * eta_std_error:
         return h_mean, 0.0
     return h_mean - eta * t_mean, eta

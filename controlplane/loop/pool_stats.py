@@ -25,10 +25,12 @@ since, each with its running requests at both ends (`_compare_at_shift`), so tha
 stream of one law does not re-base the window. A re-based window is fitted
 once it holds shift_min_samples completions (the previous fit stands until then), and while the requests in
 flight at its opening still weigh on it, it is fitted as transient (`core.survival.is_shift_transient`).
-After a shift towards shorter outputs, when every bucket since the change point knows its requests'
-admissions, the window holds only the requests admitted since the change point's bucket (`_cohort`): the
-old law's, in flight for an old lifetime after the shift, are not part of it, and nothing of it was in
-flight at its opening until it alone fills output_window. A shift is not a cold start: a decision from a
+After a shift, when every bucket read knows its requests' admissions, the window holds only the requests
+admitted since the new law began (`_cohort`, `_cohort_start`): the change point's bucket after a shift towards
+shorter outputs, where the admissions changed after one towards longer outputs (`core.admission_change`). The
+old law's requests, in flight for an old lifetime after the shift, are not part of it, and nothing of it was
+in flight at its opening until it alone fills output_window. A re-based or cohort window keeps a hazard slope
+only at SHIFT_SLOPE_Z standard errors (`core.hazard`). A shift is not a cold start: a decision from a
 re-based window is made whatever its size (`core.policy.decide(established=True)`, passed by `loop.engine`),
 and every count shown is the one fitted.
 
@@ -45,11 +47,18 @@ from functools import lru_cache
 
 import numpy as np
 
+from controlplane.core.admission_change import admission_change_point
 from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_model import CostFit
 from controlplane.core.cost_sums import CostSums, StepColumns
-from controlplane.core.hazard import MEAN_LOWER_BOUND_Z, HazardFit, fit_hazard_histogram
+from controlplane.core.hazard import (
+    MEAN_LOWER_BOUND_Z,
+    SHIFT_SLOPE_Z,
+    SLOPE_SIGNIFICANCE_Z,
+    HazardFit,
+    fit_hazard_histogram,
+)
 from controlplane.core.length_histogram import LengthHistogram, sum_of
 from controlplane.core.survival import (
     HazardComparison,
@@ -75,11 +84,13 @@ MAX_STEPS_PER_BUCKET = 4096
 MAX_ENTERED_ENGINES = 10_000
 # The decision flag of an estimate whose window starts at a detected shift's change point.
 WINDOW_REBASED_FLAG = "window_rebased_after_shift"
-# The decision flag of an estimate fitted on the requests admitted since a shift towards shorter outputs.
+# The decision flag of an estimate fitted on the requests admitted since the latest shift's law began.
 WINDOW_COHORT_FLAG = "window_admitted_since_shift"
 # How many buckets back a bucket keeps its requests' admission exact (older ones sit at that bound): a window
 # is fitted on the requests admitted since its change point only while that point is at most this far back.
 MAX_ADMISSION_LAG_BUCKETS = 600
+# The most admission buckets before a shift's latest change point that `_cohort_start` scans.
+MAX_SCAN_BUCKETS = 4 * PRE_BUCKETS
 # Bucket formats: v1 (no running requests) and v2 (no admissions) are still read; v3 is written.
 _MAGIC_V1 = b"CPB1"
 _HEADER_V1 = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
@@ -168,8 +179,8 @@ class PoolEstimate:
     usable). cost_source: "calibration" | "online" | "none". contributors: replica ids whose buckets were summed.
     window_first_bucket: the oldest bucket whose completions are in the window (None: no completion).
     window_rebased: the window starts at the change point of a detected shift (it holds fewer completions
-      than output_window). window_cohort: re-based at a shift towards shorter outputs and fitted on the
-      requests admitted since its change point alone (`PoolStatistics._cohort`). window_transient: re-based,
+      than output_window). window_cohort: re-based at a shift and fitted on the
+      requests admitted since its new law began alone (`PoolStatistics._cohort`). window_transient: re-based,
       and the requests in flight at its opening still weigh on it (the fit keeps p0, with η = 0 and
       μ_O = 1/p0). fit_held: the window was re-based (or is a cohort) but holds fewer than shift_min_samples
       completions: `fit` is the previous estimate's.
@@ -216,13 +227,13 @@ class _Window:
     truncated: LengthHistogram | None
     rebased: bool
     keep_from: int | None = None  # the oldest bucket a later window can read (`PoolStatistics.prune`)
-    cohort: bool = False  # completions and censored requests are those admitted since the re-base bucket
+    cohort: bool = False  # completions and censored requests are those admitted since the new law began
 
 
 @dataclass(frozen=True, slots=True)
 class _Cohort:
-    """The window of the requests admitted since a re-base (`PoolStatistics._cohort`): their completions in
-    the buckets [first_bucket, the window's last], those running at its close and at its opening."""
+    """The window of the requests admitted since the latest shift's law began (`PoolStatistics._cohort`): their
+    completions in the buckets [first_bucket, the window's last], those running at its close and at its opening."""
 
     completed: LengthHistogram
     censored: LengthHistogram
@@ -498,19 +509,27 @@ class PoolStatistics:
         """The pool's running requests when the bucket closed: the sum over the replicas holding it (a
         persisted window counts for none); None when one of them does not know its own. With admitted_since,
         only those admitted in that bucket or later (None also when one does not know their admissions)."""
+        if admitted_since is not None:
+            admitted = self._admitted_running(bucket_id)
+            return sum_of(a.since(admitted_since) for a in admitted) if admitted else None
         parts = []
         for replica, stats in sorted(self._buckets.get(bucket_id, {}).items()):
-            if replica == SNAPSHOT_REPLICA:
-                continue
-            if admitted_since is None:
+            if replica != SNAPSHOT_REPLICA:
                 if stats.running is None:
                     return None
                 parts.append(stats.running)
-            else:
+        return sum_of(parts) if parts else None
+
+    def _admitted_running(self, bucket_id: int) -> list[AdmittedCounts] | None:
+        """Each replica's running requests by admission bucket when the bucket closed (a persisted window counts
+        for none); None when one of them does not know their admissions."""
+        parts = []
+        for replica, stats in sorted(self._buckets.get(bucket_id, {}).items()):
+            if replica != SNAPSHOT_REPLICA:
                 if stats.admitted_running is None:
                     return None
-                parts.append(stats.admitted_running.since(admitted_since))
-        return sum_of(parts) if parts else None
+                parts.append(stats.admitted_running)
+        return parts
 
     def _running_only_floor(self, end_bucket: int) -> float:
         """What the running requests at end_bucket prove about μ_O before any completion
@@ -545,18 +564,24 @@ class PoolStatistics:
         """The shift tracker's confirmation test (`loop.shift_tracker.Compare`): the hazards of the buckets
         [pre_first, start_bucket) against [start_bucket, through_bucket], each with its running requests at
         both ends when all four are known (else completions only, for both). None when the buckets before
-        hold no completion. The buckets before start after the first bucket whose opening is known, when one
-        is (a pool's first bucket has none)."""
-        pre_first = max(pre_first, self.oldest_bucket(through_bucket))
-        pre_first = next((b for b in range(pre_first, start_bucket) if self._running_at(b - 1) is not None),
-                         pre_first)
-        before = self._segment(pre_first, start_bucket - 1)
+        hold no completion."""
+        before = self._before_shift(pre_first, start_bucket, through_bucket)
         after = self._segment(start_bucket, through_bucket)
         if not before[0].count:
             return None
         if any(part is None for part in (*before[1:], *after[1:])):
             return compare_hazards(WindowObservations(completed=before[0]), WindowObservations(completed=after[0]))
         return compare_hazards(WindowObservations(*before), WindowObservations(*after))
+
+    def _before_shift(self, pre_first: int, start_bucket: int, through_bucket: int) -> tuple[
+            LengthHistogram, LengthHistogram | None, LengthHistogram | None]:
+        """`_segment` of the buckets [pre_first, start_bucket), starting after the first bucket whose opening is
+        known, when one is (a pool's first bucket has none), and never before the oldest a window ending at
+        through_bucket may read."""
+        pre_first = max(pre_first, self.oldest_bucket(through_bucket))
+        pre_first = next((b for b in range(pre_first, start_bucket) if self._running_at(b - 1) is not None),
+                         pre_first)
+        return self._segment(pre_first, start_bucket - 1)
 
     def _window(self, end_bucket: int, *, opens_after: int | None = None) -> _Window:
         """Sum the newest buckets ≤ end_bucket until they hold the configured window (never beyond
@@ -626,9 +651,16 @@ class PoolStatistics:
             if censored is None or truncated is None or (censored.count == 0 and truncated.count == 0):
                 censored = truncated = None
         cohort = None
+        cohort_reads_from = None
         if (opens_after is None and last_output is not None and rebase is not None and floor == rebase
                 and end_bucket - rebase < MAX_ADMISSION_LAG_BUCKETS):
             cohort = self._cohort(rebase, last_output)
+            last_shift = self._shifts.last_shift if self._shifts is not None else None
+            reports_admissions = all(stats.admitted_outputs is not None
+                                     for stats in self._buckets.get(last_output, {}).values())
+            if last_shift is not None and reports_admissions:
+                # `_cohort_start`'s scan, and the opening of a cohort starting there
+                cohort_reads_from = self._cohort_scan_first(last_shift, rebase) - 1
         if cohort is not None:
             merged, censored, truncated = cohort.completed, cohort.censored, cohort.truncated
             first_output = cohort.first_bucket
@@ -637,49 +669,81 @@ class PoolStatistics:
         if needed_from is not None:  # and the bucket before it, the opening of a window that starts there
             position = in_range.index(needed_from)
             keep_from = in_range[position - 1] if position > 0 else needed_from
-        if cohort is not None:  # a later cohort window starts no earlier, and reads its opening's bucket
-            keep_from = cohort.first_bucket - 1 if keep_from is None else min(keep_from, cohort.first_bucket - 1)
+        if cohort_reads_from is not None:  # a later cohort window reads no earlier while the shift stands
+            keep_from = cohort_reads_from if keep_from is None else min(keep_from, cohort_reads_from)
         return _Window(stats=stats, num_buckets=used, contributors=tuple(sorted(replicas)),
                        first_output_bucket=first_output, censored=censored,
                        truncated=truncated, rebased=floor > oldest and num_outputs < config.output_window,
                        keep_from=keep_from, cohort=cohort is not None)
 
     def _cohort(self, rebase: int, last_bucket: int) -> _Cohort | None:
-        """The window ending at last_bucket of the requests admitted in the re-base bucket or later: the newest
-        buckets until their completions of such requests reach output_window (never before the re-base), those
-        running at its close and at its opening. None unless the latest shift was towards shorter outputs and
-        every bucket read knows its completions' admissions and both ends their running requests'.
+        """The window ending at last_bucket of the requests admitted since the latest shift (`_cohort_start`):
+        the newest buckets until their completions of such requests reach output_window (never before that
+        start), those running at its close and at its opening. None when the start is not found, is more than
+        MAX_ADMISSION_LAG_BUCKETS back, or a bucket read does not know its completions' admissions, or either
+        end its running requests'.
 
-        Why only then: after a shift to shorter outputs the old law's requests in flight at the change point
-        (and those still queued) finish over a whole old lifetime and dominate the re-based window; the
-        requests admitted since are the new law's alone. Measured in the twin (H200, Qwen3-8B, c = 2,048,
-        geometric 1,024 → 256, 5 seeds): k̂*·N̂* and N̂* settle within 10% / 5% after a median 187 / 262
-        new-law completions instead of 546 / 1,303. After a shift to longer outputs the old requests are short
-        and gone within an old lifetime, while the change point in the completion stream lags the new law's
-        first admissions: a cohort from the change point dropped the new law's oldest requests and was worse
-        for uniform outputs (512 → 1,024: 714 / 759 new-law completions instead of 498 / 555)."""
-        last_shift = self._shifts.last_shift if self._shifts is not None else None
-        if last_shift is None or last_shift.direction >= 0:
+        Why: after a shift to shorter outputs the old law's requests in flight at the change point (and those
+        still queued) finish over a whole old lifetime and dominate the re-based window; the requests admitted
+        since are the new law's alone. Measured in the twin (H200, Qwen3-8B, c = 2,048, geometric 1,024 →
+        256, 5 seeds): k̂*·N̂* and N̂* settle within 10% / 5% after a median 187 / 262 new-law completions
+        instead of 546 / 1,303. After a shift to longer outputs the old law's short requests still finishing
+        weigh on the re-based window the same way, but the change point in the completion stream lags the new
+        law's first admissions (its requests finish only after their lifetimes), so the cohort starts where the
+        admissions changed."""
+        since = self._cohort_start(rebase, last_bucket)
+        if since is None or last_bucket - since >= MAX_ADMISSION_LAG_BUCKETS:
             return None
         parts: list[LengthHistogram] = []
         num_completed = 0
         first = last_bucket
-        for bucket_id in range(last_bucket, rebase - 1, -1):
+        for bucket_id in range(last_bucket, since - 1, -1):
             if num_completed >= self._config.output_window:
                 break
             first = bucket_id
             for replica, stats in self._buckets.get(bucket_id, {}).items():
                 if replica == SNAPSHOT_REPLICA or stats.admitted_outputs is None:
                     return None
-                part = stats.admitted_outputs.since(rebase)
+                part = stats.admitted_outputs.since(since)
                 parts.append(part)
                 num_completed += part.count
-        censored = self._running_at(last_bucket, admitted_since=rebase)
-        truncated = (self._running_at(first - 1, admitted_since=rebase) if first > rebase
+        censored = self._running_at(last_bucket, admitted_since=since)
+        truncated = (self._running_at(first - 1, admitted_since=since) if first > since
                      else LengthHistogram.empty())
         if censored is None or truncated is None:
             return None
         return _Cohort(sum_of(parts) if parts else LengthHistogram.empty(), censored, truncated, first)
+
+    def _cohort_start(self, rebase: int, last_bucket: int) -> int | None:
+        """The first admission bucket of the latest shift's law: after a shift to shorter outputs its change
+        point's bucket (the new law's short requests finish soon after they start); after a shift to longer
+        ones where the admissions changed (`core.admission_change`), scanning the requests admitted since
+        `_cohort_scan_first` with candidates up to the change point. None when that is not found, or a bucket
+        scanned does not know its completions' admissions or its running requests'."""
+        last_shift = self._shifts.last_shift if self._shifts is not None else None
+        if last_shift is None:
+            return None
+        if last_shift.direction < 0:
+            return rebase
+        first = self._cohort_scan_first(last_shift, rebase)
+        admitted: list[AdmittedCounts] = []
+        for bucket_id in range(first, last_bucket + 1):
+            for replica, stats in self._buckets.get(bucket_id, {}).items():
+                if replica == SNAPSHOT_REPLICA or stats.admitted_outputs is None:
+                    return None
+                admitted.append(stats.admitted_outputs)
+        running_now = self._admitted_running(last_bucket)
+        if running_now is None:
+            return None
+        return admission_change_point(admitted, running_now, first_bucket=first, last_candidate=rebase,
+                                      direction=last_shift.direction)
+
+    def _cohort_scan_first(self, last_shift: PoolShift, rebase: int) -> int:
+        """The oldest admission bucket `_cohort_start` scans: PRE_BUCKETS + REWIND_BUCKETS before the first
+        change point of the shift's episode (`PoolShift.episode_start_bucket`; the buckets its confirmation
+        kept), never more than MAX_SCAN_BUCKETS before the latest, nor before the oldest bucket held."""
+        first = max(last_shift.episode_start_bucket - PRE_BUCKETS - REWIND_BUCKETS, rebase - MAX_SCAN_BUCKETS)
+        return max(first, min(self._buckets, default=first))
 
     def window(self, end_bucket: int) -> tuple[BucketStats, int, tuple[str, ...]]:
         """The window ending at end_bucket (see the module docstring): (summed stats, buckets used,
@@ -717,7 +781,9 @@ class PoolStatistics:
             if stats.outputs.count and stats.prompt_count:
                 fit = fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,
                                            prompt_sum_tokens=stats.prompt_sum_tokens, censored=window.censored,
-                                           truncated=window.truncated, shift_transient=transient)
+                                           truncated=window.truncated, shift_transient=transient,
+                                           slope_z=SHIFT_SLOPE_Z if window.rebased or window.cohort
+                                           else SLOPE_SIGNIFICANCE_Z)
         cost_fit = stats.costs.fit()
         costs, source = calibration, "calibration"
         if costs is None:

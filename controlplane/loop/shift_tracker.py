@@ -70,6 +70,9 @@ REFUTE_FED_SAMPLES = 4 * REFUTE_EVENTS
 # than PRE_BUCKETS + REWIND_BUCKETS before the alarm's bucket (every replica still holds those, whatever its
 # refresh history: `PoolStatistics.refresh` keeps them; see `ShiftTracker.keep_from`).
 PRE_BUCKETS = 32
+# Shifts in one direction, each starting at most this many buckets after the one before, are one episode
+# (`PoolShift.episode_start_bucket`).
+EPISODE_GAP_BUCKETS = 2 * PRE_BUCKETS
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +98,17 @@ class PoolShift:
     start_bucket: where the re-based window starts (`ShiftTracker._bucket_of_sample`). detected_bucket: the
     bucket whose completions raised the alarm. direction: +1 towards longer outputs, −1 towards shorter ones.
     mean_ratio: mean length since the change point over the mean of the detector's reference before it.
+    episode_start_bucket: the start_bucket of the first of the shifts in this direction that led to this one,
+    each starting at most EPISODE_GAP_BUCKETS after the one before (this shift's own start_bucket when it is
+    the first). A shift to longer outputs is re-based several times while its new law's completions lengthen
+    (`_resolve`); the episode's first change point is nearer the new law's first admissions.
     """
 
     start_bucket: int
     detected_bucket: int
     direction: int
     mean_ratio: float
+    episode_start_bucket: int = 0
 
 
 @dataclass(slots=True)
@@ -236,8 +244,14 @@ class ShiftTracker:
         state.pending = None
         start_bucket, event = pending.start_bucket, pending.event
         state.rebase_bucket = start_bucket if state.rebase_bucket is None else max(state.rebase_bucket, start_bucket)
+        previous = state.last_shift
+        episode_start = start_bucket
+        if (previous is not None and previous.direction == event.direction
+                and start_bucket - previous.start_bucket <= EPISODE_GAP_BUCKETS):
+            episode_start = previous.episode_start_bucket
         state.last_shift = PoolShift(start_bucket=start_bucket, detected_bucket=pending.detected_bucket,
-                                     direction=event.direction, mean_ratio=event.mean_ratio)
+                                     direction=event.direction, mean_ratio=event.mean_ratio,
+                                     episode_start_bucket=episode_start)
         state.num_shifts += 1
 
     def _bucket_of_sample(self, sample_index: int) -> int:

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.core.hazard import SLOPE_SIGNIFICANCE_Z, LengthWindow, fit_hazard
+from controlplane.core.hazard import (
+    KM_MIN_AT_RISK,
+    SLOPE_SIGNIFICANCE_Z,
+    LengthWindow,
+    fit_hazard,
+    fit_hazard_histogram,
+)
+from controlplane.core.length_histogram import LengthHistogram
 
 INVALID_LENGTHS = [math.nan, math.inf, -math.inf, 0.0, -3.0, 2.5, 1e-300, -0.0, 0.999999]
 
@@ -313,3 +320,20 @@ def test_window_holds_the_last_w_valid_samples(batches: list[list[float]], capac
     assert window.num_rejected == total_rejected
     assert window.num_accepted == len(stream)
     assert len(window) == min(capacity, len(stream))
+
+
+def test_the_mean_of_a_censored_window_does_not_collapse_when_its_oldest_request_completes() -> None:
+    """Requests admitted one per token of age over 600 tokens, geometric outputs of mean 1,000: the window of
+    the requests admitted since a shift. When the oldest one completes, alone at risk at its age, the
+    Kaplan–Meier curve falls to 0 there; the moments read it only where KM_MIN_AT_RISK requests are at risk."""
+    rng = np.random.default_rng(4)
+    ages = np.arange(1, 601)
+    lengths = rng.geometric(1.0 / 1000.0, ages.size)
+    lengths[-1] = ages[-1]  # the oldest request completes now, at the oldest age seen
+    done = lengths <= ages
+    completed = LengthHistogram.from_samples(lengths[done].astype(np.float64))
+    censored = LengthHistogram.from_samples(ages[~done].astype(np.float64))
+    fit = fit_hazard_histogram(completed, prompt_count=int(done.sum()), prompt_sum_tokens=500.0 * done.sum(),
+                               censored=censored, truncated=LengthHistogram.empty())
+    assert fit is not None and fit.stats.mu_o_tokens == pytest.approx(1000.0, rel=0.3)
+    assert KM_MIN_AT_RISK > 1
