@@ -70,6 +70,7 @@ MEAN_LOWER_BOUND_Z = 3.0
 # The Kaplan–Meier curve enters the length moments only at ages with at least this many requests at risk
 # (`_supported`).
 KM_MIN_AT_RISK = 10
+KM_CUT_SURVIVAL = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,14 +335,19 @@ def fit_hazard_histogram(
 
 
 def _supported(survival: np.ndarray, table: LifeTable) -> np.ndarray:
-    """The Kaplan–Meier curve up to the last age with at least KM_MIN_AT_RISK requests at risk (the whole
-    curve when no age has that many): past it one completion moves the curve by a tenth or more, and the
-    moments continue it by the constant tail hazard instead (`survival.length_moments`). A window of the
-    requests admitted since a shift (`loop.pool_stats`) holds its oldest requests alone at its oldest ages:
-    when the oldest of them completed, the curve fell to 0 there and μ̂_O to the ages observed (the twin, H200,
-    c = 2,048, 128 → 1,024 tokens: μ̂_O 400-694 for a law of mean 1,024, one refresh in five)."""
+    """The Kaplan–Meier curve, cut after the last age with at least KM_MIN_AT_RISK requests at risk when it
+    still stands at KM_CUT_SURVIVAL or more there: past that age one completion moves the curve by a tenth
+    or more, and the moments continue it by the constant tail hazard instead (`survival.length_moments`).
+    A window of the requests admitted since a shift (`loop.pool_stats`) holds its oldest requests alone at
+    its oldest ages: when the oldest of them completed, the curve fell to 0 there and μ̂_O to the ages
+    observed (the twin, H200, c = 2,048, 128 → 1,024 tokens: μ̂_O 400-694 for a law of mean 1,024, one
+    refresh in five). A window whose curve has run down to the last few requests is left whole: cutting
+    those too moved N̂* after a shift to shorter outputs (the same twin, 1,024 → 256, 20 seeds: the 5% line
+    after 578 new-law completions instead of 361)."""
     supported = np.nonzero(table.at_risk >= KM_MIN_AT_RISK)[0]
-    return survival[: supported[-1] + 1] if supported.size else survival
+    if not supported.size or survival[supported[-1]] < KM_CUT_SURVIVAL:
+        return survival
+    return survival[: supported[-1] + 1]
 
 
 def _tail_hazard(p0: float, eta: float, table: LifeTable) -> float:
