@@ -13,8 +13,8 @@ steady values: the medians of the decisions over the second half of a run of the
 over --reference-seeds such runs (one run's moves ~2% with its seed). Printed per
 shift, medians over the seeds: the post-shift completions after which every later decision stays within 10%
 and within 5% (the decision cadence, ~100–250 completions here, is the resolution), the error of the first
-decision after 300 and after 600 completions, and the same settling counted in completions of requests of the
-new law only (the 2,048 requests in flight at the shift follow the old law).
+decision after 300 and after 600 completions, and the same settling and errors counted in completions of
+requests of the new law only (the 2,048 requests in flight at the shift follow the old law).
 """
 
 from __future__ import annotations
@@ -127,10 +127,11 @@ def main() -> None:
     print(f"{args.profile}, c = {CONCURRENCY}, EB+ with the product's loop defaults; medians over {args.seeds} "
           f"seeds; completions counted from the shift")
     print(f"{'shift':<24}{'steady k / N':>14}{'10% after':>11}{'5% after':>10}{'err@300':>9}{'err@600':>9}"
-          f"   new-law completions: {'10%':>5}{'5%':>6}")
+          f"   new-law completions: {'10%':>5}{'5%':>6}{'err@300':>9}{'err@600':>9}")
     for kind, before, after in args.shift or SHIFTS:
         k_steady, n_steady = steady(kind, after, args.profile, 2 * args.post_completions, args.reference_seeds)
-        figures: dict[str, list[float]] = {name: [] for name in ("10", "5", "300", "600", "new10", "new5")}
+        figures: dict[str, list[float]] = {name: [] for name in ("10", "5", "300", "600", "new10", "new5", "new300",
+                                                                  "new600")}
         for seed in range(args.seeds):
             done, done_new, k, n = one_run(kind, before, after, args.profile, seed, args.post_completions)
             error = np.maximum(np.abs(k / k_steady - 1.0), np.abs(n / n_steady - 1.0))
@@ -140,10 +141,13 @@ def main() -> None:
             figures["600"].append(_error_at(done, error, 600))
             figures["new10"].append(_settling(done_new, error, 0.10))
             figures["new5"].append(_settling(done_new, error, 0.05))
+            figures["new300"].append(_error_at(done_new, error, 300))
+            figures["new600"].append(_error_at(done_new, error, 600))
         m = {name: float(np.median(values)) for name, values in figures.items()}
         label = f"{kind} {before} → {after}"
         print(f"{label:<24}{k_steady:>7.2f} / {n_steady:<4.0f}{m['10']:>11.0f}{m['5']:>10.0f}{m['300']:>9.1%}"
-              f"{m['600']:>9.1%}   {'':>21}{m['new10']:>5.0f}{m['new5']:>6.0f}", flush=True)
+              f"{m['600']:>9.1%}   {'':>21}{m['new10']:>5.0f}{m['new5']:>6.0f}{m['new300']:>9.1%}"
+              f"{m['new600']:>9.1%}", flush=True)
     print(f"(wall time {time.perf_counter() - started:.0f} s)")
 
 
