@@ -130,19 +130,16 @@ def main() -> None:
           f"   new-law completions: {'10%':>5}{'5%':>6}{'err@300':>9}{'err@600':>9}")
     for kind, before, after in args.shift or SHIFTS:
         k_steady, n_steady = steady(kind, after, args.profile, 2 * args.post_completions, args.reference_seeds)
-        figures: dict[str, list[float]] = {name: [] for name in ("10", "5", "300", "600", "new10", "new5", "new300",
-                                                                  "new600")}
+        figures: dict[str, list[float]] = {f"{prefix}{name}": [] for prefix in ("", "new")
+                                           for name in ("10", "5", "300", "600")}
         for seed in range(args.seeds):
             done, done_new, k, n = one_run(kind, before, after, args.profile, seed, args.post_completions)
             error = np.maximum(np.abs(k / k_steady - 1.0), np.abs(n / n_steady - 1.0))
-            figures["10"].append(_settling(done, error, 0.10))
-            figures["5"].append(_settling(done, error, 0.05))
-            figures["300"].append(_error_at(done, error, 300))
-            figures["600"].append(_error_at(done, error, 600))
-            figures["new10"].append(_settling(done_new, error, 0.10))
-            figures["new5"].append(_settling(done_new, error, 0.05))
-            figures["new300"].append(_error_at(done_new, error, 300))
-            figures["new600"].append(_error_at(done_new, error, 600))
+            for prefix, counted in (("", done), ("new", done_new)):  # all completions, new-law ones
+                figures[f"{prefix}10"].append(_settling(counted, error, 0.10))
+                figures[f"{prefix}5"].append(_settling(counted, error, 0.05))
+                figures[f"{prefix}300"].append(_error_at(counted, error, 300))
+                figures[f"{prefix}600"].append(_error_at(counted, error, 600))
         m = {name: float(np.median(values)) for name, values in figures.items()}
         label = f"{kind} {before} → {after}"
         print(f"{label:<24}{k_steady:>7.2f} / {n_steady:<4.0f}{m['10']:>11.0f}{m['5']:>10.0f}{m['300']:>9.1%}"
