@@ -43,6 +43,7 @@ from controlplane.core.survival import (
     length_moments,
     life_table,
     mean_lower_bound,
+    oldest_band_hazard,
     sample_mean_lower_bound,
 )
 from controlplane.core.types import WorkloadStats
@@ -306,8 +307,12 @@ def fit_hazard_histogram(
         events, at_risk = table.events[: int(t95)], table.at_risk[: int(t95)]
         line = _line_sums(events, at_risk)  # read again by a transient fit's intercept check
         fit = _wls_from_sums(line, slope_z=slope_z)
-        # The geometric law with the Kaplan–Meier mean (1/μ_O of the completions when nothing is censored).
-        km_mean = geometric_mean_length(survival)
+        # The Kaplan–Meier mean with a geometric tail at the oldest ages' hazard when it differs measurably
+        # from the average (`survival.oldest_band_hazard`), else the geometric law of the curve's own mean
+        # (1/μ_O of the completions when nothing is censored).
+        supported = _supported(survival, table)
+        oldest = oldest_band_hazard(table, span=supported.size)
+        km_mean = geometric_mean_length(survival) if oldest is None else length_moments(supported, p0=oldest)[0]
         fallback_p0 = 1.0 / km_mean if km_mean is not None else table.total_events / max(table.total_exposure, 1.0)
         if not fallback_p0 > 0.0:  # no completion inside the table's span
             fallback_p0 = 1.0 / outputs.mean()
@@ -323,7 +328,8 @@ def fit_hazard_histogram(
         eta, slope_clipped = 0.0, False
         mu_o = sigma_o = 1.0 / p0
     elif censored is not None or truncated is not None:
-        mu_o, sigma_o = length_moments(_supported(survival, table), p0=_tail_hazard(p0, eta, table))
+        tail = oldest if oldest is not None else _tail_hazard(p0, eta, table)
+        mu_o, sigma_o = length_moments(supported, p0=tail)
         if not (math.isfinite(mu_o) and mu_o > 0.0):
             mu_o, sigma_o = outputs.mean(), outputs.std()
     stats = WorkloadStats(

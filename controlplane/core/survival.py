@@ -46,6 +46,10 @@ MAX_TABLE_TOKENS = 1 << 20
 TRANSIENT_FACTOR = 2
 # `mean_lower_bound` reads the Kaplan–Meier curve only where at least this many requests are at risk.
 MEAN_BOUND_MIN_AT_RISK = 30
+# `oldest_band_hazard`: the band of the oldest ages holding this share of the events, and the standard errors
+# by which its hazard must differ from the hazard of all ages to stand for the ages past the curve.
+OLDEST_BAND_SHARE = 0.25
+OLDEST_BAND_Z = 3.0
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -166,6 +170,39 @@ def length_moments(survival: np.ndarray, *, p0: float) -> tuple[float, float]:
         first += s_tau * ratio
         second += s_tau * ((2.0 * tau + 1.0) * ratio + 2.0 * (1.0 - p) / (p * p))
     return first, math.sqrt(max(second - first * first, 0.0))
+
+
+def oldest_band_hazard(table: LifeTable, *, span: int) -> float | None:
+    """The hazard at the oldest ages of the curve, when it is measurably not the hazard of all ages: events
+    over exposure at the oldest ages ≤ span holding OLDEST_BAND_SHARE of the events up to span, when they
+    differ from the events over exposure up to span by OLDEST_BAND_Z standard errors (a Poisson count of the
+    band's events against those all ages' rate predicts, conditioned on the total); else None.
+
+    Why: the moments continue the curve past its last age by a constant hazard (`length_moments`). The
+    rate of all ages averages over the young ones, where a law with a minimum length (a uniform one) or an
+    increasing hazard has few events; while a window's oldest requests are young (just after a shift to
+    longer outputs), that rate put the tail mean at 2–3× the law's. The hazard past the last age is closer
+    to the hazard just before it, whatever the law's shape: under an increasing hazard it is still no
+    higher than the hazard past the curve (a mean no shorter than the truth), under a decreasing one it is
+    no lower than the average. For a constant hazard the test keeps the average of all ages (less noise).
+    None when span < 1 or there is no event up to span.
+    """
+    span = min(span, table.events.size)
+    if span < 1:
+        return None
+    events, at_risk = table.events[:span], table.at_risk[:span]
+    total_events, total_exposure = float(events.sum()), float(at_risk.sum())
+    if not (total_events > 0.0 and total_exposure > 0.0):
+        return None
+    from_oldest = np.cumsum(events[::-1])
+    first = span - 1 - int(np.searchsorted(from_oldest, OLDEST_BAND_SHARE * total_events))
+    band_events, band_exposure = float(events[first:].sum()), float(at_risk[first:].sum())
+    share = band_exposure / total_exposure
+    expected = total_events * share
+    spread = math.sqrt(total_events * share * (1.0 - share))
+    if not (band_exposure > 0.0 and spread > 0.0) or abs(band_events - expected) < OLDEST_BAND_Z * spread:
+        return None
+    return min(band_events / band_exposure, 1.0)
 
 
 def geometric_mean_length(survival: np.ndarray) -> float | None:
