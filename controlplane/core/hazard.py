@@ -248,10 +248,12 @@ def fit_hazard_histogram(
       tail of the same mean (`survival.geometric_mean_length`), which is 1/μ_O without censoring (events over
       exposure Σd/Σn when the curve never drops);
     - μ_O and σ_O are the moments of the Kaplan–Meier curve up to the last observed length (a restricted
-      mean), continued beyond it by a constant hazard (`survival.length_moments`): p̂0, or under a fitted
-      increasing hazard the window's events over exposure when higher (`_tail_hazard`): the completed mean
-      would be length-biased low after a shift to longer outputs, and the KM curve alone cannot say what
-      happens past the oldest running request.
+      mean), continued beyond it by a constant hazard (`survival.length_moments`): the hazard of the
+      curve's oldest ages when it differs measurably from that of all ages (`survival.oldest_band_hazard`;
+      the fallback's Kaplan–Meier mean uses it too), else p̂0, or under a fitted increasing hazard the
+      window's events over exposure when higher (`_tail_hazard`): the completed mean would be
+      length-biased low after a shift to longer outputs, and the KM curve alone cannot say what happens
+      past the oldest running request.
 
     shift_transient: the window was re-based at a detected shift and still holds completions of requests
     that were in flight then (`core.survival.is_shift_transient`): a mixture of two laws, whose fitted slope is an
