@@ -43,7 +43,7 @@ from controlplane.api.v1 import agent_pb2_grpc, common_pb2
 from controlplane.fleet.engine import FakeEngine
 from controlplane.fleet.messages import (
     AGENT_VERSION,
-    SimToWall,
+    SimToWallHistory,
     ack_message,
     check_engine_id,
     hello_message,
@@ -165,9 +165,8 @@ class FleetEngineClient:
         self._sim_origin_s = 0.0
         self._wall_origin_s = 0.0
         self._next_flush_sim_s = 0.0
-        # Start of the data not yet sent (for the simulated-to-wall map of finish times).
-        self._unsent_sim_s = 0.0
-        self._unsent_wall_s = 0.0
+        # The simulated-to-wall map of the times a batch carries: one anchor per flush.
+        self._to_wall = SimToWallHistory(0.0, 0.0)
 
     # ------------------------------------------------------------------------------------ observers
 
@@ -342,11 +341,10 @@ class FleetEngineClient:
     async def _flush(self, call: grpc.aio.StreamStreamCall) -> None:
         telemetry = self._engine.drain()
         wall_now = self._wall_clock()
-        to_wall = SimToWall(self._unsent_sim_s, telemetry.now_s, self._unsent_wall_s, wall_now)
-        self._unsent_sim_s, self._unsent_wall_s = telemetry.now_s, wall_now
+        self._to_wall.add(telemetry.now_s, wall_now)
         telemetry = replace(telemetry, num_events_dropped=telemetry.num_events_dropped + self._num_events_lost)
         self._seq += 1
-        message = telemetry_message(telemetry, seq=self._seq, to_wall_s=to_wall, sent_at_s=wall_now)
+        message = telemetry_message(telemetry, seq=self._seq, to_wall_s=self._to_wall, sent_at_s=wall_now)
         try:
             await call.write(message)
         except BaseException:
@@ -363,8 +361,7 @@ class FleetEngineClient:
         self._sim_origin_s = now_s
         self._wall_origin_s = self._clock()
         self._next_flush_sim_s = now_s + self._batch_interval_s
-        self._unsent_sim_s = now_s
-        self._unsent_wall_s = self._wall_clock()
+        self._to_wall = SimToWallHistory(now_s, self._wall_clock())
 
     def _paced_target_s(self, speed: float) -> float:
         """Engine time due now; a backlog beyond a few batches is forgiven (logged, counted)."""

@@ -13,8 +13,10 @@ preemption, and the agent's `Enforcer` planning every step):
   adapter-local version (versions are not checked here because a controller whose store was reset may
   restart them) and a TTL the enforcer never reaches: the fleet client owns the TTL and calls
   `reset_to_stock` when a decision outlives it.
-- Telemetry: steps and completions buffered (bounded by `max_buffered_events` per kind; beyond it events are
-  dropped and counted) and taken with `drain()`. Times are in simulated seconds from `start_s`.
+- Telemetry: steps and completions (with when each request was first scheduled) buffered (bounded by
+  `max_buffered_events` per kind; beyond it events are dropped and counted) and taken with `drain()`, which
+  adds the running requests' output lengths as the agent bins them. Times are in simulated seconds from
+  `start_s`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from agents.running_lengths import running_length_entries
 from controlplane.api.v1 import common_pb2
 from controlplane.core.types import CostModel
 from controlplane.fleet.settings import EngineSettings, settings_from_decision
@@ -220,11 +223,13 @@ class FakeEngine:
         finished = step.finished
         if finished.size:
             prompts, outputs = self._sim.lengths_of(finished)
-            for prompt, output in zip(prompts.tolist(), outputs.tolist(), strict=True):
+            admitted = self._sim.admitted_of(finished)
+            for prompt, output, admitted_s in zip(prompts.tolist(), outputs.tolist(), admitted.tolist(), strict=True):
                 if len(buffer.completion_finish_s) < self._max_buffered:
                     buffer.completion_prompt_tokens.append(prompt)
                     buffer.completion_output_tokens.append(output)
                     buffer.completion_finish_s.append(step.end_s)
+                    buffer.completion_admitted_s.append(admitted_s)
                 else:
                     self._num_dropped += 1
             # Closed loop: each finish brings one arrival, at the finish time.
@@ -232,11 +237,17 @@ class FakeEngine:
         return record
 
     def drain(self) -> EngineTelemetry:
-        """Take everything recorded since the last drain, with the gauges and counters as of now."""
+        """Take everything recorded since the last drain, with the gauges, the running requests' output
+        lengths (O(running)) and the counters as of now."""
         buffer = self._buffer
         self._buffer = EngineTelemetry()
+        lengths, counts, admitted = running_length_entries(self._sim.running_output_tokens().tolist(),
+                                                           self._sim.running_admitted_s().tolist())
         return replace(
             buffer,
+            running_output_tokens=lengths,
+            running_num_requests=counts,
+            running_admitted_s=admitted,
             kv_used_tokens=self.kv_used_tokens,
             kv_total_tokens=self.kv_total_tokens,
             scheduler=self.scheduler_state(),

@@ -1,13 +1,16 @@
 """Conversion of fake-engine state into AgentService messages (Hello, TelemetryBatch, DecisionAck).
 
 Pure functions: no I/O, no clock reads (times are passed in). Engine times are simulated seconds; the
-contract's `finish_time_s` is engine wall clock since the Unix epoch, so the caller supplies a linear map
-from simulated to wall time (see `SimToWall`). Step durations stay in simulated seconds: they are what
-the controller fits the cost model to.
+contract's `finish_time_s` is engine wall clock since the Unix epoch, so the caller supplies a map from
+simulated to wall time (`SimToWall` for one batch, `SimToWallHistory` for a stream). Step durations stay
+in simulated seconds: they are what the controller fits the cost model to.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.api.v1 import agent_pb2, common_pb2
@@ -28,7 +31,8 @@ def check_engine_id(engine_id: str) -> str:
 class SimToWall:
     """Linear map from the engine clock [sim_start_s, sim_end_s] onto wall time [wall_start_s, wall_end_s].
 
-    A degenerate simulated span maps everything to wall_end_s. Results never exceed wall_end_s.
+    A degenerate simulated span maps everything to wall_end_s. Results never exceed wall_end_s; NaN maps
+    to NaN.
     """
 
     sim_start_s: float
@@ -37,11 +41,59 @@ class SimToWall:
     wall_end_s: float
 
     def __call__(self, sim_s: float) -> float:
+        if math.isnan(sim_s):
+            return math.nan
         span = self.sim_end_s - self.sim_start_s
         if span <= 0.0:
             return self.wall_end_s
         fraction = (sim_s - self.sim_start_s) / span
         return min(self.wall_end_s, self.wall_start_s + fraction * (self.wall_end_s - self.wall_start_s))
+
+
+class SimToWallHistory:
+    """The engine clock → wall clock map of one stream: piecewise linear through one anchor (engine clock,
+    wall clock) per flush, never later than the newest anchor's wall time. Before the oldest anchor kept it
+    continues the oldest segment's pace; NaN maps to NaN.
+
+    Why not one `SimToWall` per batch: a batch carries times from before its own span (when a request still
+    running, or one finishing now, was first scheduled, possibly many batches ago). A per-batch map puts them
+    at this batch's pace, which an unpaced engine does not keep from one batch to the next, so an admission
+    could land after a completion that followed it. Within the newest segment both maps agree.
+    """
+
+    def __init__(self, sim_s: float, wall_s: float, *, max_anchors: int = 4096) -> None:
+        if max_anchors < 2:
+            raise ValueError(f"max_anchors must be ≥ 2, got {max_anchors}")
+        self._sim: list[float] = [sim_s]
+        self._wall: list[float] = [wall_s]
+        self._max_anchors = max_anchors
+
+    def add(self, sim_s: float, wall_s: float) -> None:
+        """Anchor engine time `sim_s` at wall time `wall_s` (a flush). Times are kept non-decreasing: an
+        engine clock that did not advance moves the newest anchor's wall time instead."""
+        wall_s = max(wall_s, self._wall[-1])
+        if sim_s <= self._sim[-1]:
+            self._wall[-1] = wall_s
+            return
+        self._sim.append(sim_s)
+        self._wall.append(wall_s)
+        if len(self._sim) > self._max_anchors:
+            del self._sim[0], self._wall[0]
+
+    def __call__(self, sim_s: float) -> float:
+        if math.isnan(sim_s):
+            return math.nan
+        sims, walls = self._sim, self._wall
+        if sim_s >= sims[-1]:
+            return walls[-1]
+        i = bisect.bisect_right(sims, sim_s)
+        if i == 0:  # before the oldest anchor: the oldest segment's pace (or the anchor itself when alone)
+            if len(sims) < 2:
+                return walls[0]
+            i = 1
+        lo, hi = i - 1, i
+        fraction = (sim_s - sims[lo]) / (sims[hi] - sims[lo])
+        return min(walls[-1], walls[lo] + fraction * (walls[hi] - walls[lo]))
 
 
 def hello_message(
@@ -65,11 +117,13 @@ def hello_message(
 
 
 def telemetry_message(
-    telemetry: EngineTelemetry, *, seq: int, to_wall_s: SimToWall, sent_at_s: float
+    telemetry: EngineTelemetry, *, seq: int, to_wall_s: Callable[[float], float], sent_at_s: float
 ) -> agent_pb2.AgentMessage:
     """A TelemetryBatch with sequence number `seq` (≥ 1) from one `FakeEngine.drain()`.
 
-    Completion finish times go through `to_wall_s`; every completion has aborted = False.
+    Completion finish and admission times and the running entries' admission times go through `to_wall_s`
+    (a `SimToWall` or a stream's `SimToWallHistory`); every completion has aborted = False. The running
+    requests' histogram rides in `running`, as an agent sends it.
     """
     if seq < 1:
         raise ValueError(f"seq starts at 1, got {seq}")
@@ -81,6 +135,7 @@ def telemetry_message(
             output_tokens=telemetry.completion_output_tokens,
             finish_time_s=[to_wall_s(t) for t in telemetry.completion_finish_s],
             aborted=[False] * num_completions,
+            admitted_time_s=[to_wall_s(t) for t in telemetry.completion_admitted_s],
         ),
         steps=agent_pb2.Steps(
             prefill_tokens=telemetry.step_prefill_tokens,
@@ -101,6 +156,11 @@ def telemetry_message(
             num_events_dropped=telemetry.num_events_dropped,
         ),
         sent_at_s=sent_at_s,
+        running=agent_pb2.RunningLengths(
+            output_tokens=telemetry.running_output_tokens,
+            num_requests=telemetry.running_num_requests,
+            admitted_time_s=[to_wall_s(t) for t in telemetry.running_admitted_s],
+        ),
     )
     return agent_pb2.AgentMessage(telemetry=batch)
 

@@ -39,9 +39,13 @@ class EngineTelemetry:
     """Everything recorded since the previous `drain()`, columnar (element i of each list is event i).
 
     Step columns: prefill tokens, decode tokens, decode requests, duration (s), engine clock at the end
-    of the step (s). Completion columns: prompt tokens, output tokens, finish time on the engine clock (s);
-    the fake engine never aborts. The gauges (KV, scheduler state) and the cumulative counters are read at
-    drain time; now_s is the engine clock then. The lists are owned by the receiver after a drain.
+    of the step (s). Completion columns: prompt tokens, output tokens, finish time and the time the request
+    was first scheduled, both on the engine clock (s); the fake engine never aborts. The running requests
+    (right-censored output lengths, as an agent reports them): a histogram binned as
+    `agents.running_lengths` bins it, output tokens so far and requests per entry, with the earliest time
+    one of the entry's requests was first scheduled (engine clock, s). The gauges (KV, scheduler state),
+    the running requests and the cumulative counters are read at drain time; now_s is the engine clock
+    then. The lists are owned by the receiver after a drain.
     """
 
     step_prefill_tokens: list[int] = field(default_factory=list)
@@ -52,6 +56,10 @@ class EngineTelemetry:
     completion_prompt_tokens: list[int] = field(default_factory=list)
     completion_output_tokens: list[int] = field(default_factory=list)
     completion_finish_s: list[float] = field(default_factory=list)
+    completion_admitted_s: list[float] = field(default_factory=list)
+    running_output_tokens: list[int] = field(default_factory=list)
+    running_num_requests: list[int] = field(default_factory=list)
+    running_admitted_s: list[float] = field(default_factory=list)
     kv_used_tokens: int = 0
     kv_total_tokens: int = 0
     scheduler: SchedulerState = field(default_factory=_empty_scheduler_state)

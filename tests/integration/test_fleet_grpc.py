@@ -174,7 +174,22 @@ async def test_hello_first_consecutive_seqs_consistent_arrays_and_ack(controller
         assert all(f <= batch.sent_at_s for f in c.finish_time_s)
         assert batch.kv_used_tokens <= batch.kv_total_tokens == 65536
         assert batch.scheduler.num_running_prefills + batch.scheduler.num_running_decodes <= 16
+        # Censored observations and admissions, as an agent sends them: one admission per completion, no
+        # later than its finish; the running histogram counts the running requests, each entry admitted
+        # before the batch was sent.
+        assert len(c.admitted_time_s) == len(c.output_tokens)
+        assert all(a <= f for a, f in zip(c.admitted_time_s, c.finish_time_s, strict=True))
+        r = batch.running
+        assert len(r.output_tokens) == len(r.num_requests) == len(r.admitted_time_s)
+        assert sum(r.num_requests) == batch.scheduler.num_running_prefills + batch.scheduler.num_running_decodes
+        assert all(a <= batch.sent_at_s for a in r.admitted_time_s)
     assert sum(len(b.completions.output_tokens) for b in batches) > 0
+    assert sum(sum(b.running.num_requests) for b in batches) > 0
+    # Admissions from earlier batches map onto the wall times those batches were sent at (the stream's one
+    # map): a request still running at batch i and finished later keeps the admission it was reported with.
+    admitted = [a for b in batches for a in b.completions.admitted_time_s]
+    first_sent = batches[0].sent_at_s
+    assert min(admitted) <= first_sent
 
     [ack] = stream.acks()
     assert (ack.version, ack.applied, ack.reject_reason) == (7, True, "")

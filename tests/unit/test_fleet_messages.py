@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from controlplane.fleet.engine import FakeEngine
-from controlplane.fleet.messages import SimToWall, ack_message, check_engine_id, hello_message, telemetry_message
+from controlplane.fleet.messages import (
+    SimToWall,
+    SimToWallHistory,
+    ack_message,
+    check_engine_id,
+    hello_message,
+    telemetry_message,
+)
 from controlplane.fleet.profiles import EngineShape
 from controlplane.fleet.workload import WorkloadSpec
 
@@ -44,11 +53,62 @@ def test_telemetry_columns_line_up_and_finish_times_map_to_wall_time() -> None:
         telemetry_message(telemetry, seq=0, to_wall_s=to_wall, sent_at_s=0.0)
 
 
+def test_running_requests_and_admissions_ride_as_an_agent_sends_them() -> None:
+    engine = FakeEngine(workload=WorkloadSpec.parse("geometric:64/uniform:64/closed:6"), shape=SHAPE, seed=3)
+    engine.run_until(1.0)
+    engine.drain()
+    engine.run_until(3.0)
+    telemetry = engine.drain()
+    to_wall = SimToWallHistory(0.0, 1_000.0)
+    to_wall.add(1.0, 1_001.0)
+    to_wall.add(telemetry.now_s, 1_003.0)
+    batch = telemetry_message(telemetry, seq=2, to_wall_s=to_wall, sent_at_s=1_003.0).telemetry
+    c, r = batch.completions, batch.running
+    assert len(c.admitted_time_s) == len(c.output_tokens) > 0
+    assert all(1_000.0 <= a <= f for a, f in zip(c.admitted_time_s, c.finish_time_s, strict=True))
+    assert any(a < 1_001.0 for a in c.admitted_time_s)  # admitted in the first batch's span, finished in this one
+    state = engine.scheduler_state()
+    assert sum(r.num_requests) == state.num_running_prefills + state.num_running_decodes > 0
+    assert list(r.output_tokens) == sorted(r.output_tokens)
+    assert len(r.admitted_time_s) == len(r.output_tokens)
+    assert all(1_000.0 <= a <= 1_003.0 for a in r.admitted_time_s)
+
+
+def test_the_stream_map_is_piecewise_through_its_anchors() -> None:
+    """One anchor per flush: the second batch ran 10 simulated seconds in 1 wall second, the first 10 in 10.
+    A time of the first batch maps at the first batch's pace, not the second's."""
+    to_wall = SimToWallHistory(0.0, 100.0)
+    to_wall.add(10.0, 110.0)
+    to_wall.add(20.0, 111.0)
+    assert to_wall(5.0) == pytest.approx(105.0)  # a per-batch map of the second batch would say 110.5 − 0.5
+    assert to_wall(15.0) == pytest.approx(110.5)
+    assert SimToWall(10.0, 20.0, 110.0, 111.0)(15.0) == pytest.approx(to_wall(15.0))  # the newest segment agrees
+    assert to_wall(-5.0) == pytest.approx(95.0)  # before the oldest anchor: the oldest segment's pace
+    assert to_wall(25.0) == 111.0  # never in the future
+    assert math.isnan(to_wall(math.nan))
+    to_wall.add(20.0, 112.0)  # the engine did not advance: the newest anchor moves
+    assert to_wall(20.0) == 112.0
+    to_wall.add(30.0, 111.5)  # a wall clock that stepped back is held
+    assert to_wall(30.0) == 112.0
+    with pytest.raises(ValueError, match="max_anchors"):
+        SimToWallHistory(0.0, 0.0, max_anchors=1)
+
+
+def test_the_stream_map_keeps_its_newest_anchors() -> None:
+    to_wall = SimToWallHistory(0.0, 0.0, max_anchors=3)
+    for t in range(1, 6):
+        to_wall.add(float(t), float(t) * (1.0 if t < 4 else 2.0))  # pace 1 up to t = 3, then 2 wall s per s
+    # anchors kept: (3, 3), (4, 8), (5, 10); before (3, 3) the oldest segment's pace is 5 wall s per s
+    assert to_wall(3.5) == pytest.approx(5.5)
+    assert to_wall(2.0) == pytest.approx(-2.0)
+
+
 def test_sim_to_wall_is_linear_and_never_in_the_future() -> None:
     to_wall = SimToWall(10.0, 20.0, 100.0, 101.0)
     assert to_wall(15.0) == pytest.approx(100.5)
     assert to_wall(25.0) == 101.0
     assert SimToWall(5.0, 5.0, 0.0, 3.0)(5.0) == 3.0
+    assert math.isnan(to_wall(math.nan))
 
 
 def test_ack_message() -> None:
