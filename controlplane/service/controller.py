@@ -82,6 +82,17 @@ class Pushed:
     decision: common_pb2.Decision
 
 
+@dataclass(frozen=True, slots=True)
+class HeldBatch:
+    """Completions held on probation: prompts and outputs (tokens), their admission ages as of held_at_s
+    (seconds; None when the batch did not report them) and the controller time they arrived at."""
+
+    prompts: np.ndarray
+    outputs: np.ndarray
+    admitted_age_s: np.ndarray | None
+    held_at_s: float
+
+
 @dataclass(eq=False)
 class EngineRecord:
     """What the controller keeps per engine id: its decision loop and the stream holding it (if any)."""
@@ -93,8 +104,9 @@ class EngineRecord:
     block_count: int = 0
     block_sum_tokens: float = 0.0
     # Probation: an engine's completions wait here until its first block is judged (not an outlier), so a
-    # poisoning engine never reaches the pool statistics, even if it changes its id every block.
-    probation: list[tuple[np.ndarray, np.ndarray]] | None = field(default_factory=list)
+    # poisoning engine never reaches the pool statistics, even if it changes its id every block. Each held
+    # batch keeps its admission ages (None: not reported) and the controller time it was held at.
+    probation: list[HeldBatch] | None = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -355,18 +367,19 @@ class Controller:
             m.sequence_gaps.inc()
         pool = self._pools[loop.hello.pool_key]
         prompts, outputs = batch.prompt_tokens, batch.output_tokens
+        admitted_age_s = batch.admitted_age_s if outputs.size else None
         if outputs.size:
             if record.probation is not None:
-                record.probation.append((prompts, outputs))
+                record.probation.append(HeldBatch(prompts, outputs, admitted_age_s, now_s))
                 prompts = outputs = _EMPTY
+                admitted_age_s = None
             self._judge_outlier(record, pool, batch.output_tokens, now_s)
         if not loop.excluded_from_pool:
             self._add_to_pool(pool, now_s, prompts, outputs,
                               StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests,
                                           batch.duration_s), engine_id=session.engine_id,
                               running=(batch.running_lengths, batch.running_counts),
-                              admitted_age_s=batch.admitted_age_s if outputs.size else None,
-                              running_admitted_age_s=batch.running_admitted_age_s)
+                              admitted_age_s=admitted_age_s, running_admitted_age_s=batch.running_admitted_age_s)
         self._batches_accepted.inc()
         self._completions_accepted.inc(batch.output_tokens.size)
         self._steps_accepted.inc(batch.duration_s.size)
@@ -393,10 +406,16 @@ class Controller:
                 and pool.num_connected >= _MIN_POOL_ENGINES_FOR_OUTLIERS)
 
     def _end_probation(self, record: EngineRecord, pool: PoolRecord, now_s: float, *, admit: bool) -> None:
+        """Release (admit) or drop the completions held on probation. Released ones enter the open bucket with
+        their admission ages carried forward to now_s, so the bucket keeps its admissions (one batch that
+        reported none makes the release's admissions unknown, as it would have made its own bucket's)."""
         held, record.probation = record.probation or [], None
-        if admit and held:
-            self._add_to_pool(pool, now_s, np.concatenate([p for p, _ in held]),
-                              np.concatenate([o for _, o in held]), None)
+        if not (admit and held):
+            return
+        known = all(h.admitted_age_s is not None and h.admitted_age_s.size == h.outputs.size for h in held)
+        ages = np.concatenate([h.admitted_age_s + (now_s - h.held_at_s) for h in held]) if known else None
+        self._add_to_pool(pool, now_s, np.concatenate([h.prompts for h in held]),
+                          np.concatenate([h.outputs for h in held]), None, admitted_age_s=ages)
 
     def _judge_outlier(self, record: EngineRecord, pool: PoolRecord, outputs: np.ndarray, now_s: float) -> None:
         """Keep an engine whose output lengths are far from its pool's out of the pool statistics.
