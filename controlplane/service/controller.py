@@ -872,6 +872,19 @@ class Controller:
         self._watchers.add(queue)
         return queue
 
+    def holds(self, engine_id: str) -> bool:
+        """Whether an engine's stream is open on this replica now (its pushes reach this replica's watchers)."""
+        record = self._engines.get(engine_id)
+        return record is not None and record.session is not None
+
+    def offer(self, queue: asyncio.Queue[Pushed], event: Pushed) -> None:
+        """Hand a watcher an event from elsewhere (another replica's decision); dropped and counted when
+        the watcher is behind, as this replica's own pushes are."""
+        try:
+            queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self._metrics.watchers_dropped.inc()
+
     def unwatch(self, queue: asyncio.Queue[Pushed]) -> None:
         self._watchers.discard(queue)
 

@@ -21,6 +21,7 @@ from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
 from controlplane.service.controller import Controller, OverrideError
 from controlplane.service.fleet_view import merge_engine_infos, stored_decision_view
+from controlplane.service.fleet_watch import follow_history
 from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         if request.pool.model or request.pool.accelerator:
             wanted_pool = await _pool_key(context, request.pool)
         queue = self._controller.watch()
+        follower = asyncio.create_task(follow_history(self._controller, self._store, queue))
         try:
             while True:
                 event = await queue.get()
@@ -198,11 +200,13 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     continue
                 if request.engine_id and event.engine_id != request.engine_id:
                     continue
-                view = self._controller.decision_view(event.engine_id)
-                if view is not None:
-                    view.decision.CopyFrom(event.decision)
-                    yield view
+                # An engine held elsewhere (or gone): the view its stored decision gives.
+                view = (self._controller.decision_view(event.engine_id)
+                        or stored_decision_view(event.engine_id, event.pool_key, event.decision))
+                view.decision.CopyFrom(event.decision)
+                yield view
         finally:
+            follower.cancel()
             self._controller.unwatch(queue)
 
     async def PutCalibration(self, request: operator_pb2.PutCalibrationRequest,  # noqa: N802

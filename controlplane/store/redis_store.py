@@ -256,6 +256,45 @@ class RedisStore(PoolStatisticsMixin):
         entries.sort(key=lambda entry: stream_id_order(entry["id"]), reverse=True)
         return entries[:count]
 
+    async def history_last_ids(self, streams: Sequence[str]) -> dict[str, str]:
+        """The id of the latest entry of each history stream ("0-0" for one that has none): `read_history_after`
+        from them returns what is appended afterwards.
+
+        Raises:
+            StoreUnavailable: when Redis fails.
+        """
+        streams = list(streams)
+        async with self._operation("history_last_ids"):
+            replies = await self._batched(streams, lambda pipe, key: pipe.xrevrange(key, count=1))
+        return {stream: text(reply[0][0]) if reply else "0-0" for stream, reply in zip(streams, replies, strict=True)}
+
+    async def history_streams(self) -> list[str]:
+        """The key of every pool's decision history stream (SCAN: every primary of a cluster).
+
+        Raises:
+            StoreUnavailable: when Redis fails.
+        """
+        async with self._operation("history_streams"):
+            return await self._scan(self._keys.history_pattern)
+
+    async def read_history_after(self, after: Mapping[str, str], *, count: int) -> list[tuple[str, dict[str, Any]]]:
+        """(stream, entry) for the entries of each stream in `after` whose id is greater than after[stream],
+        oldest first within a stream, at most `count` per stream; entries as `read_history` gives them.
+        Pipelined per server (each stream is one key: no cross-slot command).
+
+        Raises:
+            ValueError: when count < 1.
+            StoreUnavailable: when Redis fails.
+        """
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        streams = list(after)
+        async with self._operation("read_history_after"):
+            replies = await self._batched(streams, lambda pipe, key: pipe.xrange(key, min=f"({after[key]}",
+                                                                                 count=count))
+        return [(stream, history_entry(entry_id, fields, stream=stream))
+                for stream, reply in zip(streams, replies, strict=True) for entry_id, fields in reply]
+
     # ---- epochs (version fencing) ----------------------------------------------------------------------
 
     async def reserve_epoch(self, engine_id: str) -> int:

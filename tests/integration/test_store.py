@@ -170,6 +170,28 @@ async def test_concurrent_replicas_never_regress_a_decision(redis_topology: Topo
     assert accepted[-1] == 200 and len(set(accepted)) == len(accepted)
 
 
+async def test_history_is_read_on_from_where_a_reader_got_to(store: RedisStore) -> None:
+    """What a fleet-wide watch reads: each stream after the id it had got to, a new pool's from its start."""
+    await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(1))
+    [stream] = await store.history_streams()
+    positions = await store.history_last_ids([stream, "no-such-stream"])
+    assert positions["no-such-stream"] == "0-0"
+    assert await store.read_history_after(positions, count=10) == []  # nothing after the latest entry
+    await store.put_decisions([DecisionWrite("engine-a", POOL_KEY, make_decision(2)),
+                               DecisionWrite("engine-b", "other|gpu", make_decision(1))])
+    streams = await store.history_streams()
+    assert len(streams) == 2
+    positions.update({s: "0-0" for s in streams if s not in positions})  # the new pool's stream, from its start
+    read = await store.read_history_after(positions, count=10)
+    assert sorted((entry["engine_id"], entry["version"]) for _, entry in read) == [("engine-a", "2"),
+                                                                                   ("engine-b", "1")]
+    assert all(entry["decision"] is not None for _, entry in read)
+    positions.update({s: entry["id"] for s, entry in read})
+    assert await store.read_history_after(positions, count=10) == []
+    with pytest.raises(ValueError, match="count"):
+        await store.read_history_after(positions, count=0)
+
+
 async def test_one_writer_appends_history_in_version_order(store: RedisStore) -> None:
     for version in (3, 1, 5, 4, 9):
         await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(version))

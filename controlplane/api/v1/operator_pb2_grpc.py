@@ -130,7 +130,8 @@ class OperatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchDecisions(self, request, context):
-        """Every decision pushed from now on (optionally filtered by pool or engine).
+        """Every decision pushed from now on, by any replica (another replica's within about a second, read from
+        the history streams), optionally filtered by pool or engine.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

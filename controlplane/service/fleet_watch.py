@@ -1,0 +1,70 @@
+"""Fleet-wide WatchDecisions: the decisions other replicas push, followed through the pools' history streams.
+
+A replica hands its own engines' decisions to its watchers as it pushes them (`Controller.watch`). Every
+accepted decision write is also appended to its pool's history stream (`RedisStore.put_decisions`), whichever
+replica wrote it; `follow_history` reads those streams from their latest entries when the watch began, every
+POLL_S, and offers the watcher the entries of engines whose stream is not open on this replica (the others
+arrive directly, so each decision is seen once). Streams are found by a SCAN every SCAN_INTERVAL_S; one that
+appears later (a new pool) is read from its first entry.
+
+A decision of another replica reaches the watcher up to POLL_S (plus a store round trip) after it was written.
+A store that fails leaves the watch to the replica's own engines until it answers again (logged once per
+failure spell); entries appended meanwhile are still read then, from where the watch had got to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from controlplane.service.controller import Controller, Pushed
+from controlplane.store import RedisStore, StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+SCAN_INTERVAL_S = 5.0
+PER_STREAM = 256  # entries read per stream and poll; a stream with more is read on at the next poll
+
+
+async def follow_history(controller: Controller, store: RedisStore, queue: asyncio.Queue[Pushed], *,
+                         poll_s: float = POLL_S, scan_interval_s: float = SCAN_INTERVAL_S,
+                         clock: Callable[[], float] = time.monotonic) -> None:
+    """Offer `queue` every decision appended to a history stream after this call, of engines `controller`
+    does not hold, until cancelled (see the module docstring)."""
+    positions: dict[str, str] | None = None  # stream → the id read up to; None until the first scan
+    scanned_at = -math.inf
+    failing = False
+    while True:
+        try:
+            if clock() - scanned_at >= scan_interval_s:
+                streams = await store.history_streams()
+                if positions is None:
+                    positions = await store.history_last_ids(streams)
+                else:
+                    positions.update({stream: "0-0" for stream in streams if stream not in positions})
+                scanned_at = clock()
+            if positions:
+                for stream, entry in await store.read_history_after(positions, count=PER_STREAM):
+                    positions[stream] = entry["id"]
+                    _offer(controller, queue, entry)
+            if failing:
+                logger.info("fleet-wide watch: the store answers again")
+            failing = False
+        except StoreUnavailable as exc:
+            if not failing:
+                logger.warning("fleet-wide watch: other replicas' decisions not readable (%s); this replica's "
+                               "own engines only until the store answers", exc)
+            failing = True
+        await asyncio.sleep(poll_s)
+
+
+def _offer(controller: Controller, queue: asyncio.Queue[Pushed], entry: dict[str, Any]) -> None:
+    decision, engine_id = entry.get("decision"), entry.get("engine_id")
+    if decision is None or not engine_id or controller.holds(engine_id):
+        return
+    controller.offer(queue, Pushed(engine_id=engine_id, pool_key=entry.get("pool", ""), decision=decision))
