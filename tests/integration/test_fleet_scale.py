@@ -101,6 +101,15 @@ async def test_a_store_that_hangs_does_not_delay_pushes(redis_url: str) -> None:
             await stub.PutCalibration(operator_pb2.PutCalibrationRequest(calibration=calibration_for(POOL)))
             agent, decision = await warm_engine(channel, "engine-p", POOL, seed=5)
             assert decision.mode == common_pb2.MODE_EB
+            watched: list[int] = []
+            watch = stub.WatchDecisions(operator_pb2.WatchDecisionsRequest())
+
+            async def read_watch() -> None:
+                async for seen in watch:
+                    watched.append(seen.decision.version)
+
+            watcher = asyncio.create_task(read_watch())
+            await asyncio.sleep(0.3)  # the watch is open (its history reads will hang from now on)
             proxy.partition()  # every Redis call now hangs
             rng = np.random.default_rng(6)
             batch = geometric_batch(50, rng, num=250)
@@ -112,6 +121,15 @@ async def test_a_store_that_hangs_does_not_delay_pushes(redis_url: str) -> None:
             assert "memory_guard" in guarded.flags
             assert latency_s < 0.5, f"push took {latency_s:.3f} s with the store hanging"
             assert ctl.app.controller.num_pending_writes >= 1
+            # A watch whose history reads hang still gets this replica's own pushes.
+            for _ in range(20):
+                if guarded.version in watched:
+                    break
+                await asyncio.sleep(0.1)
+            assert guarded.version in watched, watched
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await watcher
             # The operator's fleet-wide views fall back to this replica's own engines, in bounded time.
             asked = time.monotonic()
             listed = await stub.ListEngines(operator_pb2.ListEnginesRequest())
