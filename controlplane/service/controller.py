@@ -499,7 +499,10 @@ class Controller:
         if record.session is not None:
             record.session.mailbox.put(decision)
             loop.mark_sent(decision, now_s=now_s)
-        event = Pushed(engine_id=loop.hello.engine_id, pool_key=loop.hello.pool_key, decision=decision)
+        self._fan_out(Pushed(engine_id=loop.hello.engine_id, pool_key=loop.hello.pool_key, decision=decision))
+
+    def _fan_out(self, event: Pushed) -> None:
+        """Hand every watcher the event; one that is behind loses it (counted)."""
         for watcher in self._watchers:
             try:
                 watcher.put_nowait(event)
@@ -872,18 +875,14 @@ class Controller:
         self._watchers.add(queue)
         return queue
 
-    def holds(self, engine_id: str) -> bool:
-        """Whether an engine's stream is open on this replica now (its pushes reach this replica's watchers)."""
-        record = self._engines.get(engine_id)
-        return record is not None and record.session is not None
-
-    def offer(self, queue: asyncio.Queue[Pushed], event: Pushed) -> None:
-        """Hand a watcher an event from elsewhere (another replica's decision); dropped and counted when
-        the watcher is behind, as this replica's own pushes are."""
-        try:
-            queue.put_nowait(event)
-        except asyncio.QueueFull:
-            self._metrics.watchers_dropped.inc()
+    def offer_remote(self, event: Pushed) -> bool:
+        """Hand every watcher another replica's decision, unless the engine's stream is open here (its
+        pushes reach the watchers directly). Returns whether it was handed on."""
+        record = self._engines.get(event.engine_id)
+        if record is not None and record.session is not None:
+            return False
+        self._fan_out(event)
+        return True
 
     def unwatch(self, queue: asyncio.Queue[Pushed]) -> None:
         self._watchers.discard(queue)

@@ -2,10 +2,11 @@
 
 A replica hands its own engines' decisions to its watchers as it pushes them (`Controller.watch`). Every
 accepted decision write is also appended to its pool's history stream (`RedisStore.put_decisions`), whichever
-replica wrote it; `follow_history` reads those streams from their latest entries when the watch began, every
-POLL_S, and offers the watcher the entries of engines whose stream is not open on this replica (the others
-arrive directly, so each decision is seen once). Streams are found by a SCAN every SCAN_INTERVAL_S; one that
-appears later (a new pool) is read from its first entry.
+replica wrote it; `follow_history` reads those streams from their latest entries when it started, every
+POLL_S, and hands the watchers the entries of engines whose stream is not open on this replica
+(`Controller.offer_remote`; the others arrive directly, so each decision is seen once). Streams are found by
+a SCAN every SCAN_INTERVAL_S; one that appears later (a new pool) is read from its first entry. One follower
+serves all of a replica's watchers (`SharedFollower`): the store's load does not grow with them.
 
 A decision of another replica reaches the watcher up to POLL_S (plus a store round trip) after it was written.
 A store that fails leaves the watch to the replica's own engines until it answers again (logged once per
@@ -31,11 +32,33 @@ SCAN_INTERVAL_S = 5.0
 PER_STREAM = 256  # entries read per stream and poll; a stream with more is read on at the next poll
 
 
-async def follow_history(controller: Controller, store: RedisStore, queue: asyncio.Queue[Pushed], *,
-                         poll_s: float = POLL_S, scan_interval_s: float = SCAN_INTERVAL_S,
-                         clock: Callable[[], float] = time.monotonic) -> None:
-    """Offer `queue` every decision appended to a history stream after this call, of engines `controller`
-    does not hold, until cancelled (see the module docstring)."""
+class SharedFollower:
+    """One `follow_history` task per replica, running while at least one watcher is open."""
+
+    def __init__(self, controller: Controller, store: RedisStore) -> None:
+        self._controller = controller
+        self._store = store
+        self._watchers = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def join(self) -> None:
+        """A watcher opened: start following when it is the first."""
+        self._watchers += 1
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(follow_history(self._controller, self._store))
+
+    def leave(self) -> None:
+        """A watcher closed: stop following when it was the last."""
+        self._watchers = max(0, self._watchers - 1)
+        if self._watchers == 0 and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
+async def follow_history(controller: Controller, store: RedisStore, *, poll_s: float = POLL_S,
+                         scan_interval_s: float = SCAN_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    """Hand `controller`'s watchers every decision appended to a history stream after this call, of engines
+    it does not hold, until cancelled (see the module docstring)."""
     positions: dict[str, str] | None = None  # stream → the id read up to; None until the first scan
     scanned_at = -math.inf
     failing = False
@@ -51,7 +74,7 @@ async def follow_history(controller: Controller, store: RedisStore, queue: async
             if positions:
                 for stream, entry in await store.read_history_after(positions, count=PER_STREAM):
                     positions[stream] = entry["id"]
-                    _offer(controller, queue, entry)
+                    _offer(controller, entry)
             if failing:
                 logger.info("fleet-wide watch: the store answers again")
             failing = False
@@ -60,11 +83,12 @@ async def follow_history(controller: Controller, store: RedisStore, queue: async
                 logger.warning("fleet-wide watch: other replicas' decisions not readable (%s); this replica's "
                                "own engines only until the store answers", exc)
             failing = True
+        except Exception:  # a bug here must not end the watch of this replica's own engines, nor go unseen
+            logger.exception("fleet-wide watch: reading the history failed; retrying")
         await asyncio.sleep(poll_s)
 
 
-def _offer(controller: Controller, queue: asyncio.Queue[Pushed], entry: dict[str, Any]) -> None:
+def _offer(controller: Controller, entry: dict[str, Any]) -> None:
     decision, engine_id = entry.get("decision"), entry.get("engine_id")
-    if decision is None or not engine_id or controller.holds(engine_id):
-        return
-    controller.offer(queue, Pushed(engine_id=engine_id, pool_key=entry.get("pool", ""), decision=decision))
+    if decision is not None and engine_id:
+        controller.offer_remote(Pushed(engine_id=engine_id, pool_key=entry.get("pool", ""), decision=decision))

@@ -21,7 +21,7 @@ from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
 from controlplane.service.controller import Controller, OverrideError
 from controlplane.service.fleet_view import merge_engine_infos, stored_decision_view
-from controlplane.service.fleet_watch import follow_history
+from controlplane.service.fleet_watch import SharedFollower
 from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self._controller = controller
         self._auth = authenticator
         self._store = store
+        self._follower = SharedFollower(controller, store)  # other replicas' decisions for the watchers
 
     def _actor(self, context: grpc.aio.ServicerContext) -> str:
         return self._auth.identity(context, OPERATOR_PREFIX)
@@ -192,7 +193,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         if request.pool.model or request.pool.accelerator:
             wanted_pool = await _pool_key(context, request.pool)
         queue = self._controller.watch()
-        follower = asyncio.create_task(follow_history(self._controller, self._store, queue))
+        self._follower.join()
         try:
             while True:
                 event = await queue.get()
@@ -206,7 +207,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                 view.decision.CopyFrom(event.decision)
                 yield view
         finally:
-            follower.cancel()
+            self._follower.leave()
             self._controller.unwatch(queue)
 
     async def PutCalibration(self, request: operator_pb2.PutCalibrationRequest,  # noqa: N802

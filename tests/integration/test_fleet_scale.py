@@ -262,33 +262,36 @@ async def test_a_fleet_that_connects_at_once_is_taken_in_whole(redis_url: str) -
 
 async def test_a_watcher_sees_the_decisions_every_replica_pushes_once_each(redis_url: str) -> None:
     """WatchDecisions on replica A: its own engine's decisions arrive as pushed, replica B's engine's
-    through the history stream; neither twice (a long TTL: no keep-alive re-push during the test)."""
+    through the history stream; neither twice, to each of two watchers (a long TTL: no keep-alive re-push
+    during the test)."""
     loop = DecisionLoopConfig(recompute_completions=200, interval_s=0.3, ttl_s=300.0)
     async with running_controller(make_config(redis_url, controller_id="replica-a", loop=loop)) as a, \
             running_controller(make_config(redis_url, controller_id="replica-b", loop=loop)) as b, \
             grpc.aio.insecure_channel(a.address) as chan_a, grpc.aio.insecure_channel(b.address) as chan_b:
-        views: list[operator_pb2.DecisionView] = []
-        watch = operator_stub(chan_a).WatchDecisions(operator_pb2.WatchDecisionsRequest())
+        # Two watchers on A (they share one follower of the history).
+        watches = [operator_stub(chan_a).WatchDecisions(operator_pb2.WatchDecisionsRequest()) for _ in range(2)]
+        views: list[list[operator_pb2.DecisionView]] = [[], []]
 
-        async def read() -> None:
-            async for view in watch:
-                views.append(view)
+        async def read(i: int) -> None:
+            async for view in watches[i]:
+                views[i].append(view)
 
-        reader = asyncio.create_task(read())
-        await asyncio.sleep(0.5)  # the watch is open and has read the history's position
+        readers = [asyncio.create_task(read(i)) for i in range(2)]
+        await asyncio.sleep(0.5)  # the watches are open and the history's positions read
         on_a = await AgentStream(chan_a, "on-a", POOL).open()
         on_b = await AgentStream(chan_b, "on-b", POOL).open()
         pushed = {"on-a": (await on_a.next_decision()).version, "on-b": (await on_b.next_decision()).version}
         deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and {v.engine_id for v in views} != set(pushed):
+        while time.monotonic() < deadline and any({v.engine_id for v in seen} != set(pushed) for seen in views):
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.5)  # three more polls of the history: a duplicate would have arrived by now
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-            await reader
+        for watch, reader in zip(watches, readers, strict=True):
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
         for agent in (on_a, on_b):
             await agent.close()
-    seen = [(v.engine_id, v.decision.version) for v in views]
-    assert sorted(seen) == sorted(pushed.items()), seen
-    remote = next(v for v in views if v.engine_id == "on-b")
-    assert (remote.pool.model, remote.pool.accelerator) == (POOL.model, POOL.accelerator)
+    for seen in views:
+        assert sorted((v.engine_id, v.decision.version) for v in seen) == sorted(pushed.items()), seen
+        remote = next(v for v in seen if v.engine_id == "on-b")
+        assert (remote.pool.model, remote.pool.accelerator) == (POOL.model, POOL.accelerator)
