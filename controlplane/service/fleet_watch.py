@@ -10,7 +10,8 @@ serves all of a replica's watchers (`SharedFollower`): the store's load does not
 
 A decision of another replica reaches the watcher up to POLL_S (plus a store round trip) after it was written.
 A store that fails leaves the watch to the replica's own engines until it answers again (logged once per
-failure spell); entries appended meanwhile are still read then, from where the watch had got to.
+failure spell); entries appended meanwhile are still read then, from where the follower had got to (when it
+had read the streams' positions before the failure; else it starts from their latest entries then).
 """
 
 from __future__ import annotations

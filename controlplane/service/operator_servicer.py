@@ -201,9 +201,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     continue
                 if request.engine_id and event.engine_id != request.engine_id:
                     continue
-                # An engine held elsewhere (or gone): the view its stored decision gives.
-                view = (self._controller.decision_view(event.engine_id)
-                        or stored_decision_view(event.engine_id, event.pool_key, event.decision))
+                view = self._controller.decision_view(event.engine_id)
+                if view is None:  # an engine held elsewhere (or gone): the view its stored decision gives
+                    view = stored_decision_view(event.engine_id, event.pool_key, event.decision)
                 view.decision.CopyFrom(event.decision)
                 yield view
         finally:
