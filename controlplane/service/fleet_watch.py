@@ -41,12 +41,23 @@ class SharedFollower:
         self._store = store
         self._watchers = 0
         self._task: asyncio.Task[None] | None = None
+        self._positioned = asyncio.Event()
 
-    def join(self) -> None:
-        """A watcher opened: start following when it is the first."""
+    async def join(self, *, wait_s: float) -> bool:
+        """A watcher opened: start following when it is the first, and wait (at most wait_s) until the
+        follower has read where the streams stand, so that every decision written after this returns reaches
+        the watcher. Returns False when it had not after wait_s (a store that does not answer: the watch
+        starts with this replica's own engines, the others' follow once the store answers)."""
         self._watchers += 1
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(follow_history(self._controller, self._store))
+            self._positioned = asyncio.Event()
+            self._task = asyncio.create_task(follow_history(self._controller, self._store,
+                                                            on_positioned=self._positioned.set))
+        try:
+            await asyncio.wait_for(self._positioned.wait(), wait_s)
+        except TimeoutError:
+            return False
+        return True
 
     def leave(self) -> None:
         """A watcher closed: stop following when it was the last."""
@@ -57,9 +68,11 @@ class SharedFollower:
 
 
 async def follow_history(controller: Controller, store: RedisStore, *, poll_s: float = POLL_S,
-                         scan_interval_s: float = SCAN_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
-    """Hand `controller`'s watchers every decision appended to a history stream after this call, of engines
-    it does not hold, until cancelled (see the module docstring)."""
+                         scan_interval_s: float = SCAN_INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                         on_positioned: Callable[[], None] = lambda: None) -> None:
+    """Hand `controller`'s watchers every decision appended to a history stream after its first read of the
+    streams' positions (`on_positioned` is called then), of engines it does not hold, until cancelled (see
+    the module docstring)."""
     positions: dict[str, str] | None = None  # stream → the id read up to; None until the first scan
     scanned_at = -math.inf
     failing = False
@@ -69,6 +82,7 @@ async def follow_history(controller: Controller, store: RedisStore, *, poll_s: f
                 streams = await store.history_streams()
                 if positions is None:
                     positions = await store.history_last_ids(streams)
+                    on_positioned()
                 else:
                     positions.update({stream: "0-0" for stream in streams if stream not in positions})
                 scanned_at = clock()

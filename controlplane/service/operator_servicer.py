@@ -193,8 +193,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         if request.pool.model or request.pool.accelerator:
             wanted_pool = await _pool_key(context, request.pool)
         queue = self._controller.watch()
-        self._follower.join()
         try:
+            await self._follower.join(wait_s=FLEET_READ_TIMEOUT_S)
             while True:
                 event = await queue.get()
                 if wanted_pool and event.pool_key != wanted_pool:
