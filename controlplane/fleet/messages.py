@@ -2,8 +2,8 @@
 
 Pure functions: no I/O, no clock reads (times are passed in). Engine times are simulated seconds; the
 contract's `finish_time_s` is engine wall clock since the Unix epoch, so the caller supplies a map from
-simulated to wall time (`SimToWall` for one batch, `SimToWallHistory` for a stream). Step durations stay
-in simulated seconds: they are what the controller fits the cost model to.
+simulated to wall time (a stream's `SimToWallHistory`). Step durations stay in simulated seconds: they are
+what the controller fits the cost model to.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.fleet.profiles import EngineShape
@@ -27,35 +26,12 @@ def check_engine_id(engine_id: str) -> str:
     return engine_id
 
 
-@dataclass(frozen=True, slots=True)
-class SimToWall:
-    """Linear map from the engine clock [sim_start_s, sim_end_s] onto wall time [wall_start_s, wall_end_s].
-
-    A degenerate simulated span maps everything to wall_end_s. Results never exceed wall_end_s; NaN maps
-    to NaN.
-    """
-
-    sim_start_s: float
-    sim_end_s: float
-    wall_start_s: float
-    wall_end_s: float
-
-    def __call__(self, sim_s: float) -> float:
-        if math.isnan(sim_s):
-            return math.nan
-        span = self.sim_end_s - self.sim_start_s
-        if span <= 0.0:
-            return self.wall_end_s
-        fraction = (sim_s - self.sim_start_s) / span
-        return min(self.wall_end_s, self.wall_start_s + fraction * (self.wall_end_s - self.wall_start_s))
-
-
 class SimToWallHistory:
     """The engine clock → wall clock map of one stream: piecewise linear through one anchor (engine clock,
     wall clock) per flush, never later than the newest anchor's wall time. Before the oldest anchor kept it
     continues the oldest segment's pace; NaN maps to NaN.
 
-    Why not one `SimToWall` per batch: a batch carries times from before its own span (when a request still
+    Why not one linear map per batch: a batch carries times from before its own span (when a request still
     running, or one finishing now, was first scheduled, possibly many batches ago). A per-batch map puts them
     at this batch's pace, which an unpaced engine does not keep from one batch to the next, so an admission
     could land after a completion that followed it. Within the newest segment both maps agree.
@@ -122,7 +98,7 @@ def telemetry_message(
     """A TelemetryBatch with sequence number `seq` (≥ 1) from one `FakeEngine.drain()`.
 
     Completion finish and admission times and the running entries' admission times go through `to_wall_s`
-    (a `SimToWall` or a stream's `SimToWallHistory`); every completion has aborted = False. The running
+    (a stream's `SimToWallHistory`); every completion has aborted = False. The running
     requests' histogram rides in `running`, as an agent sends it.
     """
     if seq < 1:

@@ -8,7 +8,6 @@ import pytest
 
 from controlplane.fleet.engine import FakeEngine
 from controlplane.fleet.messages import (
-    SimToWall,
     SimToWallHistory,
     ack_message,
     check_engine_id,
@@ -41,7 +40,8 @@ def test_telemetry_columns_line_up_and_finish_times_map_to_wall_time() -> None:
     engine = FakeEngine(workload=WorkloadSpec.parse("geometric:8/uniform:64/closed:6"), shape=SHAPE, seed=1)
     engine.run_until(2.0)
     telemetry = engine.drain()
-    to_wall = SimToWall(0.0, telemetry.now_s, 1_000.0, 1_010.0)
+    to_wall = SimToWallHistory(0.0, 1_000.0)
+    to_wall.add(telemetry.now_s, 1_010.0)
     batch = telemetry_message(telemetry, seq=1, to_wall_s=to_wall, sent_at_s=1_010.0).telemetry
     c, s = batch.completions, batch.steps
     assert len(c.prompt_tokens) == len(c.output_tokens) == len(c.finish_time_s) == len(c.aborted) > 0
@@ -82,7 +82,6 @@ def test_the_stream_map_is_piecewise_through_its_anchors() -> None:
     to_wall.add(20.0, 111.0)
     assert to_wall(5.0) == pytest.approx(105.0)  # a per-batch map of the second batch would say 110.5 − 0.5
     assert to_wall(15.0) == pytest.approx(110.5)
-    assert SimToWall(10.0, 20.0, 110.0, 111.0)(15.0) == pytest.approx(to_wall(15.0))  # the newest segment agrees
     assert to_wall(-5.0) == pytest.approx(95.0)  # before the oldest anchor: the oldest segment's pace
     assert to_wall(25.0) == 111.0  # never in the future
     assert math.isnan(to_wall(math.nan))
@@ -104,10 +103,13 @@ def test_the_stream_map_keeps_its_newest_anchors() -> None:
 
 
 def test_sim_to_wall_is_linear_and_never_in_the_future() -> None:
-    to_wall = SimToWall(10.0, 20.0, 100.0, 101.0)
+    to_wall = SimToWallHistory(10.0, 100.0)
+    to_wall.add(20.0, 101.0)
     assert to_wall(15.0) == pytest.approx(100.5)
     assert to_wall(25.0) == 101.0
-    assert SimToWall(5.0, 5.0, 0.0, 3.0)(5.0) == 3.0
+    degenerate = SimToWallHistory(5.0, 0.0)  # an engine clock that never advanced: everything at the newest wall
+    degenerate.add(5.0, 3.0)
+    assert degenerate(5.0) == 3.0
     assert math.isnan(to_wall(math.nan))
 
 
