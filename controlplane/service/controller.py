@@ -107,6 +107,7 @@ class EngineRecord:
     # poisoning engine never reaches the pool statistics, even if it changes its id every block. Each held
     # batch keeps its admission ages (None: not reported) and the controller time it was held at.
     probation: list[HeldBatch] | None = field(default_factory=list)
+    watched_version: int = -1  # the last version handed to the watchers (keep-alive re-pushes are not)
 
 
 @dataclass(eq=False)
@@ -495,11 +496,15 @@ class Controller:
             self.writer.submit(hello.engine_id, pool_key=hello.pool_key, decision=outcome.latest)
 
     def _push(self, record: EngineRecord, decision: common_pb2.Decision, now_s: float) -> None:
+        """Send the decision to the engine's stream; the watchers get each version once (a keep-alive or a
+        re-push on reconnect sends the engine a version it may have lost, but tells a watcher nothing new)."""
         loop = record.loop
         if record.session is not None:
             record.session.mailbox.put(decision)
             loop.mark_sent(decision, now_s=now_s)
-        self._fan_out(Pushed(engine_id=loop.hello.engine_id, pool_key=loop.hello.pool_key, decision=decision))
+        if decision.version != record.watched_version:
+            record.watched_version = decision.version
+            self._fan_out(Pushed(engine_id=loop.hello.engine_id, pool_key=loop.hello.pool_key, decision=decision))
 
     def _fan_out(self, event: Pushed) -> None:
         """Hand every watcher the event; one that is behind loses it (counted)."""

@@ -260,10 +260,40 @@ async def test_a_fleet_that_connects_at_once_is_taken_in_whole(redis_url: str) -
                 await channel.close()
 
 
+async def test_a_keep_alive_reaches_the_engine_but_not_the_watchers(redis_url: str) -> None:
+    """The decision in force is re-sent every ttl_s / 3 so that an engine that lost it gets it again; a watcher
+    has it already and sees each version once."""
+    loop = DecisionLoopConfig(recompute_completions=200, interval_s=0.3, ttl_s=0.9)  # a keep-alive every 0.3 s
+    async with running_controller(make_config(redis_url, loop=loop)) as ctl, \
+            grpc.aio.insecure_channel(ctl.address) as channel:
+        watch = operator_stub(channel).WatchDecisions(operator_pb2.WatchDecisionsRequest())
+        seen: list[int] = []
+
+        async def read() -> None:
+            async for view in watch:
+                seen.append(view.decision.version)
+
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(2.5)  # the watch's follower has read where the history stands
+        agent = await AgentStream(channel, "kept-alive", POOL).open()
+        first = await agent.next_decision()
+        repeats = 0
+        with contextlib.suppress(TimeoutError):
+            while repeats < 4:
+                repeats += (await agent.next_decision(timeout_s=2.0)).version == first.version
+        await asyncio.sleep(0.7)  # two more history polls
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await reader
+        await agent.close()
+    assert repeats == 4, f"the engine got {repeats} keep-alives of version {first.version}"
+    assert seen.count(first.version) == 1 and len(seen) == len(set(seen)), seen
+
+
 async def test_a_watcher_sees_the_decisions_every_replica_pushes_once_each(redis_url: str) -> None:
     """WatchDecisions on replica A: its own engine's decisions arrive as pushed, replica B's engine's
-    through the history stream, exactly once, to each of two watchers; the history's copy of A's own
-    engine's decision is not handed on (a long TTL: no keep-alive re-push during the test)."""
+    through the history stream, exactly once, to each of two watchers; each version of A's own engine
+    arrives once (the history's copy is not handed on, a re-push is not shown)."""
     loop = DecisionLoopConfig(recompute_completions=200, interval_s=0.3, ttl_s=300.0)
     async with running_controller(make_config(redis_url, controller_id="replica-a", loop=loop)) as a, \
             running_controller(make_config(redis_url, controller_id="replica-b", loop=loop)) as b, \
@@ -303,7 +333,9 @@ async def test_a_watcher_sees_the_decisions_every_replica_pushes_once_each(redis
     for seen in views:
         summary = [(v.engine_id, v.decision.version) for v in seen]
         assert [e for e, _ in summary].count("on-b") == 1 and ("on-b", pushed["on-b"]) in summary, summary
-        # A's own engine as pushed (a re-push of the same version may repeat it; the history's copy does not)
+        # A's own engine as pushed, once per version (neither a re-push nor the history's copy repeats it)
         assert ("on-a", pushed["on-a"]) in summary, summary
+        versions = [version for engine, version in summary if engine == "on-a"]
+        assert len(versions) == len(set(versions)), summary
         remote = next(v for v in seen if v.engine_id == "on-b")
         assert (remote.pool.model, remote.pool.accelerator) == (POOL.model, POOL.accelerator)

@@ -131,7 +131,8 @@ class OperatorServiceServicer:
 
     def WatchDecisions(self, request, context):
         """Every decision pushed from now on, by any replica (another replica's within about a second, read from
-        the history streams), optionally filtered by pool or engine.
+        the history streams), each version once (keep-alive re-sends are not shown), optionally filtered by pool
+        or engine.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
