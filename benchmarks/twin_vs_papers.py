@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from agents.enforcement.plan import StepKind
+from controlplane.core.types import CostModel
 from controlplane.sim.arrivals import Workload, bursty, closed_loop, materialize
 from controlplane.sim.engine import KIND_CODES
 from controlplane.sim.lengths import (
@@ -233,6 +234,30 @@ def paper_decoding(paper_rate_per_s: float, output_tokens: float, paper_tpot_ms:
     return paper_rate_per_s * output_tokens * paper_tpot_ms / 1e3
 
 
+def published_lines(costs: CostModel, *, paper_rps: float, prompt_tokens: float, output_tokens: float,
+                    paper_tpot_ms: float, budget_tokens: int, mixed: bool) -> str:
+    """What the profile's published calibration (`costs`, short-context step lines) says of the paper's own
+    figures. EB (`mixed` False): its decode steps carry the ≈D requests the paper's rate and TPOT imply
+    (`paper_decoding`) at α_d + β_d·D, its prefill steps the paper's prompt tokens (`prompt_tokens`: those
+    prefilled, a cached prefix left out) at α_p + β_p·n per `budget_tokens`-token step; the seconds both fill
+    per second of serving (1.0: the lines alone, with no cost growing with context, account for the paper's
+    figures). v1 (`mixed` True): the throughput 1/β_MB^e(r) that the authors' fit of their own v1 runs gives
+    at this workload's decode ratio r, in tokens and requests per second."""
+    if mixed:
+        ratio = output_tokens / (prompt_tokens + output_tokens)
+        rate = 1.0 / costs.beta_mb_e(ratio)
+        return (f"the published β_MB^e(r = {ratio:.2f}) gives v1 {rate:.0f} tok/s "
+                f"({rate / (prompt_tokens + output_tokens):.3g} req/s; paper {paper_rps:.3g})")
+    decoding = paper_decoding(paper_rps, output_tokens, paper_tpot_ms)
+    decode_step_s = costs.alpha_d_s + costs.beta_d_s_per_request * decoding
+    decode_s = paper_rps * output_tokens / decoding * decode_step_s
+    prompt_rate = paper_rps * prompt_tokens
+    prefill_s = prompt_rate * costs.beta_p_s_per_token + prompt_rate / budget_tokens * costs.alpha_p_s
+    return (f"the published lines at the paper's figures: decode steps of ≈{decoding:.0f} at "
+            f"{decode_step_s * 1e3:.0f} ms and the prefills fill {decode_s + prefill_s:.2f} s per second "
+            f"with no context term")
+
+
 # ------------------------------------------------------------------------------------------------ EB paper
 
 TABLE2_RPS = {  # (profile, workload) → (v1 req/s, EB(k̂*) req/s), EB paper Table 2 (RTX PRO 6000, Qwen3-8B)
@@ -308,10 +333,16 @@ def section_table2(requests: int, long_requests: int) -> None:
             add(title, f"{name} {workload_name}: EB/v1 req/s", TABLE2_CHANGE.get(key), gain, note=cause)
             if key in TABLE2_RPS:
                 paper_v1, paper_eb = TABLE2_RPS[key]
+                lines = {who: "; " + published_lines(
+                    profile.costs, paper_rps=rate, prompt_tokens=DATASET_SHAPES[workload_name].prompt.mean_tokens,
+                    output_tokens=DATASET_SHAPES[workload_name].output.mean_tokens, paper_tpot_ms=tpot_ms,
+                    budget_tokens=profile.shape.max_num_batched_tokens, mixed=who == "v1")
+                    for who, rate, tpot_ms in zip(("v1", "EB"), TABLE2_RPS[key], TPOT_MS.get(key, (0.0, 0.0)),
+                                                  strict=True) if key in TPOT_MS}
                 add(title, f"{name} {workload_name}: v1 req/s", paper_v1, rps(v1), kind="abs", unit="req/s",
-                    note=v1_state(v1))
+                    note=v1_state(v1) + lines.get("v1", ""))
                 add(title, f"{name} {workload_name}: EB(k̂*) req/s", paper_eb, rps(eb), kind="abs", unit="req/s",
-                    note=f"EB {eb_state(eb)}")
+                    note=f"EB {eb_state(eb)}" + lines.get("EB", ""))
                 if workload_name in ("sharegpt", "wildchat", "numinamath"):
                     tpot_v1_ms, tpot_ms = TPOT_MS[key]
                     shape = DATASET_SHAPES[workload_name]
@@ -411,12 +442,15 @@ def section_table3(requests: int, quick: bool) -> None:
                 for who, result, paper_tp, paper_ttft, paper_tpot in (("v1", v1, 8830, 83.8, 207.3),
                                                                       ("EB(k̂*)", eb, 13179, 70.8, 82.7),
                                                                       ("EB+", ebp, 13214, 68.2, 101.6)):
-                    profile_note = f"twin {mean_running(result):.0f} running, {step_profile(result)}"
+                    paper_rps = paper_tp / (shape.mean_prompt_tokens + output_tokens)
+                    lines = published_lines(profile.costs, paper_rps=paper_rps, prompt_tokens=shape.mean_prompt_tokens,
+                                            output_tokens=output_tokens, paper_tpot_ms=paper_tpot,
+                                            budget_tokens=profile.shape.max_num_batched_tokens, mixed=who == "v1")
+                    profile_note = f"twin {mean_running(result):.0f} running, {step_profile(result)}; {lines}"
                     add(title, f"{label}: {who} tok/s", paper_tp, tps(result), kind="abs", unit="tok/s",
                         note=profile_note)
                     add(title, f"{label}: {who} TTFT", paper_ttft, result.metrics.ttft_mean_s, kind="abs", unit="s",
                         note=f"queue wait (Little's law) {time_mean(result, 'num_waiting') / rps(result):.0f} s")
-                    paper_rps = paper_tp / (shape.mean_prompt_tokens + output_tokens)
                     implied = paper_decoding(paper_rps, output_tokens, paper_tpot)
                     add(title, f"{label}: {who} TPOT", paper_tpot, result.metrics.tpot_mean_s * 1e3, kind="abs",
                         unit="ms", note=f"paper ≈ {implied:.0f} decoding (Little's law); {profile_note}")
