@@ -66,6 +66,9 @@ class ControllerMetrics:
                                            registry=r)
         self.pool_shifts = Counter("cp_pool_workload_shifts_total", "Workload shifts detected per pool", ["pool"],
                                    registry=r)
+        self.pool_buckets_unreadable = Counter(
+            "cp_pool_buckets_unreadable_total", "Other replicas' pool-statistics buckets this replica could not "
+            "read and left out (each bucket once; e.g. a replica writing a newer format)", ["pool"], registry=r)
         # ---- operators ----
         self.overrides_in_force = Gauge("cp_overrides_in_force", "Overrides in force by kind and scope kind",
                                         ["kind", "scope_kind"], registry=r)
@@ -94,7 +97,8 @@ class ControllerMetrics:
     def forget_pool(self, pool: str) -> None:
         """Remove a forgotten pool's series."""
         for gauge in (self.pool_engines, self.pool_theta_star, self.pool_theta0, self.pool_p0, self.pool_mu_o,
-                      self.pool_mu_l, self.pool_samples, self.pool_excluded_engines):
+                      self.pool_mu_l, self.pool_samples, self.pool_excluded_engines, self.pool_shifts,
+                      self.pool_buckets_unreadable):
             with contextlib.suppress(KeyError):
                 gauge.remove(pool)
 

@@ -121,6 +121,10 @@ class PoolRecord:
     num_excluded: int = 0
     first_sync: asyncio.Future | None = None
     last_snapshot_s: float = float("-inf")
+    # Other replicas' buckets this replica cannot read (bucket id, replica id): not parsed again at each
+    # exchange, and the replicas already warned about (a replica of a newer format warns once per pool).
+    unreadable: set[tuple[int, str]] = field(default_factory=set)
+    unreadable_replicas: set[str] = field(default_factory=set)
 
 
 class Controller:
@@ -705,11 +709,29 @@ class Controller:
                 if replica_id == self._config.controller_id or (stats.has_bucket(bucket_id, replica_id) \
                         and bucket_id < end_bucket - _RECENT_BUCKETS_REFETCHED):
                     continue
+                if (bucket_id, replica_id) in pool.unreadable:
+                    continue
                 try:
                     stats.put_remote(bucket_id, replica_id, BucketStats.from_bytes(payload))
                 except ValueError as exc:
-                    logger.warning("pool %s: ignoring bucket %d of replica %s: %s", key, bucket_id, replica_id, exc)
+                    self._note_unreadable_bucket(key, pool, bucket_id, replica_id, exc)
         pool.fetched_through = max(pool.fetched_through, end_bucket)
+        oldest = stats.oldest_bucket(end_bucket)
+        pool.unreadable = {entry for entry in pool.unreadable if entry[0] >= oldest}
+
+    def _note_unreadable_bucket(self, key: str, pool: PoolRecord, bucket_id: int, replica_id: str,
+                                exc: ValueError) -> None:
+        """A bucket another replica wrote that this one cannot read is left out of the pool's statistics,
+        counted once, and warned about once per replica and pool (a replica of a newer bucket format writes
+        one every second; the exchange re-reads the recent ones)."""
+        pool.unreadable.add((bucket_id, replica_id))
+        self._metrics.pool_buckets_unreadable.labels(pool=key).inc()
+        if replica_id in pool.unreadable_replicas:
+            logger.debug("pool %s: ignoring bucket %d of replica %s: %s", key, bucket_id, replica_id, exc)
+            return
+        pool.unreadable_replicas.add(replica_id)
+        logger.warning("pool %s: ignoring bucket %d of replica %s: %s; its further unreadable buckets are "
+                       "counted in cp_pool_buckets_unreadable_total, not logged", key, bucket_id, replica_id, exc)
 
     def _set_pool_gauges(self, key: str, pool: PoolRecord, estimate: PoolEstimate) -> None:
         m = self._metrics
