@@ -54,8 +54,8 @@ OLDEST_BAND_Z = 3.0
 # many standard errors (one-sided 97.7%), and only when that is above 0.
 HAZARD_RISE_Z = 2.5
 # `length_moments` sums a rising tail age by age up to this many ages past the curve, then continues it at the
-# hazard it has reached.
-RISING_TAIL_MAX_AGES = 1 << 20
+# hazard it has reached (a longer mean). 2^16 ages cost ≤ 2 ms; 2^20 cost 86 ms at p0 = 1e-5, a rise of 1e-12.
+RISING_TAIL_MAX_AGES = 1 << 16
 
 
 @dataclass(frozen=True, eq=False, slots=True)
