@@ -43,7 +43,7 @@ from controlplane.core.survival import (
     length_moments,
     life_table,
     mean_lower_bound,
-    oldest_band_moments,
+    oldest_band_hazard,
     sample_mean_lower_bound,
 )
 from controlplane.core.types import WorkloadStats
@@ -249,9 +249,8 @@ def fit_hazard_histogram(
       exposure Σd/Σn when the curve never drops);
     - μ_O and σ_O are the moments of the Kaplan–Meier curve up to the last observed length (a restricted
       mean), continued beyond it by a constant hazard (`survival.length_moments`): the hazard of the
-      curve's oldest ages when it differs measurably from that of all ages, or a hazard rising from there
-      at the rise the window proves when that tail is shorter (`survival.oldest_band_moments`; the
-      fallback's Kaplan–Meier mean uses it too), else p̂0, or under a fitted increasing hazard the
+      curve's oldest ages when it differs measurably from that of all ages (`survival.oldest_band_hazard`;
+      the fallback's Kaplan–Meier mean uses it too), else p̂0, or under a fitted increasing hazard the
       window's events over exposure when higher (`_tail_hazard`): the completed mean would be
       length-biased low after a shift to longer outputs, and the KM curve alone cannot say what happens
       past the oldest running request.
@@ -310,15 +309,15 @@ def fit_hazard_histogram(
         events, at_risk = table.events[: int(t95)], table.at_risk[: int(t95)]
         line = _line_sums(events, at_risk)  # read again by a transient fit's intercept check
         fit = _wls_from_sums(line, slope_z=slope_z)
-        # The Kaplan–Meier mean with a tail at the oldest ages' hazard when it differs measurably from the
-        # average, rising where the window proves a rise (`survival.oldest_band_moments`), else the
-        # geometric law of the curve's own mean (1/μ_O of the completions when nothing is censored). Not
-        # in a shift transient: its oldest ages are the old law's requests that were in flight at the
-        # shift, whose hazard is not the new law's (a saturated engine, uniform 512 -> 1,024, 20 seeds:
-        # 28.5% off 300 completions after the shift with the band, 11.7% without).
+        # The Kaplan–Meier mean with a geometric tail at the oldest ages' hazard when it differs measurably
+        # from the average (`survival.oldest_band_hazard`), else the geometric law of the curve's own mean
+        # (1/μ_O of the completions when nothing is censored). Not in a shift transient: its oldest ages
+        # are the old law's requests that were in flight at the shift, whose hazard is not the new law's
+        # (a saturated engine, uniform 512 -> 1,024, 20 seeds: 28.5% off 300 completions after the shift
+        # with the band, 11.7% without).
         supported = _supported(survival, table)
-        band = None if shift_transient else oldest_band_moments(supported, table)
-        km_mean = geometric_mean_length(survival) if band is None else band[0]
+        oldest = None if shift_transient else oldest_band_hazard(table, span=supported.size)
+        km_mean = geometric_mean_length(survival) if oldest is None else length_moments(supported, p0=oldest)[0]
         fallback_p0 = 1.0 / km_mean if km_mean is not None else table.total_events / max(table.total_exposure, 1.0)
         if not fallback_p0 > 0.0:  # no completion inside the table's span
             fallback_p0 = 1.0 / outputs.mean()
@@ -334,7 +333,8 @@ def fit_hazard_histogram(
         eta, slope_clipped = 0.0, False
         mu_o = sigma_o = 1.0 / p0
     elif censored is not None or truncated is not None:
-        mu_o, sigma_o = band if band is not None else length_moments(supported, p0=_tail_hazard(p0, eta, table))
+        tail = oldest if oldest is not None else _tail_hazard(p0, eta, table)
+        mu_o, sigma_o = length_moments(supported, p0=tail)
         if not (math.isfinite(mu_o) and mu_o > 0.0):
             mu_o, sigma_o = outputs.mean(), outputs.std()
     stats = WorkloadStats(

@@ -50,12 +50,6 @@ MEAN_BOUND_MIN_AT_RISK = 30
 # by which its hazard must differ from the hazard of all ages to stand for the ages past the curve.
 OLDEST_BAND_SHARE = 0.25
 OLDEST_BAND_Z = 3.0
-# `proven_hazard_rise`: the rise of the hazard with age is continued past the curve at its estimate less this
-# many standard errors (one-sided 97.7%), and only when that is above 0.
-HAZARD_RISE_Z = 2.5
-# `length_moments` sums a rising tail age by age up to this many ages past the curve, then continues it at the
-# hazard it has reached (a longer mean). 2^16 ages cost ≤ 2 ms; 2^20 cost 86 ms at p0 = 1e-5, a rise of 1e-12.
-RISING_TAIL_MAX_AGES = 1 << 16
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -151,19 +145,16 @@ def km_percentile(survival: np.ndarray, percent: float) -> int | None:
     return int(reached[0]) + 1 if reached.size else None
 
 
-def length_moments(survival: np.ndarray, *, p0: float, rise_per_token2: float = 0.0) -> tuple[float, float]:
+def length_moments(survival: np.ndarray, *, p0: float) -> tuple[float, float]:
     """(mean, standard deviation) of the output length, in tokens, from Ŝ(t), t = 1..τ.
 
     E[O] = Σ_{t≥0} S(t) and E[O²] = Σ_{t≥0} (2t+1)·S(t), with S(0) = 1, Ŝ up to the last observed age τ
-    (a restricted mean) and, beyond τ, Ŝ(τ) times the survival of the hazard p0 + rise_per_token2·(j − 1) at
-    age τ + j (the caller's: a constant hazard, the fitted intercept or a measured rate no higher than the
-    hazard past τ, see `hazard._tail_hazard`; a rise only where the window proves one, `proven_hazard_rise`).
-    With no censored request past the last completion Ŝ(τ) = 0 and these are the moments of the completions.
-    The constant tail is the conservative choice for memory (N̂* reads 1/μ_O): a true IFR tail ends sooner;
-    a rise is continued only as far as its lower confidence bound, not the fitted slope, which mixtures of two
-    workloads fake mid-shift. A rising tail is summed age by age for RISING_TAIL_MAX_AGES ages, then
-    continued at the hazard reached. NaN when the tail is needed and p0 ≤ 0, or the rise is negative or not
-    finite.
+    (a restricted mean) and, beyond τ, Ŝ(τ) times the survival of a constant hazard p0 (the caller's: the
+    fitted intercept, or a measured rate no higher than the hazard past τ, see `hazard._tail_hazard`). With
+    no censored request past the last completion Ŝ(τ) = 0 and these are the moments of the completions. The
+    constant tail is the conservative choice for memory (N̂* reads 1/μ_O): a true IFR tail ends sooner, and
+    extrapolating a fitted slope far past the data would trust exactly the slopes that mixtures of two
+    workloads fake mid-shift. NaN when the tail is needed and p0 ≤ 0.
     """
     t = np.arange(0, survival.size + 1, dtype=np.float64)
     levels = np.concatenate(([1.0], survival))
@@ -172,39 +163,13 @@ def length_moments(survival: np.ndarray, *, p0: float, rise_per_token2: float = 
     s_tau = float(levels[-1])
     if s_tau > 0.0:
         p = min(p0, 1.0)
-        if not (p > 0.0 and math.isfinite(rise_per_token2) and rise_per_token2 >= 0.0):
+        if not p > 0.0:
             return math.nan, math.nan
         tau = float(survival.size)
-        if rise_per_token2 > 0.0 and p < 1.0:
-            tail_first, tail_second = _rising_tail_sums(p, rise_per_token2, tau=tau)
-        else:
-            ratio = (1.0 - p) / p  # Σ_{j≥1} (1 − p)^j
-            tail_first = ratio
-            tail_second = (2.0 * tau + 1.0) * ratio + 2.0 * (1.0 - p) / (p * p)
-        first += s_tau * tail_first
-        second += s_tau * tail_second
+        ratio = (1.0 - p) / p  # Σ_{j≥1} (1 − p)^j
+        first += s_tau * ratio
+        second += s_tau * ((2.0 * tau + 1.0) * ratio + 2.0 * (1.0 - p) / (p * p))
     return first, math.sqrt(max(second - first * first, 0.0))
-
-
-def _rising_tail_sums(p0: float, rise: float, *, tau: float) -> tuple[float, float]:
-    """(Σ_{j≥1} S_j, Σ_{j≥1} (2(τ+j)+1)·S_j) for S_j = Π_{i≤j} (1 − min(p0 + rise·(i − 1), 1)): summed up to
-    the age where S_j < 1e-15 (at most RISING_TAIL_MAX_AGES ages), then a geometric continuation at the
-    hazard reached."""
-    # ages by which the cumulative hazard passes 35 (S < 1e-15): p0·j + rise·j²/2 = 35
-    reach = (-p0 + math.sqrt(p0 * p0 + 70.0 * rise)) / rise
-    ages = min(math.ceil(reach) + 1, RISING_TAIL_MAX_AGES)
-    j = np.arange(1, ages + 1, dtype=np.float64)
-    hazard = np.minimum(p0 + rise * (j - 1.0), 1.0)
-    levels = np.cumprod(1.0 - hazard)
-    first = float(levels.sum())
-    second = float(((2.0 * (tau + j) + 1.0) * levels).sum())
-    last, h = float(levels[-1]), float(hazard[-1])
-    if last > 0.0 and h < 1.0:  # the rest at the hazard reached (no lower than the rising one: longer)
-        ratio = (1.0 - h) / h
-        end = tau + ages
-        first += last * ratio
-        second += last * ((2.0 * end + 1.0) * ratio + 2.0 * (1.0 - h) / (h * h))
-    return first, second
 
 
 def oldest_band_hazard(table: LifeTable, *, span: int) -> float | None:
@@ -223,12 +188,6 @@ def oldest_band_hazard(table: LifeTable, *, span: int) -> float | None:
     all ages (less noise; the band is used in about 3 windows in 1,000 then, the test's two-sided level).
     None when span < 1 or there is no event up to span.
     """
-    band = _oldest_band(table, span=span)
-    return None if band is None else min(band[0] / band[1], 1.0)
-
-
-def _oldest_band(table: LifeTable, *, span: int) -> tuple[float, float] | None:
-    """(events, exposure) of `oldest_band_hazard`'s band, or None where it returns None."""
     span = min(span, table.events.size)
     if span < 1:
         return None
@@ -244,65 +203,7 @@ def _oldest_band(table: LifeTable, *, span: int) -> tuple[float, float] | None:
     spread = math.sqrt(total_events * share * (1.0 - share))
     if not (band_exposure > 0.0 and spread > 0.0) or abs(band_events - expected) < OLDEST_BAND_Z * spread:
         return None
-    return band_events, band_exposure
-
-
-def oldest_band_moments(survival: np.ndarray, table: LifeTable) -> tuple[float, float] | None:
-    """(mean, standard deviation) of the output length, in tokens, from Ŝ(t), t = 1..τ (τ = survival.size,
-    the ages `table` supports), continued past τ from the oldest ages' hazard (`oldest_band_hazard`); None
-    when that returns None.
-
-    Two continuations, and the shorter mean of the two: the band's hazard held constant, and, when the
-    window proves its hazard rises (`proven_hazard_rise`), a hazard rising at that proven rate from the
-    band's rate less HAZARD_RISE_Z Poisson standard errors. Under an increasing hazard each is a mean no
-    shorter than the truth at its confidence level, so the shorter is too; the rising one is far shorter
-    for a law with a maximum length (a uniform 512–1,536 cohort 300 completions after a shift: a tail
-    hazard of ~2e-3 at the curve's end, where the law's is 3e-3 and rising to 1 by 1,536 tokens).
-    """
-    band = _oldest_band(table, span=survival.size)
-    if band is None:
-        return None
-    band_events, band_exposure = band
-    constant = length_moments(survival, p0=min(band_events / band_exposure, 1.0))
-    rise = proven_hazard_rise(table, span=survival.size)
-    start = max(band_events - HAZARD_RISE_Z * math.sqrt(band_events), 0.0) / band_exposure
-    if not (rise > 0.0 and start > 0.0):
-        return constant
-    rising = length_moments(survival, p0=min(start, 1.0), rise_per_token2=rise)
-    return rising if rising[0] < constant[0] else constant
-
-
-def proven_hazard_rise(table: LifeTable, *, span: int) -> float:
-    """How fast the hazard is proven to rise with age, per token²: over the ages from the first event to span,
-    the exposure-weighted least-squares slope of d(t)/n(t) on t less HAZARD_RISE_Z standard errors, or 0 when
-    that is not above 0 (a constant or decreasing hazard, or a rise the window does not measure). The slope is
-    Σ (t − t̄)·d(t) / Σ n(t)·(t − t̄)², t̄ the exposure-weighted mean age, and its variance
-    Σ (t − t̄)²·d(t) / (Σ n(t)·(t − t̄)²)²: the events as Poisson counts, each with its observed count as its
-    variance (a hazard that rises keeps its larger variance at the oldest ages).
-
-    Why: past the curve the moments continue the hazard of its oldest ages (`oldest_band_hazard`). Under an
-    increasing hazard that is the band's mean, below the hazard at the curve's end and further below past it,
-    so the mean runs long while the window is young (a uniform 512–1,536 cohort 300 completions after a shift:
-    a tail hazard of ~2e-3 where the law's is 3e-3 at the curve's end, and rising). Continued from the band's
-    rate at the rise's lower bound, the tail stays below a convex hazard (a mean no shorter than the truth).
-    0.0 when span < 2 or fewer than two ages hold events.
-    """
-    span = min(span, table.events.size)
-    if span < 2:
-        return 0.0
-    events, at_risk = table.events[:span], table.at_risk[:span]
-    nonzero = np.nonzero(events)[0]
-    if nonzero.size < 2:
-        return 0.0
-    events, at_risk = events[nonzero[0]:], at_risk[nonzero[0]:]
-    ages = np.arange(nonzero[0] + 1, span + 1, dtype=np.float64)
-    offset = ages - float((at_risk * ages).sum()) / float(at_risk.sum())
-    spread = float((at_risk * offset * offset).sum())
-    if not spread > 0.0:
-        return 0.0
-    slope = float((offset * events).sum()) / spread
-    error = math.sqrt(float((offset * offset * events).sum())) / spread
-    return max(slope - HAZARD_RISE_Z * error, 0.0)
+    return min(band_events / band_exposure, 1.0)
 
 
 def geometric_mean_length(survival: np.ndarray) -> float | None:

@@ -22,8 +22,6 @@ from controlplane.core.survival import (
     length_moments,
     life_table,
     oldest_band_hazard,
-    oldest_band_moments,
-    proven_hazard_rise,
 )
 
 
@@ -293,8 +291,6 @@ def test_the_mean_of_an_increasing_hazard_is_continued_at_a_measured_rate(cut_to
     assert sloped >= 10
     assert min(means) >= 0.98 * true_mean
     assert max(means) <= 4.0 * true_mean
-    if cut_tokens == 300:  # the proven rise past the curve: median 1.25× the truth with a constant tail
-        assert float(np.median(means)) <= 1.2 * true_mean
 
 
 def _uniform_cohort(seed: int, *, cut_tokens: int, slots: int = 512) -> tuple[np.ndarray, np.ndarray]:
@@ -354,77 +350,41 @@ def test_the_oldest_band_of_an_empty_table_is_none() -> None:
     assert oldest_band_hazard(table, span=3) is None  # no event up to age 3
 
 
-def test_a_constant_hazard_proves_no_rise() -> None:
-    """Geometric snapshots: the slope of the hazard less HAZARD_RISE_Z standard errors is above 0 in about
-    6 windows in 1,000 (one-sided at 2.5 SE); at most 4 of 200 here at each cut."""
-    for cut_tokens in (400, 1000, 2000):
-        proven = 0
-        for seed in range(200):
-            done, running = engine_snapshot(seed, mean=1024.0, slots=512, cut_tokens=cut_tokens)
-            table = life_table(WindowObservations(completed=LengthHistogram.from_samples(done),
-                                                  censored=hist(running)))
-            proven += proven_hazard_rise(table, span=table.events.size) > 0.0
-        assert proven <= 4, (cut_tokens, proven)
+def _lognormal_cohort(seed: int, *, cut_tokens: int, sigma: float, mean_tokens: float = 434.0,
+                      slots: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """`slots` requests admitted at once with log-normal outputs, each slot refilled when its request
+    finishes, observed at `cut_tokens`: the completions and the running requests' lengths so far."""
+    rng = np.random.default_rng(seed)
+    mu = math.log(mean_tokens) - sigma * sigma / 2.0
+    done: list[int] = []
+    running: list[int] = []
+    for _ in range(slots):
+        elapsed = 0
+        while (length := max(1, round(rng.lognormal(mu, sigma)))) + elapsed <= cut_tokens:
+            done.append(length)
+            elapsed += length
+        running.append(cut_tokens - elapsed)
+    return np.array(done), np.array(running)
 
 
-def test_an_increasing_hazard_proves_a_rise_no_steeper_than_the_law() -> None:
-    """h(t) = 2e-5 + 1e-5·t seen by 512 slots at 500 tokens: a rise is proven in most windows and its lower
-    bound stays at or under the law's 1e-5 per token² (one-sided 99.4%: all 40 seeds here)."""
-    rises = []
+@pytest.mark.parametrize(("sigma", "cut_tokens"), [(0.5, 300), (0.8, 150)])
+def test_a_hazard_that_rises_then_falls_is_not_continued_rising(sigma: float, cut_tokens: int) -> None:
+    """A log-normal law's hazard rises over the young ages and falls past its mode: a young window proves a
+    rise that does not hold past the curve. Continued by the band's constant hazard, μ̂_O of a cold window
+    (mean 434, 40 seeds) stays near or above the truth: σ 0.5 after 300 tokens 2 of 40 below it, the lowest
+    0.952×; σ 0.8 after 150 tokens a median 1.08×. A tail rising at the window's proven rise (its slope less
+    2.5 standard errors, from the band's rate less 2.5) put 9 of 40 below, the lowest at 0.902×, and the
+    median at 0.917×."""
+    true_mean = 434.0
+    means = []
     for seed in range(40):
-        rng = np.random.default_rng(seed)
-        done, running = [], []
-        for _ in range(512):
-            elapsed = 0
-            while (length := _increasing_hazard_length(rng, p0=2e-5, eta=1e-5)) + elapsed <= 500:
-                done.append(length)
-                elapsed += length
-            running.append(500 - elapsed)
-        table = life_table(WindowObservations(completed=LengthHistogram.from_samples(np.array(done)),
-                                              censored=hist(running)))
-        rises.append(proven_hazard_rise(table, span=table.events.size))
-    assert sum(rise > 0.0 for rise in rises) >= 30
-    assert max(rises) <= 1e-5
-
-
-def test_a_rising_tail_sums_the_survival_of_its_hazard() -> None:
-    """Past an empty curve, a hazard p0 + rise·(j − 1) at age j: the moments are those of the product of
-    its survival terms, summed directly; no rise is the geometric law; a negative rise is NaN."""
-    p0, rise = 1e-3, 2e-6
-    levels = np.cumprod(1.0 - np.minimum(p0 + rise * np.arange(0, 20_000, dtype=np.float64), 1.0))
-    ages = np.arange(1, levels.size + 1, dtype=np.float64)
-    mean = 1.0 + float(levels.sum())  # E[O] = Σ_{t≥0} S(t), S(0) = 1
-    second = 1.0 + float(((2.0 * ages + 1.0) * levels).sum())  # E[O²] = Σ_{t≥0} (2t + 1)·S(t)
-    got_mean, got_std = length_moments(np.array([]), p0=p0, rise_per_token2=rise)
-    assert got_mean == pytest.approx(mean, rel=1e-9)
-    assert got_std == pytest.approx(math.sqrt(second - mean * mean), rel=1e-9)
-    assert length_moments(np.array([]), p0=p0, rise_per_token2=0.0)[0] == pytest.approx(1.0 / p0)
-    assert math.isnan(length_moments(np.array([0.5]), p0=p0, rise_per_token2=-1e-9)[0])
-
-
-def test_the_band_moments_take_the_shorter_of_the_constant_and_the_rising_tail() -> None:
-    """Past the curve, the band's constant hazard and the proven rise from its lower bound both keep a mean
-    no shorter than an IFR law's; the band moments are the shorter of the two, never longer than the
-    constant tail, and strictly shorter where a rise is proven."""
-    shorter = 0
-    for seed in range(20):
-        rng = np.random.default_rng(seed)
-        done, running = [], []
-        for _ in range(512):
-            elapsed = 0
-            while (length := _increasing_hazard_length(rng, p0=2e-5, eta=1e-5)) + elapsed <= 300:
-                done.append(length)
-                elapsed += length
-            running.append(300 - elapsed)
-        table = life_table(WindowObservations(completed=LengthHistogram.from_samples(np.array(done)),
-                                              censored=hist(running)))
-        survival = km_survival(table)
-        band = oldest_band_moments(survival, table)
-        rate = oldest_band_hazard(table, span=survival.size)
-        assert band is not None and rate is not None
-        constant = length_moments(survival, p0=rate)
-        assert band[0] <= constant[0]
-        shorter += band[0] < constant[0]
-        if proven_hazard_rise(table, span=survival.size) == 0.0:
-            assert band == constant
-    assert shorter >= 10
+        done, running = _lognormal_cohort(seed, cut_tokens=cut_tokens, sigma=sigma)
+        fit = fit_hazard_histogram(LengthHistogram.from_samples(done), prompt_count=1, prompt_sum_tokens=512.0,
+                                   censored=hist(running))
+        assert fit is not None
+        means.append(fit.stats.mu_o_tokens / true_mean)
+    if sigma == 0.5:
+        assert sum(mean < 1.0 for mean in means) <= 4
+        assert min(means) >= 0.94
+    else:
+        assert float(np.median(means)) >= 1.0
