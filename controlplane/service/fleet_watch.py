@@ -4,9 +4,12 @@ A replica hands its own engines' decisions to its watchers as it pushes them (`C
 accepted decision write is also appended to its pool's history stream (`RedisStore.put_decisions`), whichever
 replica wrote it; `follow_history` reads those streams from their latest entries when it started, every
 POLL_S, and hands the watchers the entries of engines whose stream is not open on this replica
-(`Controller.offer_remote`; the others arrive directly, so each decision is seen once). Streams are found by
-a SCAN every SCAN_INTERVAL_S; one that appears later (a new pool) is read from its first entry. One follower
-serves all of a replica's watchers (`SharedFollower`): the store's load does not grow with them.
+(`Controller.offer_remote`; the others arrive directly, so each decision is seen once). Streams are found in
+the store's history index every SCAN_INTERVAL_S, and by a SCAN of the keyspace at the start and every
+FULL_SCAN_INTERVAL_S (`RedisStore.history_streams`: the SCAN finds streams only replicas of an earlier
+release append to, which do not index them); one that appears later (a new pool) is read from its first
+entry. One follower serves all of a replica's watchers (`SharedFollower`): the store's load does not grow
+with them, nor, between the full scans, with the number of keys in the store.
 
 A decision of another replica reaches the watcher up to POLL_S (plus a store round trip) after it was written.
 A store that fails leaves the watch to the replica's own engines until it answers again (logged once per
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
 SCAN_INTERVAL_S = 5.0
+FULL_SCAN_INTERVAL_S = 300.0
 PER_STREAM = 256  # entries read per stream and poll; a stream with more is read on at the next poll
 
 
@@ -68,18 +72,22 @@ class SharedFollower:
 
 
 async def follow_history(controller: Controller, store: RedisStore, *, poll_s: float = POLL_S,
-                         scan_interval_s: float = SCAN_INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                         scan_interval_s: float = SCAN_INTERVAL_S, full_scan_interval_s: float = FULL_SCAN_INTERVAL_S,
+                         clock: Callable[[], float] = time.monotonic,
                          on_positioned: Callable[[], None] = lambda: None) -> None:
     """Hand `controller`'s watchers every decision appended to a history stream after its first read of the
     streams' positions (`on_positioned` is called then), of engines it does not hold, until cancelled (see
     the module docstring)."""
     positions: dict[str, str] | None = None  # stream → the id read up to; None until the first scan
-    scanned_at = -math.inf
+    scanned_at = full_scan_at = -math.inf
     failing = False
     while True:
         try:
             if clock() - scanned_at >= scan_interval_s:
-                streams = await store.history_streams()
+                full = clock() - full_scan_at >= full_scan_interval_s
+                streams = await store.history_streams(scan=full)
+                if full:
+                    full_scan_at = clock()
                 if positions is None:
                     positions = await store.history_last_ids(streams)
                     on_positioned()

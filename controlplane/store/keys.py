@@ -7,6 +7,8 @@ multi-key script touches one slot:
     P:epoch:{e:<engine_id>}                      string  the engine's epoch counter (INCR; no expiry)
     P:engine:{e:<engine_id>}                     hash    registry entry, expires unless refreshed
     P:history:{p:<h>}:<pool_key>                 stream  decisions of the pool's engines, capped (MAXLEN ~)
+    P:historyindex:{o}                           zset    the history streams' keys, scored by the Unix time
+                                                         their expiry was last renewed (found without a SCAN)
     P:poolstat:{p:<h>}:<bucket_start_s>:<pool_key>  hash replica_id → opaque statistics payload, expires
     P:poolsnap:{p:<h>}:<pool_key>                string  the pool's persisted long-window statistics, expires
     P:override:{o}:<kind>:<scope_key>            hash    an operator override, kind "delta" | "pin"
@@ -20,7 +22,8 @@ multi-key script touches one slot:
   may contain any character (braces included); the full pool key follows the tag, so two pools never
   share a key even if their hashes collide (they would only share a slot).
 - Operator records (overrides, calibrations, the audit stream, the channel) share the tag {o}: a change
-  and its audit entry are written by one script in one slot. They are few and rarely written.
+  and its audit entry are written by one script in one slot. They are few and rarely written. The history
+  index lives there too: one small key, written once per pool and renewal interval.
 
 The prefix P may not contain braces (the tags above must be the first braces of every key). SCAN patterns
 match the tagged forms only, so keys of another layout under the same prefix are ignored.
@@ -161,6 +164,10 @@ class KeySpace:
 
     def history(self, pool: str) -> str:
         return f"{self.prefix}:history:{self.pool_tag(pool)}:{pool}"
+
+    @property
+    def history_index(self) -> str:
+        return f"{self.prefix}:historyindex:{{o}}"
 
     @property
     def history_pattern(self) -> str:

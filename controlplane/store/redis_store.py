@@ -161,33 +161,34 @@ class RedisStore(PoolStatisticsMixin):
         try:
             async with self._operation("append_history"), self._redis.pipeline(transaction=False) as pipe:
                 keys = [self._keys.history(write.pool_key) for write in accepted]
-                renewed = self._history_keys_to_renew(keys)
+                due = self._history_keys_due(keys)
                 for key, write in zip(keys, accepted, strict=True):
                     pipe.xadd(key, history_fields(write), maxlen=self._history_maxlen, approximate=True)
-                for key in renewed:
-                    # A pool nobody decides for any more (any agent may name a new one) is not kept forever.
-                    pipe.pexpire(key, int(self._retention_arg))
+                for key in due:
+                    if self._retention_arg != "0":
+                        # A pool nobody decides for any more (any agent may name a new one) is not kept forever.
+                        pipe.pexpire(key, int(self._retention_arg))
+                if due:
+                    pipe.zadd(self._keys.history_index, dict.fromkeys(due, time.time()))
                 replies = await pipe.execute(raise_on_error=False)
             failed = [r for r in replies if isinstance(r, BaseException)]
             if failed:
                 raise failed[0]
             now_s = time.monotonic()
-            self._history_renewed_at.update(dict.fromkeys(renewed, now_s))
+            self._history_renewed_at.update(dict.fromkeys(due, now_s))
         except (StoreUnavailable, *REDIS_FAILURES) as err:
             logger.warning("%d accepted decisions may lack their history entries: %s", len(accepted), err)
 
-    def _history_keys_to_renew(self, keys: Sequence[str]) -> list[str]:
-        """The distinct history `keys` whose expiry was not renewed within the renewal interval (none
-        without a retention). Entries older than the interval are forgotten, so the record stays as small
-        as the set of pools decided for lately."""
-        if self._retention_arg == "0":
-            return []
+    def _history_keys_due(self, keys: Sequence[str]) -> list[str]:
+        """The distinct history `keys` not renewed and indexed by this store within the index interval (the
+        renewal interval; hourly without a retention). Entries older than the interval are forgotten, so the
+        record stays as small as the set of pools decided for lately."""
         now_s = time.monotonic()
         renewed_at = self._history_renewed_at
         if len(renewed_at) > _RENEWAL_RECORD_MAX:
             self._history_renewed_at = renewed_at = {
-                key: at_s for key, at_s in renewed_at.items() if now_s - at_s < self._history_renewal_s}
-        return sorted(key for key in set(keys) if now_s - renewed_at.get(key, -math.inf) >= self._history_renewal_s)
+                key: at_s for key, at_s in renewed_at.items() if now_s - at_s < self._history_index_s}
+        return sorted(key for key in set(keys) if now_s - renewed_at.get(key, -math.inf) >= self._history_index_s)
 
     async def get_decision(self, engine_id: str) -> common_pb2.Decision | None:
         """The latest decision of `engine_id`, or None when there is none (or it does not parse, logged).
@@ -268,14 +269,27 @@ class RedisStore(PoolStatisticsMixin):
             replies = await self._batched(streams, lambda pipe, key: pipe.xrevrange(key, count=1))
         return {stream: text(reply[0][0]) if reply else "0-0" for stream, reply in zip(streams, replies, strict=True)}
 
-    async def history_streams(self) -> list[str]:
-        """The key of every pool's decision history stream (SCAN: every primary of a cluster).
+    async def history_streams(self, *, scan: bool = False) -> list[str]:
+        """The key of every pool's decision history stream: the history index's members whose expiry has not
+        passed (those that have are removed), and, with `scan` or when the index is empty (a store written
+        by an earlier release), the streams a SCAN finds (every primary of a cluster). A stream only an
+        earlier release's replicas append to is in the index once a replica of this release appends to it;
+        until then only a SCAN finds it.
 
         Raises:
             StoreUnavailable: when Redis fails.
         """
         async with self._operation("history_streams"):
-            return await self._scan(self._keys.history_pattern)
+            index = self._keys.history_index
+            if self._engine_retention_s > 0.0:
+                # a stream expires `engine_retention_s` after its latest renewal; one renewal interval of
+                # slack for replicas whose clocks disagree
+                oldest_s = time.time() - self._engine_retention_s - self._history_renewal_s
+                await self._redis.zremrangebyscore(index, "-inf", f"({oldest_s!r}")
+            streams = [text(key) for key in await self._redis.zrange(index, 0, -1)]
+            if scan or not streams:
+                streams = list(dict.fromkeys([*streams, *await self._scan(self._keys.history_pattern)]))
+            return streams
 
     async def read_history_after(self, after: Mapping[str, str], *, count: int) -> list[tuple[str, dict[str, Any]]]:
         """(stream, entry) for the entries of each stream in `after` whose id is greater than after[stream],

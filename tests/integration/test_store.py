@@ -192,6 +192,37 @@ async def test_history_is_read_on_from_where_a_reader_got_to(store: RedisStore) 
         await store.read_history_after(positions, count=0)
 
 
+async def test_history_streams_are_found_in_the_index_without_a_scan(redis_topology: Topology, prefix: str) -> None:
+    """The fleet-wide watch looks for streams every few seconds: from the history index, not a SCAN of the
+    keyspace. A stream an earlier release wrote (not indexed) is found by a SCAN when asked for one, or when
+    the index is empty; an index entry whose stream's retention has passed is dropped."""
+    keys = KeySpace(prefix)
+    async with create_store(redis_topology.url, prefix=prefix, engine_retention_s=100.0) as store:
+        raw = store._redis  # the store's own client: a cluster client on the cluster
+        await raw.xadd(keys.history("older|gpu"), {"engine_id": "engine-o"})  # an earlier release's write
+        assert await store.history_streams() == [keys.history("older|gpu")]  # empty index: the SCAN finds it
+        await store.put_decisions([DecisionWrite("engine-a", POOL_KEY, make_decision(1)),
+                                   DecisionWrite("engine-b", "other|gpu", make_decision(1))])
+        await raw.zadd(keys.history_index, {keys.history("gone|gpu"): time.time() - 1_000.0})  # long expired
+        scans = 0
+        real_scan = store._scan
+
+        async def counted_scan(pattern: str) -> list[str]:
+            nonlocal scans
+            scans += 1
+            return await real_scan(pattern)
+
+        store._scan = counted_scan  # type: ignore[method-assign]
+        indexed = sorted([keys.history(POOL_KEY), keys.history("other|gpu")])
+        assert sorted(await store.history_streams()) == indexed and scans == 0
+        assert await raw.zscore(keys.history_index, keys.history("gone|gpu")) is None
+        assert sorted(await store.history_streams(scan=True)) == sorted([*indexed, keys.history("older|gpu")])
+        assert scans == 1
+        # a write of this release indexes the older pool's stream too
+        await store.put_decision("engine-o", pool_key="older|gpu", decision=make_decision(1))
+        assert len(await store.history_streams()) == 3 and scans == 1
+
+
 async def test_one_writer_appends_history_in_version_order(store: RedisStore) -> None:
     for version in (3, 1, 5, 4, 9):
         await store.put_decision("engine-a", pool_key=POOL_KEY, decision=make_decision(version))
