@@ -716,8 +716,9 @@ class Controller:
                 except ValueError as exc:
                     self._note_unreadable_bucket(key, pool, bucket_id, replica_id, exc)
         pool.fetched_through = max(pool.fetched_through, end_bucket)
-        oldest = stats.oldest_bucket(end_bucket)
-        pool.unreadable = {entry for entry in pool.unreadable if entry[0] >= oldest}
+        if pool.unreadable:
+            oldest = stats.oldest_bucket(end_bucket)
+            pool.unreadable = {entry for entry in pool.unreadable if entry[0] >= oldest}
 
     def _note_unreadable_bucket(self, key: str, pool: PoolRecord, bucket_id: int, replica_id: str,
                                 exc: ValueError) -> None:

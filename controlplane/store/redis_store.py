@@ -164,8 +164,8 @@ class RedisStore(PoolStatisticsMixin):
                 due = self._history_keys_due(keys)
                 for key, write in zip(keys, accepted, strict=True):
                     pipe.xadd(key, history_fields(write), maxlen=self._history_maxlen, approximate=True)
-                for key in due:
-                    if self._retention_arg != "0":
+                if self._retention_arg != "0":
+                    for key in due:
                         # A pool nobody decides for any more (any agent may name a new one) is not kept forever.
                         pipe.pexpire(key, int(self._retention_arg))
                 if due:
