@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python benchmarks/history_streams.py [--keys 200000] [--pools 20]`. An embedded redis-server
 holds `--pools` pools' history streams (written through the store, so indexed) among `--keys` other keys
-under the same prefix (statistics buckets and engine keys, as a large fleet's store holds). Printed side by
+under the same prefix (statistics-bucket keys, the bulk of a large fleet's store). Printed side by
 side, medians of 20 calls: `RedisStore.history_streams()` (the index: what the follower runs every 5 s)
 against `history_streams(scan=True)` (the index and a SCAN: every 5 minutes, and what every 5 s cost before
 the index), wall time and the redis-server's CPU time per call (`INFO cpu`), with their ratios.

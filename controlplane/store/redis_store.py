@@ -281,10 +281,10 @@ class RedisStore(PoolStatisticsMixin):
         """
         async with self._operation("history_streams"):
             index = self._keys.history_index
-            if self._engine_retention_s > 0.0:
-                # a stream expires `engine_retention_s` after its latest renewal; one renewal interval of
-                # slack for replicas whose clocks disagree
-                oldest_s = time.time() - self._engine_retention_s - self._history_renewal_s
+            if self._retention_arg != "0":
+                # a stream expires the retention (`_retention_arg`, ms) after its latest renewal; one renewal
+                # interval of slack for replicas whose clocks disagree
+                oldest_s = time.time() - int(self._retention_arg) / 1000.0 - self._history_renewal_s
                 await self._redis.zremrangebyscore(index, "-inf", f"({oldest_s!r}")
             streams = [text(key) for key in await self._redis.zrange(index, 0, -1)]
             if scan or not streams:

@@ -104,7 +104,6 @@ class StoreBase:
         self._history_renewal_s = min(engine_retention_s / 10.0, _HISTORY_RENEWAL_MAX_S)
         # ... and entered in the history index as often (hourly without a retention: nothing expires)
         self._history_index_s = self._history_renewal_s if engine_retention_s > 0.0 else _HISTORY_RENEWAL_MAX_S
-        self._engine_retention_s = engine_retention_s
         self._history_renewed_at: dict[str, float] = {}
         self._connections = RedisConnections(address, settings)
         self._redis = self._connections.client
