@@ -33,6 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.lognormal_tail import (
+    constant_log_likelihood,
+    fit_lognormal,
+    lognormal_log_likelihood,
+    lognormal_tail_moments,
+)
 from controlplane.core.survival import (
     LifeTable,
     WindowObservations,
@@ -65,6 +71,11 @@ MAX_FIT_SPAN_TOKENS = 1 << 20
 # The young band of a shift-transient window (`_young_hazard`): the ages by which this share of its
 # completions have happened.
 YOUNG_BAND_SHARE = 0.25
+# `_lognormal_moments`: the log-likelihood, in nats, by which a fitted log-normal law must beat a constant
+# hazard and a fitted line over a window's ages before its tail is considered (1 for a parameter, 3 of
+# margin), and the highest level of the curve at its end for which it is fitted at all.
+LOGNORMAL_MIN_GAIN = 4.0
+LOGNORMAL_MAX_SURVIVAL = 0.6
 # HazardFit.mu_o_lower_tokens: a one-sided bound at z = 3 (the true mean is below it with probability ≈ 0.13%
 # for a window of a stationary workload).
 MEAN_LOWER_BOUND_Z = 3.0
@@ -84,6 +95,8 @@ class HazardFit:
     (`fit_hazard_histogram`): η = 0 and μ_O = 1/p0. mu_o_lower_tokens: a lower confidence bound on the mean
     output length (MEAN_LOWER_BOUND_Z standard errors below the restricted mean, `survival.mean_lower_bound`;
     ≥ 1): what the window's completions and running requests prove about μ_O, for the cold-start rule.
+    lognormal_tail: μ_O and σ_O continue the Kaplan–Meier curve past its last supported age by a fitted
+    log-normal law instead of a constant hazard (`fit_hazard_histogram`, `_lognormal_moments`).
     """
 
     stats: WorkloadStats
@@ -91,6 +104,7 @@ class HazardFit:
     slope_clipped: bool
     shift_transient: bool = False
     mu_o_lower_tokens: float = 1.0
+    lognormal_tail: bool = False
 
 
 def _valid_lengths(values: np.ndarray) -> np.ndarray:
@@ -245,10 +259,13 @@ def fit_hazard_histogram(
     - the fit range ends at the Kaplan–Meier 95th percentile (the largest completed length when the curve
       does not fall to 5%), reported as t95;
     - the fallback hazard (no fit, or an intercept ≤ 0) is 1/μ̂ for the Kaplan–Meier mean μ̂ with a geometric
-      tail of the same mean (`survival.geometric_mean_length`), which is 1/μ_O without censoring (events over
+      tail of the same mean (`survival.geometric_mean_length`; the log-normal tail when it is used, below),
+      which is 1/μ_O without censoring (events over
       exposure Σd/Σn when the curve never drops);
     - μ_O and σ_O are the moments of the Kaplan–Meier curve up to the last observed length (a restricted
-      mean), continued beyond it by a constant hazard (`survival.length_moments`): the hazard of the
+      mean), continued beyond it by a fitted log-normal law when that law explains the window measurably
+      better than a constant hazard and the fitted line (`_lognormal_moments`, `HazardFit.lognormal_tail`),
+      else by a constant hazard (`survival.length_moments`): the hazard of the
       curve's oldest ages when it differs measurably from that of all ages (`survival.oldest_band_hazard`;
       the fallback's Kaplan–Meier mean uses it too), else p̂0, or under a fitted increasing hazard the
       window's events over exposure when higher (`_tail_hazard`): the completed mean would be
@@ -292,6 +309,8 @@ def fit_hazard_histogram(
         return None
     mu_l = prompt_sum_tokens / prompt_count
     table = line = None
+    fitted: tuple[float, float] | None = None  # the log-normal tail's moments, when it is used
+    lognormal_tail = False
     if censored is None and truncated is None:
         t95 = outputs.percentile(95.0)
         fit = None
@@ -318,6 +337,11 @@ def fit_hazard_histogram(
         supported = _supported(survival, table)
         oldest = None if shift_transient else oldest_band_hazard(table, span=supported.size)
         km_mean = geometric_mean_length(survival) if oldest is None else length_moments(supported, p0=oldest)[0]
+        # Past the curve, a fitted log-normal law instead when it explains the window measurably better than
+        # both a constant hazard and the fitted line (`_lognormal_moments`); not in a shift transient.
+        fitted = None if shift_transient else _lognormal_moments(table, supported, line=fit)
+        if fitted is not None:
+            km_mean = fitted[0]
         fallback_p0 = 1.0 / km_mean if km_mean is not None else table.total_events / max(table.total_exposure, 1.0)
         if not fallback_p0 > 0.0:  # no completion inside the table's span
             fallback_p0 = 1.0 / outputs.mean()
@@ -335,6 +359,9 @@ def fit_hazard_histogram(
     elif censored is not None or truncated is not None:
         tail = oldest if oldest is not None else _tail_hazard(p0, eta, table)
         mu_o, sigma_o = length_moments(supported, p0=tail)
+        if fitted is not None:
+            mu_o, sigma_o = fitted
+            lognormal_tail = True
         if not (math.isfinite(mu_o) and mu_o > 0.0):
             mu_o, sigma_o = outputs.mean(), outputs.std()
     stats = WorkloadStats(
@@ -342,7 +369,7 @@ def fit_hazard_histogram(
         num_samples=outputs.count,
     )
     return HazardFit(stats=stats, intercept_fallback=intercept_fallback, slope_clipped=slope_clipped,
-                     shift_transient=shift_transient, mu_o_lower_tokens=lower)
+                     shift_transient=shift_transient, mu_o_lower_tokens=lower, lognormal_tail=lognormal_tail)
 
 
 def _supported(survival: np.ndarray, table: LifeTable) -> np.ndarray:
@@ -359,6 +386,45 @@ def _supported(survival: np.ndarray, table: LifeTable) -> np.ndarray:
     if not supported.size or survival[supported[-1]] < KM_CUT_SURVIVAL:
         return survival
     return survival[: supported[-1] + 1]
+
+
+def _lognormal_moments(table: LifeTable, supported: np.ndarray,
+                       line: tuple[float, float] | None) -> tuple[float, float] | None:
+    """(μ_O, σ_O) of the curve `supported` continued past its end τ by the log-normal law fitted to the
+    table's ages up to τ (`core.lognormal_tail`), or None (the constant tail stays). The law is used when:
+    - the curve stands between KM_CUT_SURVIVAL and LOGNORMAL_MAX_SURVIVAL at τ. Above, a two-parameter fit
+      to less than 40% of the law is a guess past τ (an IFR window 200 tokens in, Ŝ(τ) ≈ 0.83: μ̂_O up to
+      4.9× the truth, against 3.0× for the constant tail; a uniform 512–1,536 cohort 700 tokens in: a median
+      0.88×). Below, the curve has run down to its last few requests and the tail weighs little (a full
+      window at steady state: no fit to pay for);
+    - its log-likelihood over those ages beats, by LOGNORMAL_MIN_GAIN, both the constant hazard of largest
+      likelihood and the window's fitted line `line` (p0, η) when it has a slope. A geometric law's window
+      continued along a log-normal's falling hazard reaches 2–5× its mean (0 of 1,200 cold windows pass the
+      test); under an IFR law the line is the law (the log-normal's tail cost 15% of μ̂_O 500 tokens into a
+      cold window before the line was compared).
+    Why: the constant tail is short wherever the hazard falls past τ, a log-normal law past its mode or a
+    mixture of a short and a long workload (`benchmarks/lognormal_tail.py`: cold windows of σ 1.3 at a median
+    0.65–0.81× the truth, of a geometric 128 / 1,024 mixture at 0.64–0.94×), and long under a hazard that
+    keeps rising (a uniform law's cohort: 1.13–1.35×). The log-normal law follows both as far as the window
+    shows them.
+    """
+    span = supported.size
+    if not (span and KM_CUT_SURVIVAL <= supported[-1] <= LOGNORMAL_MAX_SURVIVAL):
+        return None
+    law = fit_lognormal(table, span=span)
+    if law is None:
+        return None
+    fitted = lognormal_log_likelihood(table, law, span=span)
+    if fitted - constant_log_likelihood(table, span=span) < LOGNORMAL_MIN_GAIN:
+        return None
+    if line is not None and line[1] > 0.0:
+        hazard = np.clip(line[0] + line[1] * np.arange(1, span + 1, dtype=np.float64), 1e-12, 1.0 - 1e-12)
+        events, at_risk = table.events[:span], table.at_risk[:span]
+        if fitted - float((events * np.log(hazard) + (at_risk - events) * np.log1p(-hazard)).sum()) \
+                < LOGNORMAL_MIN_GAIN:
+            return None
+    moments = lognormal_tail_moments(supported, law)
+    return moments if math.isfinite(moments[0]) and moments[0] > 0.0 else None
 
 
 def _tail_hazard(p0: float, eta: float, table: LifeTable) -> float:

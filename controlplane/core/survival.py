@@ -145,6 +145,14 @@ def km_percentile(survival: np.ndarray, percent: float) -> int | None:
     return int(reached[0]) + 1 if reached.size else None
 
 
+def restricted_sums(survival: np.ndarray) -> tuple[float, float, float]:
+    """(Σ_{t=0}^{τ} Ŝ(t), Σ_{t=0}^{τ} (2t+1)·Ŝ(t), Ŝ(τ)) for Ŝ(t), t = 1..τ, and Ŝ(0) = 1: the parts of E[O] and
+    E[O²] the curve itself holds; a tail past τ adds to both (`length_moments`)."""
+    t = np.arange(0, survival.size + 1, dtype=np.float64)
+    levels = np.concatenate(([1.0], survival))
+    return float(levels.sum()), float(((2.0 * t + 1.0) * levels).sum()), float(levels[-1])
+
+
 def length_moments(survival: np.ndarray, *, p0: float) -> tuple[float, float]:
     """(mean, standard deviation) of the output length, in tokens, from Ŝ(t), t = 1..τ.
 
@@ -156,11 +164,7 @@ def length_moments(survival: np.ndarray, *, p0: float) -> tuple[float, float]:
     extrapolating a fitted slope far past the data would trust exactly the slopes that mixtures of two
     workloads fake mid-shift. NaN when the tail is needed and p0 ≤ 0.
     """
-    t = np.arange(0, survival.size + 1, dtype=np.float64)
-    levels = np.concatenate(([1.0], survival))
-    first = float(levels.sum())
-    second = float(((2.0 * t + 1.0) * levels).sum())
-    s_tau = float(levels[-1])
+    first, second, s_tau = restricted_sums(survival)
     if s_tau > 0.0:
         p = min(p0, 1.0)
         if not p > 0.0:

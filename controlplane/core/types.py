@@ -57,6 +57,9 @@ class Flag(enum.StrEnum):
     # The window was re-based at a detected shift and still holds the requests in flight then: η = 0 and
     # μ_O = 1/p0 (hazard.fit_hazard_histogram(shift_transient=True)).
     HAZARD_SHIFT_TRANSIENT = "hazard_shift_transient"
+    # μ_O and σ_O continue the window's Kaplan–Meier curve past its last supported age by a fitted log-normal
+    # law instead of a constant hazard (hazard.fit_hazard_histogram).
+    HAZARD_LOGNORMAL_TAIL = "hazard_lognormal_tail"
     KV_BELOW_ONE_REQUEST = "kv_below_one_request"
     N_CAPPED_BY_MAX_NUM_SEQS = "n_capped_by_max_num_seqs"
     MEMORY_RATE_FROM_MEAN = "memory_rate_from_mean"
