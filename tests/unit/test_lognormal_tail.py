@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -124,3 +125,25 @@ def test_the_normal_cdf_matches_scipy_far_into_both_tails() -> None:
     z = (5.7 - np.log(np.arange(1.0, 3000.0))) / 0.8
     ours, theirs = np.diff(log_normal_cdf(z)), np.diff(special.log_ndtr(z))
     assert float(np.abs(ours / theirs - 1.0).max()) < 1e-4
+
+
+def test_a_decision_from_a_lognormal_tail_is_flagged_and_reads_its_mean() -> None:
+    """A pool's fit whose curve the log-normal law continues: the decision says so, and N̂* reads that μ_O."""
+    from controlplane.core.policy import decide
+    from controlplane.core.types import EngineLimits, Flag, Observations, PolicyConfig, PolicyState
+    from controlplane.sim.profiles import H200_QWEN3_8B
+
+    done, running = cohort(0, cut_tokens=500, draw=lognormal(sigma=1.3, mean_tokens=434.0))
+    fit = _fit(done, running)
+    assert fit.lognormal_tail and fit.stats.mu_o_tokens > done.mean()
+    limits = EngineLimits(kv_capacity_tokens=2_000_000, max_num_seqs=4096, max_num_batched_tokens=16384,
+                          max_model_len_tokens=32768)
+    observations = Observations(output_lengths_tokens=np.zeros(0), prompt_lengths_tokens=np.zeros(0),
+                                costs=H200_QWEN3_8B, limits=limits, n_obs=512.0)
+    config = PolicyConfig(min_samples=1, cooldown_s=0.0)
+    decision, _ = decide(observations, PolicyState(), 0.0, config=config, fit=fit)
+    assert Flag.HAZARD_LOGNORMAL_TAIL in decision.flags
+    assert decision.diagnostics.mu_o_tokens == pytest.approx(fit.stats.mu_o_tokens)
+    constant = replace(fit, lognormal_tail=False)
+    decision, _ = decide(observations, PolicyState(), 0.0, config=config, fit=constant)
+    assert Flag.HAZARD_LOGNORMAL_TAIL not in decision.flags
