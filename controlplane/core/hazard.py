@@ -36,7 +36,6 @@ from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.lognormal_tail import (
     constant_log_likelihood,
     fit_lognormal,
-    lognormal_log_likelihood,
     lognormal_tail_moments,
 )
 from controlplane.core.survival import (
@@ -411,10 +410,10 @@ def _lognormal_moments(table: LifeTable, supported: np.ndarray,
     span = supported.size
     if not (span and KM_CUT_SURVIVAL <= supported[-1] <= LOGNORMAL_MAX_SURVIVAL):
         return None
-    law = fit_lognormal(table, span=span)
-    if law is None:
+    found = fit_lognormal(table, span=span)
+    if found is None:
         return None
-    fitted = lognormal_log_likelihood(table, law, span=span)
+    law, fitted = found
     if fitted - constant_log_likelihood(table, span=span) < LOGNORMAL_MIN_GAIN:
         return None
     if line is not None and line[1] > 0.0:

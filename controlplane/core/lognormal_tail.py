@@ -99,8 +99,9 @@ def _shape(log_shape: float) -> float:
     return min(max(math.exp(log_shape), MIN_SHAPE), MAX_SHAPE)
 
 
-def fit_lognormal(table: LifeTable, *, span: int) -> LogNormalLaw | None:
-    """The log-normal law of largest likelihood for the table's ages 1..span (see the module docstring).
+def fit_lognormal(table: LifeTable, *, span: int) -> tuple[LogNormalLaw, float] | None:
+    """The log-normal law of largest likelihood for the table's ages 1..span (see the module docstring), and
+    that log-likelihood in nats.
 
     None when there is no event up to span, span is beyond MAX_SPAN_TOKENS, or the fit is not finite.
     """
@@ -109,16 +110,9 @@ def fit_lognormal(table: LifeTable, *, span: int) -> LogNormalLaw | None:
         return None
     (m, log_s), best = _nelder_mead(lambda m, log_s: -ages.log_likelihood(m, _shape(log_s)),
                                     (math.log(ages.mean_event_age), math.log(START_SHAPE)))
-    s = _shape(log_s)
     if not (math.isfinite(m) and math.isfinite(best)):
         return None
-    return LogNormalLaw(log_scale=m, shape=s)
-
-
-def lognormal_log_likelihood(table: LifeTable, law: LogNormalLaw, *, span: int) -> float:
-    """log L of `law` over the table's ages 1..span, in nats (−inf when there is no event up to span)."""
-    ages = _Ages.of(table, span=span)
-    return -math.inf if ages is None else ages.log_likelihood(law.log_scale, law.shape)
+    return LogNormalLaw(log_scale=m, shape=_shape(log_s)), -best
 
 
 def constant_log_likelihood(table: LifeTable, *, span: int) -> float:

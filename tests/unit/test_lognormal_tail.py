@@ -36,8 +36,10 @@ def test_the_fit_recovers_a_censored_law() -> None:
     done = lengths[lengths <= 600]
     table = life_table(WindowObservations(completed=LengthHistogram.from_samples(done),
                                           censored=hist(np.full(lengths.size - done.size, 600))))
-    law = fit_lognormal(table, span=table.events.size)
-    assert law is not None
+    found = fit_lognormal(table, span=table.events.size)
+    assert found is not None
+    law, log_likelihood = found
+    assert log_likelihood > constant_log_likelihood(table, span=table.events.size)
     assert law.log_scale == pytest.approx(6.0, abs=0.03) and law.shape == pytest.approx(0.7, abs=0.03)
 
 
