@@ -72,6 +72,7 @@ from controlplane.store.scripts import (
     HSET_WITH_TTL,
     PUT_DECISION,
     RESERVE_EPOCH,
+    ZREM_IF_BELOW,
     ScriptCall,
     run_script,
     run_scripts,
@@ -270,11 +271,15 @@ class RedisStore(PoolStatisticsMixin):
         return {stream: text(reply[0][0]) if reply else "0-0" for stream, reply in zip(streams, replies, strict=True)}
 
     async def history_streams(self, *, scan: bool = False) -> list[str]:
-        """The key of every pool's decision history stream: the history index's members whose expiry has not
-        passed (those that have are removed), and, with `scan` or when the index is empty (a store written
-        by an earlier release), the streams a SCAN finds (every primary of a cluster). A stream only an
-        earlier release's replicas append to is in the index once a replica of this release appends to it;
-        until then only a SCAN finds it.
+        """The key of every pool's decision history stream: the history index's members, and, with `scan` or
+        when the index is empty (a store written by an earlier release), the streams a SCAN finds (every
+        primary of a cluster). A stream only an earlier release's replicas append to is in the index once a
+        replica of this release appends to it; until then only a SCAN finds it.
+
+        With a retention, an index entry not renewed within it (plus one renewal interval) is checked: removed
+        when its stream is gone, re-stamped now when the stream still exists. The stream may be kept by a
+        replica configured with a longer retention (or none), which renews its entries less often than this
+        one would expire them.
 
         Raises:
             StoreUnavailable: when Redis fails.
@@ -282,14 +287,28 @@ class RedisStore(PoolStatisticsMixin):
         async with self._operation("history_streams"):
             index = self._keys.history_index
             if self._retention_arg != "0":
-                # a stream expires the retention (`_retention_arg`, ms) after its latest renewal; one renewal
-                # interval of slack for replicas whose clocks disagree
-                oldest_s = time.time() - int(self._retention_arg) / 1000.0 - self._history_renewal_s
-                await self._redis.zremrangebyscore(index, "-inf", f"({oldest_s!r}")
+                await self._prune_history_index(index)
             streams = [text(key) for key in await self._redis.zrange(index, 0, -1)]
             if scan or not streams:
                 streams = list(dict.fromkeys([*streams, *await self._scan(self._keys.history_pattern)]))
             return streams
+
+    async def _prune_history_index(self, index: str) -> None:
+        """Remove the index entries past this store's retention whose stream is gone; re-stamp the others."""
+        # a stream expires the retention (`_retention_arg`, ms) after its latest renewal; one renewal interval
+        # of slack for replicas whose clocks disagree
+        now_s = time.time()
+        oldest_s = now_s - int(self._retention_arg) / 1000.0 - self._history_renewal_s
+        stale = [text(key) for key in await self._redis.zrangebyscore(index, "-inf", f"({oldest_s!r}")]
+        if not stale:
+            return
+        exists = await self._batched(stale, lambda pipe, key: pipe.exists(key))
+        gone = [key for key, count in zip(stale, exists, strict=True) if not count]
+        alive = [key for key, count in zip(stale, exists, strict=True) if count]
+        if gone:  # unless a replica re-created the stream and re-stamped its entry since the ZRANGEBYSCORE
+            await run_script(self._redis, ScriptCall(ZREM_IF_BELOW, [index], [repr(oldest_s), *gone]))
+        if alive:  # XX: not re-adding an entry another replica removed meanwhile; GT: never moving one back
+            await self._redis.zadd(index, dict.fromkeys(alive, now_s), xx=True, gt=True)
 
     async def read_history_after(self, after: Mapping[str, str], *, count: int) -> list[tuple[str, dict[str, Any]]]:
         """(stream, entry) for the entries of each stream in `after` whose id is greater than after[stream],

@@ -161,3 +161,17 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 3, #ARGV))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 """)
+
+# KEYS: a sorted set. ARGV: [1] a score, then members. Removes each member whose score is still below ARGV[1]
+# (one another client has re-stamped since it was read stays). Returns how many it removed.
+ZREM_IF_BELOW = LuaScript("zrem_if_below", """
+local cutoff = tonumber(ARGV[1])
+local removed = 0
+for i = 2, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) < cutoff then
+    removed = removed + redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
+return removed
+""")

@@ -35,6 +35,7 @@ from controlplane.store import (
     pool_key,
     scope_key,
 )
+from controlplane.store.scripts import ZREM_IF_BELOW, ScriptCall, run_script
 from tests.integration.redis_topologies import Topology
 from tests.integration.store_helpers import (
     ENGINE_SCOPE,
@@ -221,6 +222,41 @@ async def test_history_streams_are_found_in_the_index_without_a_scan(redis_topol
         # a write of this release indexes the older pool's stream too
         await store.put_decision("engine-o", pool_key="older|gpu", decision=make_decision(1))
         assert len(await store.history_streams()) == 3 and scans == 1
+
+
+async def test_a_replica_with_a_shorter_retention_keeps_the_index_entries_of_streams_that_still_exist(
+        redis_topology: Topology, prefix: str) -> None:
+    """Replicas configured with different retentions share one index. One keeping history for 10,000 s renews
+    its entries every 1,000 s; one keeping 100 s treats an entry older than 110 s as past the retention. It
+    removes the entry only when the stream is gone; a stream the other replica still keeps stays listed (its
+    entry re-stamped), where it used to vanish until the next full SCAN."""
+    keys = KeySpace(prefix)
+    async with create_store(redis_topology.url, prefix=prefix, engine_retention_s=10_000.0) as keeper, \
+            create_store(redis_topology.url, prefix=prefix, engine_retention_s=100.0) as short:
+        raw = keeper._redis
+        await keeper.put_decisions([DecisionWrite("engine-a", POOL_KEY, make_decision(1)),
+                                    DecisionWrite("engine-b", "other|gpu", make_decision(1)),
+                                    DecisionWrite("engine-c", "fresh|gpu", make_decision(1))])
+        kept, other, fresh = keys.history(POOL_KEY), keys.history("other|gpu"), keys.history("fresh|gpu")
+        stamped_s = time.time() - 500.0  # indexed 500 s ago: not due for renewal on `keeper` yet
+        await raw.zadd(keys.history_index, {kept: stamped_s, other: stamped_s})
+        await raw.delete(other)  # this one's retention has passed: the stream is gone
+        assert sorted(await short.history_streams()) == sorted([kept, fresh])  # from the index: no SCAN
+        assert await raw.zscore(keys.history_index, other) is None
+        assert await raw.zscore(keys.history_index, kept) > time.time() - 10.0  # re-stamped: not checked again
+        assert sorted(await keeper.history_streams()) == sorted([kept, fresh])
+
+
+async def test_an_index_entry_re_stamped_meanwhile_is_not_removed(redis_topology: Topology, prefix: str) -> None:
+    """ZREM_IF_BELOW removes only the members whose score is still below the cutoff: a replica that re-created
+    a stream and re-stamped its entry between the check and the removal keeps it."""
+    keys = KeySpace(prefix)
+    async with create_store(redis_topology.url, prefix=prefix) as store:
+        raw = store._redis
+        await raw.zadd(keys.history_index, {"a": 10.0, "b": 500.0})
+        removed = await run_script(raw, ScriptCall(ZREM_IF_BELOW, [keys.history_index], ["100", "a", "b", "c"]))
+        assert removed == 1
+        assert await raw.zrange(keys.history_index, 0, -1) == [b"b"]
 
 
 async def test_one_writer_appends_history_in_version_order(store: RedisStore) -> None:
