@@ -15,18 +15,20 @@ shape s, i.e. the hazard h(t) = 1 − S(t)/S(t − 1), S(t) = P(X > t) = Φ((m �
     log L(m, s) = Σ_t d(t)·log h(t) + (n(t) − d(t))·log(1 − h(t))
 
 over the ages 1..span with anyone at risk. It holds for censored and left-truncated requests alike (n(t) is
-the window's exposure, `survival.life_table`). Maximised by Nelder–Mead over (m, log s) from the events'
-mean age; s is kept within [MIN_SHAPE, MAX_SHAPE].
+the window's exposure, `survival.life_table`). Maximised over (m, log s) by damped Newton steps with the
+likelihood's analytic gradient and Hessian, from the events' mean age as the median; s is kept within
+[MIN_SHAPE, MAX_SHAPE]. (A Nelder–Mead search over the same likelihood, 3× slower, stopped on the shape's
+bound up to 2.3 nats below the maximum on windows of a few dozen requests.)
 
 numpy only: the decision loop does not load scipy (40 MiB of a controller's RSS). log Φ comes from a
 Chebyshev-fitted approximation of erfc in log form (fractional error below 1.2e-7 everywhere, no underflow
-in the far tail), the optimiser is a plain Nelder–Mead in two dimensions.
+in the far tail), the optimiser is a two-dimensional Newton method of our own.
 
 The moments past τ: conditional on surviving τ, with the partial moments
 E[X^k·1{X > τ}] = exp(k·m + k²s²/2)·Φ((m + k·s² − ln τ)/s), summed over integer ages by the trapezoid rule.
 
-Pure: no I/O, no clock. Cost O(span) per likelihood evaluation, one to three hundred evaluations (2–8 ms
-for a span of 1,000–2,000 ages); spans beyond MAX_SPAN_TOKENS are not fitted.
+Pure: no I/O, no clock. Cost O(span) per likelihood evaluation, five to ten Newton steps of one to three
+evaluations each (1–2 ms for a span of 1,000–2,000 ages); spans beyond MAX_SPAN_TOKENS are not fitted.
 """
 
 from __future__ import annotations
@@ -46,11 +48,10 @@ MAX_SHAPE = 3.0
 MAX_SPAN_TOKENS = 1 << 16
 # The fit starts from the events' mean age as the median and this shape.
 START_SHAPE = 0.8
-# Nelder–Mead's first steps, budget and tolerances (on m and log s, and on the log-likelihood).
-START_STEP = 0.25
-MAX_EVALUATIONS = 800
-PARAMETER_TOLERANCE = 1e-4
-LIKELIHOOD_TOLERANCE = 1e-4
+# Newton's budget, the step below which it stops (on m and log s), and the shortest fraction of a step tried.
+MAX_ITERATIONS = 60
+PARAMETER_TOLERANCE = 1e-7
+MIN_STEP_SCALE = 1e-8
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +64,13 @@ class LogNormalLaw:
 
 @dataclass(frozen=True, eq=False, slots=True)
 class _Ages:
-    """The ages 1..span of a life table with anyone at risk: events, survivors n(t) − d(t), ln t, ln(t − 1)."""
+    """The ages 1..span of a life table with anyone at risk (`index`, 1-based), their events and survivors
+    n(t) − d(t); ln t on the whole grid 1..span, so that ln S is evaluated once per age and read at t and t − 1."""
 
+    index: np.ndarray
     events: np.ndarray
     survivors: np.ndarray
-    log_ages: np.ndarray
-    log_before: np.ndarray
-    first: np.ndarray
+    log_grid: np.ndarray
     mean_event_age: float
 
     @classmethod
@@ -80,23 +81,57 @@ class _Ages:
             return None
         kept = table.at_risk[:span] > 0.0
         events, at_risk = table.events[:span][kept], table.at_risk[:span][kept]
-        ages = np.arange(1, span + 1, dtype=np.float64)[kept]
         if not events.sum() > 0.0:
             return None
-        return cls(events=events, survivors=at_risk - events, log_ages=np.log(ages),
-                   log_before=np.log(np.maximum(ages - 1.0, 1.0)), first=ages <= 1.0,
-                   mean_event_age=float(np.average(ages, weights=events)))
+        index = np.flatnonzero(kept) + 1
+        return cls(index=index, events=events, survivors=at_risk - events,
+                   log_grid=np.log(np.arange(1, span + 1, dtype=np.float64)),
+                   mean_event_age=float(np.average(index.astype(np.float64), weights=events)))
 
-    def log_likelihood(self, log_scale: float, shape: float) -> float:
-        """log L(m, s) of the module docstring, in nats."""
-        log_survival = log_normal_cdf((log_scale - self.log_ages) / shape)
-        log_survival_before = np.where(self.first, 0.0, log_normal_cdf((log_scale - self.log_before) / shape))
-        log_stay = np.minimum(log_survival - log_survival_before, -1e-300)  # log(1 − h(t)) < 0
+    def _log_stay(self, log_survival: np.ndarray) -> np.ndarray:
+        """log(1 − h(t)) = ln S(t) − ln S(t − 1) < 0 at the kept ages, from ln S(0..span) (ln S(0) = 0)."""
+        return np.minimum(log_survival[self.index] - log_survival[self.index - 1], -1e-300)
+
+    def log_likelihood(self, log_scale: float, log_shape: float) -> float:
+        """log L(m, s) of the module docstring, in nats (s = e^log_shape)."""
+        z = (log_scale - self.log_grid) / math.exp(log_shape)
+        log_stay = self._log_stay(np.concatenate(([0.0], log_normal_cdf(z))))
         return float((self.events * np.log(-np.expm1(log_stay)) + self.survivors * log_stay).sum())
 
+    def log_likelihood_terms(self, log_scale: float, log_shape: float
+                             ) -> tuple[float, np.ndarray, np.ndarray]:
+        """log L with its gradient and Hessian in (m, log s).
 
-def _shape(log_shape: float) -> float:
-    return min(max(math.exp(log_shape), MIN_SHAPE), MAX_SHAPE)
+        ln S(t) = ln Φ(z), z = (m − ln t)/s, has ∂/∂m = λ/s and ∂/∂log s = −z·λ, λ = φ(z)/Φ(z), and
+        λ' = −λ·(z + λ). Per age, log L = d·ln(1 − e^ℓ) + r·ℓ with ℓ = ln S(t) − ln S(t − 1): dlog L/dℓ =
+        r + d·e^ℓ/expm1(ℓ) and d²log L/dℓ² = −d·e^ℓ/expm1(ℓ)². (The gradient is that of the exact Φ; log L is
+        that of the approximation, 1e-7 apart.)"""
+        shape = math.exp(log_shape)
+        z = (log_scale - self.log_grid) / shape
+        log_cdf = log_normal_cdf(z)
+        ratio = np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_cdf)  # λ
+        slope = -ratio * (z + ratio)  # λ'
+        zero = np.zeros(1)
+
+        def at_ages(values: np.ndarray) -> np.ndarray:  # the value at t minus the value at t − 1 (0 at t = 0)
+            grid = np.concatenate((zero, values))
+            return grid[self.index] - grid[self.index - 1]
+
+        log_stay = self._log_stay(np.concatenate((zero, log_cdf)))
+        d_m, d_u = at_ages(ratio) / shape, at_ages(-z * ratio)
+        d_mm = at_ages(slope) / (shape * shape)
+        d_mu = -at_ages(z * slope + ratio) / shape
+        d_uu = at_ages(z * ratio + z * z * slope)
+        expm1 = np.minimum(np.expm1(log_stay), -1e-150)
+        odds = np.exp(log_stay) / expm1
+        first = self.survivors + self.events * odds
+        second = -self.events * odds / expm1
+        log_likelihood = float((self.events * np.log(-np.expm1(log_stay)) + self.survivors * log_stay).sum())
+        gradient = np.array([(first * d_m).sum(), (first * d_u).sum()])
+        cross = float((second * d_m * d_u + first * d_mu).sum())
+        hessian = np.array([[(second * d_m * d_m + first * d_mm).sum(), cross],
+                            [cross, (second * d_u * d_u + first * d_uu).sum()]])
+        return log_likelihood, gradient, hessian
 
 
 def fit_lognormal(table: LifeTable, *, span: int) -> tuple[LogNormalLaw, float] | None:
@@ -108,11 +143,10 @@ def fit_lognormal(table: LifeTable, *, span: int) -> tuple[LogNormalLaw, float] 
     ages = _Ages.of(table, span=span)
     if ages is None:
         return None
-    (m, log_s), best = _nelder_mead(lambda m, log_s: -ages.log_likelihood(m, _shape(log_s)),
-                                    (math.log(ages.mean_event_age), math.log(START_SHAPE)))
+    (m, log_s), best = _newton(ages, (math.log(ages.mean_event_age), math.log(START_SHAPE)))
     if not (math.isfinite(m) and math.isfinite(best)):
         return None
-    return LogNormalLaw(log_scale=m, shape=_shape(log_s)), -best
+    return LogNormalLaw(log_scale=float(m), shape=math.exp(log_s)), best
 
 
 def constant_log_likelihood(table: LifeTable, *, span: int) -> float:
@@ -153,6 +187,7 @@ def lognormal_tail_moments(survival: np.ndarray, law: LogNormalLaw) -> tuple[flo
     return first, math.sqrt(max(second - first * first, 0.0))
 
 
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 # erfc(z) ≈ t·exp(−z² + P(t)), t = 1/(1 + z/2), z ≥ 0: the coefficients of P, constant term first.
 _ERFC_COEFFICIENTS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
                       1.48851587, -0.82215223, 0.17087277)
@@ -178,40 +213,52 @@ def log_normal_cdf(x: np.ndarray | float) -> np.ndarray:
     return np.where(x <= 0.0, log_small, np.log1p(-np.exp(log_small)))
 
 
-def _nelder_mead(objective, start: tuple[float, float]) -> tuple[tuple[float, float], float]:
-    """The minimum of objective(a, b) by Nelder–Mead (reflection 1, expansion 2, contraction ½, shrink ½)
-    from `start` with steps START_STEP, until the simplex spans less than PARAMETER_TOLERANCE and its values
-    less than LIKELIHOOD_TOLERANCE, or MAX_EVALUATIONS: (the best point, its value)."""
-    points = np.array([start, (start[0] + START_STEP, start[1]), (start[0], start[1] + START_STEP)])
-    values = np.array([objective(*point) for point in points])
-    evaluations = 3
-    while evaluations < MAX_EVALUATIONS:
-        order = np.argsort(values)
-        points, values = points[order], values[order]
-        if (float(np.abs(points[1:] - points[0]).max()) <= PARAMETER_TOLERANCE
-                and float(values[-1] - values[0]) <= LIKELIHOOD_TOLERANCE):
+def _ascent_step(gradient: np.ndarray, hessian: np.ndarray) -> np.ndarray | None:
+    """The Levenberg–Marquardt step d = (μ·I − H)⁻¹·g with the least μ ≥ 0 (0, then doubling from 1e-6 of H's
+    scale) that makes μ·I − H positive definite; None when H or g is not finite."""
+    if not (np.all(np.isfinite(gradient)) and np.all(np.isfinite(hessian))):
+        return None
+    identity = np.eye(gradient.size)
+    damping, floor = 0.0, 1e-6 * max(1.0, float(np.abs(np.diag(hessian)).max()))
+    for _ in range(80):
+        system = damping * identity - hessian
+        try:
+            np.linalg.cholesky(system)
+        except np.linalg.LinAlgError:
+            damping = max(2.0 * damping, floor)
+            continue
+        return np.linalg.solve(system, gradient)
+    return None
+
+
+def _newton(ages: _Ages, start: tuple[float, float]) -> tuple[tuple[float, float], float]:
+    """The maximum of log L over (m, log s), log s within [ln MIN_SHAPE, ln MAX_SHAPE], by damped Newton steps
+    from `start` (log s clipped into the bounds): each step halved until log L does not fall; log s held while
+    it sits on a bound its gradient pushes past. Stops when a step moves both by less than
+    PARAMETER_TOLERANCE, when no step finds a log L as high, or after MAX_ITERATIONS: (the point, its log L)."""
+    low, high = math.log(MIN_SHAPE), math.log(MAX_SHAPE)
+    m, u = start[0], min(max(start[1], low), high)
+    value, gradient, hessian = ages.log_likelihood_terms(m, u)
+    for _ in range(MAX_ITERATIONS):
+        free = np.array([True, not ((u <= low and gradient[1] < 0.0) or (u >= high and gradient[1] > 0.0))])
+        step = _ascent_step(gradient[free], hessian[np.ix_(free, free)])
+        if step is None:
             break
-        centroid = points[:2].mean(axis=0)
-        reflected = centroid + (centroid - points[2])
-        value = objective(*reflected)
-        evaluations += 1
-        if value < values[0]:
-            expanded = centroid + 2.0 * (centroid - points[2])
-            expanded_value = objective(*expanded)
-            evaluations += 1
-            points[2], values[2] = (expanded, expanded_value) if expanded_value < value else (reflected, value)
-        elif value < values[1]:
-            points[2], values[2] = reflected, value
+        direction = np.zeros(2)
+        direction[free] = step
+        scale = 1.0
+        while scale >= MIN_STEP_SCALE:
+            m_next = m + scale * float(direction[0])
+            u_next = min(max(u + scale * float(direction[1]), low), high)
+            value_next = ages.log_likelihood(m_next, u_next)
+            if value_next >= value:
+                break
+            scale *= 0.5
         else:
-            inside = value >= values[2]
-            contracted = centroid + 0.5 * ((points[2] if inside else reflected) - centroid)
-            contracted_value = objective(*contracted)
-            evaluations += 1
-            if contracted_value < min(value, values[2]):
-                points[2], values[2] = contracted, contracted_value
-            else:  # shrink towards the best point
-                points[1:] = points[0] + 0.5 * (points[1:] - points[0])
-                values[1:] = [objective(*point) for point in points[1:]]
-                evaluations += 2
-    best = int(np.argmin(values))
-    return (float(points[best, 0]), float(points[best, 1])), float(values[best])
+            break
+        moved = max(abs(m_next - m), abs(u_next - u))
+        m, u = m_next, u_next
+        value, gradient, hessian = ages.log_likelihood_terms(m, u)
+        if moved < PARAMETER_TOLERANCE:
+            break
+    return (m, u), value

@@ -12,7 +12,10 @@ from scipy import stats
 from controlplane.core.hazard import fit_hazard_histogram
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.lognormal_tail import (
+    MAX_SHAPE,
+    MIN_SHAPE,
     LogNormalLaw,
+    _Ages,
     constant_log_likelihood,
     fit_lognormal,
     log_normal_cdf,
@@ -41,6 +44,53 @@ def test_the_fit_recovers_a_censored_law() -> None:
     law, log_likelihood = found
     assert log_likelihood > constant_log_likelihood(table, span=table.events.size)
     assert law.log_scale == pytest.approx(6.0, abs=0.03) and law.shape == pytest.approx(0.7, abs=0.03)
+
+
+def _small_windows():
+    """Windows of 3 to 60 completions and up to 30 running requests of random log-normal laws: the likelihood
+    is flat and its maximum may sit on the shape's bound."""
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        count = int(rng.integers(3, 60))
+        done = np.ceil(rng.lognormal(rng.uniform(1.0, 7.0), rng.uniform(0.1, 2.5), count))
+        running = np.ceil(rng.uniform(1.0, 2000.0, int(rng.integers(0, 30))))
+        yield life_table(WindowObservations(completed=LengthHistogram.from_samples(done.astype(np.int64)),
+                                            censored=hist(running.astype(np.int64))))
+
+
+def test_the_fit_is_the_likelihoods_maximum() -> None:
+    """No point 1e-3 away in (m, log s), within the shape's bounds, has a larger likelihood than the fit's
+    (less the 1e-6 nats by which the approximated Φ's likelihood departs from the exact one's)."""
+    for table in _small_windows():
+        span = table.events.size
+        ages = _Ages.of(table, span=span)
+        found = fit_lognormal(table, span=span)
+        assert ages is not None and found is not None
+        law, best = found
+        assert best == pytest.approx(ages.log_likelihood(law.log_scale, math.log(law.shape)), abs=1e-9)
+        log_shape = math.log(law.shape)
+        for step_m, step_u in ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, -1), (1, -1), (-1, 1)):
+            u = log_shape + 1e-3 * step_u
+            if math.log(MIN_SHAPE) <= u <= math.log(MAX_SHAPE):
+                assert ages.log_likelihood(law.log_scale + 1e-3 * step_m, u) <= best + 1e-6
+
+
+def test_the_likelihoods_derivatives_match_its_differences() -> None:
+    """The gradient and Hessian the fit steps by are those of the likelihood (central differences, 1e-4)."""
+    done, running = cohort(2, cut_tokens=600, draw=lognormal(sigma=1.0, mean_tokens=434.0))
+    table = life_table(WindowObservations(completed=LengthHistogram.from_samples(done), censored=hist(running)))
+    ages = _Ages.of(table, span=table.events.size)
+    assert ages is not None
+    h = 1e-4
+    for m, u in ((5.5, -0.5), (6.0, 0.0), (7.0, 0.7)):
+        value, gradient, hessian = ages.log_likelihood_terms(m, u)
+        assert value == ages.log_likelihood(m, u)
+        difference = np.array([ages.log_likelihood(m + h, u) - ages.log_likelihood(m - h, u),
+                               ages.log_likelihood(m, u + h) - ages.log_likelihood(m, u - h)]) / (2 * h)
+        np.testing.assert_allclose(gradient, difference, rtol=1e-4, atol=1e-2)
+        columns = [ages.log_likelihood_terms(m + h, u)[1] - ages.log_likelihood_terms(m - h, u)[1],
+                   ages.log_likelihood_terms(m, u + h)[1] - ages.log_likelihood_terms(m, u - h)[1]]
+        np.testing.assert_allclose(hessian, np.array(columns).T / (2 * h), rtol=1e-4, atol=1e-1)
 
 
 def test_the_moments_past_the_curve_are_the_laws() -> None:
