@@ -63,9 +63,12 @@ class LogNormalLaw:
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class _Ages:
-    """The ages 1..span of a life table with anyone at risk (`index`, 1-based), their events and survivors
-    n(t) − d(t); ln t on the whole grid 1..span, so that ln S is evaluated once per age and read at t and t − 1."""
+class LogNormalLikelihood:
+    """log L(m, s) of a life table's ages 1..span (the module docstring), what `fit_lognormal` maximises.
+
+    Holds the ages with anyone at risk (`index`, 1-based), their events and survivors n(t) − d(t), and ln t on
+    the whole grid 1..span, so that ln S is evaluated once per age and read at t and t − 1. The shape enters
+    as log s."""
 
     index: np.ndarray
     events: np.ndarray
@@ -74,7 +77,7 @@ class _Ages:
     mean_event_age: float
 
     @classmethod
-    def of(cls, table: LifeTable, *, span: int) -> _Ages | None:
+    def of(cls, table: LifeTable, *, span: int) -> LogNormalLikelihood | None:
         """None when span is outside 1..MAX_SPAN_TOKENS or there is no event up to it."""
         span = min(span, table.events.size)
         if span < 1 or span > MAX_SPAN_TOKENS:
@@ -140,10 +143,11 @@ def fit_lognormal(table: LifeTable, *, span: int) -> tuple[LogNormalLaw, float] 
 
     None when there is no event up to span, span is beyond MAX_SPAN_TOKENS, or the fit is not finite.
     """
-    ages = _Ages.of(table, span=span)
-    if ages is None:
+    likelihood = LogNormalLikelihood.of(table, span=span)
+    if likelihood is None:
         return None
-    (m, log_s), best = _newton(ages, (math.log(ages.mean_event_age), math.log(START_SHAPE)))
+    start = (math.log(likelihood.mean_event_age), math.log(START_SHAPE))
+    (m, log_s), best = _newton(likelihood, start)
     if not (math.isfinite(m) and math.isfinite(best)):
         return None
     return LogNormalLaw(log_scale=float(m), shape=math.exp(log_s)), best
@@ -231,14 +235,14 @@ def _ascent_step(gradient: np.ndarray, hessian: np.ndarray) -> np.ndarray | None
     return None
 
 
-def _newton(ages: _Ages, start: tuple[float, float]) -> tuple[tuple[float, float], float]:
+def _newton(likelihood: LogNormalLikelihood, start: tuple[float, float]) -> tuple[tuple[float, float], float]:
     """The maximum of log L over (m, log s), log s within [ln MIN_SHAPE, ln MAX_SHAPE], by damped Newton steps
     from `start` (log s clipped into the bounds): each step halved until log L does not fall; log s held while
     it sits on a bound its gradient pushes past. Stops when a step moves both by less than
     PARAMETER_TOLERANCE, when no step finds a log L as high, or after MAX_ITERATIONS: (the point, its log L)."""
     low, high = math.log(MIN_SHAPE), math.log(MAX_SHAPE)
     m, u = start[0], min(max(start[1], low), high)
-    value, gradient, hessian = ages.log_likelihood_terms(m, u)
+    value, gradient, hessian = likelihood.log_likelihood_terms(m, u)
     for _ in range(MAX_ITERATIONS):
         free = np.array([True, not ((u <= low and gradient[1] < 0.0) or (u >= high and gradient[1] > 0.0))])
         step = _ascent_step(gradient[free], hessian[np.ix_(free, free)])
@@ -250,7 +254,7 @@ def _newton(ages: _Ages, start: tuple[float, float]) -> tuple[tuple[float, float
         while scale >= MIN_STEP_SCALE:
             m_next = m + scale * float(direction[0])
             u_next = min(max(u + scale * float(direction[1]), low), high)
-            value_next = ages.log_likelihood(m_next, u_next)
+            value_next = likelihood.log_likelihood(m_next, u_next)
             if value_next >= value:
                 break
             scale *= 0.5
@@ -258,7 +262,7 @@ def _newton(ages: _Ages, start: tuple[float, float]) -> tuple[tuple[float, float
             break
         moved = max(abs(m_next - m), abs(u_next - u))
         m, u = m_next, u_next
-        value, gradient, hessian = ages.log_likelihood_terms(m, u)
+        value, gradient, hessian = likelihood.log_likelihood_terms(m, u)
         if moved < PARAMETER_TOLERANCE:
             break
     return (m, u), value

@@ -15,7 +15,7 @@ from controlplane.core.lognormal_tail import (
     MAX_SHAPE,
     MIN_SHAPE,
     LogNormalLaw,
-    _Ages,
+    LogNormalLikelihood,
     constant_log_likelihood,
     fit_lognormal,
     log_normal_cdf,
@@ -63,33 +63,33 @@ def test_the_fit_is_the_likelihoods_maximum() -> None:
     (less the 1e-6 nats by which the approximated Φ's likelihood departs from the exact one's)."""
     for table in _small_windows():
         span = table.events.size
-        ages = _Ages.of(table, span=span)
+        likelihood = LogNormalLikelihood.of(table, span=span)
         found = fit_lognormal(table, span=span)
-        assert ages is not None and found is not None
+        assert likelihood is not None and found is not None
         law, best = found
-        assert best == pytest.approx(ages.log_likelihood(law.log_scale, math.log(law.shape)), abs=1e-9)
+        assert best == pytest.approx(likelihood.log_likelihood(law.log_scale, math.log(law.shape)), abs=1e-9)
         log_shape = math.log(law.shape)
         for step_m, step_u in ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, -1), (1, -1), (-1, 1)):
             u = log_shape + 1e-3 * step_u
             if math.log(MIN_SHAPE) <= u <= math.log(MAX_SHAPE):
-                assert ages.log_likelihood(law.log_scale + 1e-3 * step_m, u) <= best + 1e-6
+                assert likelihood.log_likelihood(law.log_scale + 1e-3 * step_m, u) <= best + 1e-6
 
 
 def test_the_likelihoods_derivatives_match_its_differences() -> None:
     """The gradient and Hessian the fit steps by are those of the likelihood (central differences, 1e-4)."""
     done, running = cohort(2, cut_tokens=600, draw=lognormal(sigma=1.0, mean_tokens=434.0))
     table = life_table(WindowObservations(completed=LengthHistogram.from_samples(done), censored=hist(running)))
-    ages = _Ages.of(table, span=table.events.size)
-    assert ages is not None
+    likelihood = LogNormalLikelihood.of(table, span=table.events.size)
+    assert likelihood is not None
     h = 1e-4
     for m, u in ((5.5, -0.5), (6.0, 0.0), (7.0, 0.7)):
-        value, gradient, hessian = ages.log_likelihood_terms(m, u)
-        assert value == ages.log_likelihood(m, u)
-        difference = np.array([ages.log_likelihood(m + h, u) - ages.log_likelihood(m - h, u),
-                               ages.log_likelihood(m, u + h) - ages.log_likelihood(m, u - h)]) / (2 * h)
+        value, gradient, hessian = likelihood.log_likelihood_terms(m, u)
+        assert value == likelihood.log_likelihood(m, u)
+        difference = np.array([likelihood.log_likelihood(m + h, u) - likelihood.log_likelihood(m - h, u),
+                               likelihood.log_likelihood(m, u + h) - likelihood.log_likelihood(m, u - h)]) / (2 * h)
         np.testing.assert_allclose(gradient, difference, rtol=1e-4, atol=1e-2)
-        columns = [ages.log_likelihood_terms(m + h, u)[1] - ages.log_likelihood_terms(m - h, u)[1],
-                   ages.log_likelihood_terms(m, u + h)[1] - ages.log_likelihood_terms(m, u - h)[1]]
+        columns = [likelihood.log_likelihood_terms(m + h, u)[1] - likelihood.log_likelihood_terms(m - h, u)[1],
+                   likelihood.log_likelihood_terms(m, u + h)[1] - likelihood.log_likelihood_terms(m, u - h)[1]]
         np.testing.assert_allclose(hessian, np.array(columns).T / (2 * h), rtol=1e-4, atol=1e-1)
 
 
