@@ -95,11 +95,15 @@ class LogNormalLikelihood:
         """log(1 − h(t)) = ln S(t) − ln S(t − 1) < 0 at the kept ages, from ln S(0..span) (ln S(0) = 0)."""
         return np.minimum(log_survival[self.index] - log_survival[self.index - 1], -1e-300)
 
+    def _sum(self, log_stay: np.ndarray, expm1_stay: np.ndarray) -> float:
+        """Σ d·ln h + (n − d)·ln(1 − h), from ln(1 − h) and its expm1 (= −h)."""
+        return float((self.events * np.log(-expm1_stay) + self.survivors * log_stay).sum())
+
     def log_likelihood(self, log_scale: float, log_shape: float) -> float:
         """log L(m, s) of the module docstring, in nats (s = e^log_shape)."""
         z = (log_scale - self.log_grid) / math.exp(log_shape)
         log_stay = self._log_stay(np.concatenate(([0.0], log_normal_cdf(z))))
-        return float((self.events * np.log(-np.expm1(log_stay)) + self.survivors * log_stay).sum())
+        return self._sum(log_stay, np.expm1(log_stay))
 
     def log_likelihood_terms(self, log_scale: float, log_shape: float
                              ) -> tuple[float, np.ndarray, np.ndarray]:
@@ -121,20 +125,20 @@ class LogNormalLikelihood:
             return grid[self.index] - grid[self.index - 1]
 
         log_stay = self._log_stay(np.concatenate((zero, log_cdf)))
+        expm1_stay = np.expm1(log_stay)
         d_m, d_u = at_ages(ratio) / shape, at_ages(-z * ratio)
         d_mm = at_ages(slope) / (shape * shape)
         d_mu = -at_ages(z * slope + ratio) / shape
         d_uu = at_ages(z * ratio + z * z * slope)
-        expm1 = np.minimum(np.expm1(log_stay), -1e-150)
-        odds = np.exp(log_stay) / expm1
+        away_from_zero = np.minimum(expm1_stay, -1e-150)
+        odds = np.exp(log_stay) / away_from_zero
         first = self.survivors + self.events * odds
-        second = -self.events * odds / expm1
-        log_likelihood = float((self.events * np.log(-np.expm1(log_stay)) + self.survivors * log_stay).sum())
+        second = -self.events * odds / away_from_zero
         gradient = np.array([(first * d_m).sum(), (first * d_u).sum()])
         cross = float((second * d_m * d_u + first * d_mu).sum())
         hessian = np.array([[(second * d_m * d_m + first * d_mm).sum(), cross],
                             [cross, (second * d_u * d_u + first * d_uu).sum()]])
-        return log_likelihood, gradient, hessian
+        return self._sum(log_stay, expm1_stay), gradient, hessian
 
 
 def fit_lognormal(table: LifeTable, *, span: int) -> tuple[LogNormalLaw, float] | None:
@@ -224,7 +228,7 @@ def _ascent_step(gradient: np.ndarray, hessian: np.ndarray) -> np.ndarray | None
         return None
     identity = np.eye(gradient.size)
     damping, floor = 0.0, 1e-6 * max(1.0, float(np.abs(np.diag(hessian)).max()))
-    for _ in range(80):
+    for _ in range(80):  # 2^80 · 1e-6 of H's scale outweighs any finite H
         system = damping * identity - hessian
         try:
             np.linalg.cholesky(system)
