@@ -91,9 +91,14 @@ class LogNormalLikelihood:
                    log_grid=np.log(np.arange(1, span + 1, dtype=np.float64)),
                    mean_event_age=float(np.average(index.astype(np.float64), weights=events)))
 
+    def _step(self, values: np.ndarray) -> np.ndarray:
+        """f(t) − f(t − 1) at the kept ages, from f(1..span) on the grid and f(0) = 0."""
+        grid = np.concatenate(([0.0], values))
+        return grid[self.index] - grid[self.index - 1]
+
     def _log_stay(self, log_survival: np.ndarray) -> np.ndarray:
-        """log(1 − h(t)) = ln S(t) − ln S(t − 1) < 0 at the kept ages, from ln S(0..span) (ln S(0) = 0)."""
-        return np.minimum(log_survival[self.index] - log_survival[self.index - 1], -1e-300)
+        """log(1 − h(t)) = ln S(t) − ln S(t − 1) < 0 at the kept ages, from ln S(1..span) (ln S(0) = 0)."""
+        return np.minimum(self._step(log_survival), -1e-300)
 
     def _sum(self, log_stay: np.ndarray, expm1_stay: np.ndarray) -> float:
         """Σ d·ln h + (n − d)·ln(1 − h), from ln(1 − h) and its expm1 (= −h)."""
@@ -102,7 +107,7 @@ class LogNormalLikelihood:
     def log_likelihood(self, log_scale: float, log_shape: float) -> float:
         """log L(m, s) of the module docstring, in nats (s = e^log_shape)."""
         z = (log_scale - self.log_grid) / math.exp(log_shape)
-        log_stay = self._log_stay(np.concatenate(([0.0], log_normal_cdf(z))))
+        log_stay = self._log_stay(log_normal_cdf(z))
         return self._sum(log_stay, np.expm1(log_stay))
 
     def log_likelihood_terms(self, log_scale: float, log_shape: float
@@ -118,18 +123,12 @@ class LogNormalLikelihood:
         log_cdf = log_normal_cdf(z)
         ratio = np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_cdf)  # λ
         slope = -ratio * (z + ratio)  # λ'
-        zero = np.zeros(1)
-
-        def at_ages(values: np.ndarray) -> np.ndarray:  # the value at t minus the value at t − 1 (0 at t = 0)
-            grid = np.concatenate((zero, values))
-            return grid[self.index] - grid[self.index - 1]
-
-        log_stay = self._log_stay(np.concatenate((zero, log_cdf)))
+        log_stay = self._log_stay(log_cdf)
         expm1_stay = np.expm1(log_stay)
-        d_m, d_u = at_ages(ratio) / shape, at_ages(-z * ratio)
-        d_mm = at_ages(slope) / (shape * shape)
-        d_mu = -at_ages(z * slope + ratio) / shape
-        d_uu = at_ages(z * ratio + z * z * slope)
+        d_m, d_u = self._step(ratio) / shape, self._step(-z * ratio)
+        d_mm = self._step(slope) / (shape * shape)
+        d_mu = -self._step(z * slope + ratio) / shape
+        d_uu = self._step(z * ratio + z * z * slope)
         away_from_zero = np.minimum(expm1_stay, -1e-150)
         odds = np.exp(log_stay) / away_from_zero
         first = self.survivors + self.events * odds
