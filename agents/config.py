@@ -102,14 +102,16 @@ def _pool_name(text: str) -> str:
     return text
 
 
-def _number(minimum: float) -> Callable[[str], float]:
+def _number(minimum: float, maximum: float = math.inf) -> Callable[[str], float]:
+    bounds = f"≥ {minimum}" if maximum == math.inf else f"in [{minimum}, {maximum}]"
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise ValueError(f"must be a finite number ≥ {minimum}") from None
-        if not (math.isfinite(value) and value >= minimum):
-            raise ValueError(f"must be a finite number ≥ {minimum}")
+            raise ValueError(f"must be a finite number {bounds}") from None
+        if not (math.isfinite(value) and minimum <= value <= maximum):
+            raise ValueError(f"must be a finite number {bounds}")
         return value
 
     return parse
@@ -174,8 +176,9 @@ AGENT_SETTINGS: tuple[AgentSetting, ...] = (
                  "upper bound on how long a decision outlives the controller, s", _number(0.0)),
     AgentSetting("CP_TLS_CA", "tls_ca", "none (plaintext)", "an existing file",
                  "PEM file of the controller's CA (turns TLS on)", _existing_file),
-    AgentSetting("CP_BATCH_INTERVAL_S", "batch_interval_s", "1.0", "finite ≥ 0.01",
-                 "telemetry batch period and idle heartbeat, s", _number(0.01)),
+    AgentSetting("CP_BATCH_INTERVAL_S", "batch_interval_s", "1.0", "finite, in [0.01, 60]",
+                 "telemetry batch period and idle heartbeat, s (the controller closes a stream silent for 180 s)",
+                 _number(0.01, 60.0)),
     AgentSetting("CP_BUFFER_EVENTS", "buffer_events", "65536", "integer ≥ 16",
                  "telemetry events buffered per kind before the oldest are dropped", _count(16)),
     AgentSetting("CP_AGENT_REPORT", "report_path", "none", "a path in an existing directory",

@@ -1,6 +1,7 @@
 """The agent hook's own cost per engine step, in-process, on synthetic scheduler state.
 
-Run: `.venv/bin/python benchmarks/agent_hook_micro.py`. The real `AgentRuntime` hooks (before_schedule,
+Run: `.venv/bin/python benchmarks/agent_hook_micro.py` (`--smoke`: 200 steps per measurement, the same code
+paths in a few seconds). The real `AgentRuntime` hooks (before_schedule,
 after_schedule, after_update) run against a stand-in scheduler holding B running requests and a step
 output with B scheduled requests, for B in 16, 64, 128, 256 and each mode, with the controller link
 stopped. It isolates the hook from what shares the CPU with it inside a real engine (the worker
@@ -10,6 +11,7 @@ Prints the median µs per step, the fitted µs per scheduled request, and the go
 
 from __future__ import annotations
 
+import argparse
 import collections
 import statistics
 import sys
@@ -26,6 +28,7 @@ from agents.vllm.runtime import AgentRuntime
 from controlplane.api.v1 import common_pb2
 
 STEPS = 20_000
+SMOKE_STEPS = 200
 
 
 class _Request:
@@ -59,9 +62,10 @@ def _scheduler(batch: int) -> types.SimpleNamespace:
         requests={})
 
 
-def _measure(runtime: AgentRuntime, scheduler: types.SimpleNamespace, output: types.SimpleNamespace) -> float:
+def _measure(runtime: AgentRuntime, scheduler: types.SimpleNamespace, output: types.SimpleNamespace,
+             steps: int = STEPS) -> float:
     samples = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         started = time.perf_counter()
         runtime.before_schedule(scheduler)
         runtime.after_schedule(scheduler, output)
@@ -71,6 +75,9 @@ def _measure(runtime: AgentRuntime, scheduler: types.SimpleNamespace, output: ty
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_STEPS} steps per measurement: fast")
+    steps = SMOKE_STEPS if parser.parse_args().smoke else STEPS
     config = AgentConfig(controller_address="127.0.0.1:9", engine_id="micro", pool_model="m", pool_accelerator="cpu",
                          batch_interval_s=3600)
     modes = {"passthrough": common_pb2.MODE_PASSTHROUGH, "mb": common_pb2.MODE_MB, "eb": common_pb2.MODE_EB}
@@ -90,7 +97,7 @@ def main() -> None:
                                            total_num_scheduled_tokens=batch + 500, preempted_req_ids=set(),
                                            scheduled_new_reqs=[],
                                            scheduled_cached_reqs=types.SimpleNamespace(resumed_req_ids=set()))
-            medians.append(_measure(runtime, scheduler, output))
+            medians.append(_measure(runtime, scheduler, output, steps))
         slope, intercept = np.polyfit(batches, medians, 1)
         print(f"{name:<12}" + "".join(f"{m:>12.2f}" for m in medians) + f"{slope:>12.4f}{intercept:>10.2f}"
               f"{5 + 0.1 * 256:>10.1f}")

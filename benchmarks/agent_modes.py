@@ -2,7 +2,8 @@
 MB with the P-PAS budget, EB(k̂*) and EB+ (auto). Prints throughput ratios to stock, TTFT, TPOT and the
 agent hook's own time per step.
 
-Run: `.venv/bin/python benchmarks/agent_modes.py [--rounds 2] [--num-requests 600]`.
+Run: `.venv/bin/python benchmarks/agent_modes.py [--rounds 2] [--num-requests 600]`; `--smoke`: every
+configuration on 4 short requests (the engines' start-up, ~1 minute each on 2 cores, is most of it).
 Every configuration runs in a fresh engine process on the same seeded workload; with --rounds > 1 the
 order alternates and the figures are medians. The controller runs on an embedded redis-server. The
 model is a tiny random-weight Qwen2, so absolute figures say little; the ratios are the result.
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
 from controlplane.store.embedded import EmbeddedRedis  # noqa: E402
-from tests.e2e.tiny_model import write_tiny_model  # noqa: E402
+from testbench.tiny_model import write_tiny_model  # noqa: E402
 
 ENGINE = ROOT / "tests" / "e2e" / "engine_workload.py"
 FLEET = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET)
@@ -40,6 +41,8 @@ CONFIGS = {  # name -> pin (None: no pin, the controller decides; "stock": no ag
     "eb_kstar": operator_pb2.PINNED_MODE_EB,
     "eb_plus": None,
 }
+# --smoke: (num_requests, prompt_tokens, output_tokens); every configuration still runs in its own engine
+SMOKE = (4, "16,64", "4,16")
 
 
 def free_port() -> int:
@@ -67,14 +70,20 @@ def running_controller(tmp: Path, *serve_args: str) -> Iterator[tuple[operator_p
             controller.wait(timeout=30)
 
 
-def _set_pin(stub: operator_pb2_grpc.OperatorServiceStub, pin: int | None) -> None:
-    if pin is None:
-        stub.ClearOverride(operator_pb2.ClearOverrideRequest(scope=FLEET, kind=operator_pb2.OVERRIDE_KIND_PIN))
-    else:
+def _set_pin(stub: operator_pb2_grpc.OperatorServiceStub, pin: int | None, *, pinned: bool) -> bool:
+    """Pin the fleet to `pin`, or with None leave the controller to decide: clear the fleet pin this benchmark
+    set (`pinned`), if any; the controller answers NOT_FOUND to clearing a pin that is not in force. Returns
+    whether a fleet pin set here is in force afterwards."""
+    if pin is not None:
         stub.PinMode(operator_pb2.PinModeRequest(scope=FLEET, mode=pin, reason="benchmark"))
+        return True
+    if pinned:
+        stub.ClearOverride(operator_pb2.ClearOverrideRequest(scope=FLEET, kind=operator_pb2.OVERRIDE_KIND_PIN,
+                                                             reason="benchmark"))
+    return False
 
 
-def _run_engine(args: argparse.Namespace, model: Path, work: Path, name: str, address: str) -> dict:
+def run_engine(args: argparse.Namespace, model: Path, work: Path, name: str, address: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(ENGINE), "--model-dir", str(model), "--result", str(work / "result.json"),
                "--num-requests", str(args.num_requests), "--prompt-tokens", args.prompt_tokens, "--output-tokens",
@@ -105,7 +114,12 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
+    parser.add_argument("--smoke", action="store_true",
+                        help="{} requests, prompts {}, outputs {}, every configuration: the same code "
+                             "paths".format(*SMOKE))
     args = parser.parse_args()
+    if args.smoke:
+        args.num_requests, args.prompt_tokens, args.output_tokens = SMOKE
     unknown = set(args.configs.split(",")) - set(CONFIGS)
     if unknown or "stock" not in args.configs.split(","):
         parser.error(f"--configs: unknown {sorted(unknown)} (stock is required as the baseline)")
@@ -116,13 +130,14 @@ def main() -> None:
         with running_controller(tmp, "--min-samples", "200", "--decision-interval-s", "1", "--cooldown-s",
                                 "5") as (stub, address):
             results: dict[str, list[dict]] = {name: [] for name in selected}
+            pinned = False  # whether a fleet pin set here is in force
             for round_index in range(args.rounds):
                 names = list(selected) if round_index % 2 == 0 else list(reversed(selected))
                 for name in names:
                     if selected[name] != "stock":
-                        _set_pin(stub, selected[name])
+                        pinned = _set_pin(stub, selected[name], pinned=pinned)
                     print(f"round {round_index + 1}: {name} ...", flush=True)
-                    results[name].append(_run_engine(args, model, tmp / f"{name}-{round_index}", name, address))
+                    results[name].append(run_engine(args, model, tmp / f"{name}-{round_index}", name, address))
             decisions = {e.engine_id: e for e in stub.ListEngines(operator_pb2.ListEnginesRequest()).engines}
             views = {eid: stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=eid)).decision
                      for eid in decisions}

@@ -22,6 +22,7 @@ Workers (`--workers N`: one `controlplane serve --workers N`, its processes shar
 
     .venv/bin/python benchmarks/controller_load.py                      # 100, 1,000, 2,000 streams, 2 × 1,000
     .venv/bin/python benchmarks/controller_load.py --streams 300 --duration-s 20
+    .venv/bin/python benchmarks/controller_load.py --smoke    # 20 streams on 2 replicas, then on 2 workers: seconds
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ CONNECT = "/controlplane.v1.AgentService/Connect"
 STREAMS_PER_CHANNEL = 50
 NUM_VARIANTS = 8
 DRIFT_PERIOD_S = 16.0
+# --smoke: (streams, replicas, workers) scenarios, and (duration_s, warmup_s, completions, steps, rss_every_s)
+SMOKE_SCENARIOS = ((20, 2, 1), (20, 1, 2))
+SMOKE_SIZES = (2.0, 2.0, 64, 100, 1.0)
 H200 = dict(alpha_p_s=0.0012785933415095027, beta_p_s_per_token=2.4852551825304505e-05,
             alpha_d_s=0.008921181622454422, beta_d_s_per_request=4.586467522217373e-05,
             mb_coeffs_s_per_token=[2.494e-05, 5.193e-05, 1.478e-05])
@@ -399,9 +403,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="steps per batch")
     parser.add_argument("--rss-every-s", type=float, default=10.0,
                         help="sample the controllers' RSS this often while measuring (soak: --duration-s 600)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="20 streams on 2 replicas, then on 1x2 workers, 2 s each: the same code paths in seconds")
     args = parser.parse_args()
     scenarios = [(n, args.replicas, args.workers) for n in args.streams] if args.streams else \
         [(100, 1, 1), (1000, 1, 1), (2000, 1, 1), (1000, 2, 1), (1000, 1, 2), (2000, 1, 2)]
+    if args.smoke:
+        scenarios = list(SMOKE_SCENARIOS)
+        args.duration_s, args.warmup_s, args.completions, args.steps, args.rss_every_s = SMOKE_SIZES
     header = (f"{'streams':>7} {'repl':>4} {'events/s':>10} {'batches/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
               f"{'max ms':>8} {'undecided':>9} {'untrig':>6} {'ctl cores':>10} {'RSS MiB':>8} {'gen cores':>9} "
               f"{'redis cmd/s':>11} {'agree':>9}")

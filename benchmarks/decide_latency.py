@@ -1,8 +1,9 @@
 """Micro-benchmark of deciding: per-engine work with the pool estimate vs refitting per engine.
 
-Run: `.venv/bin/python benchmarks/decide_latency.py` (`make bench`). Side by side, at W_O = 4096:
-- the baseline: the core's decide() on an engine's own 4,096-sample window (fit + evaluate + select),
-  which is what every engine cost before pools were estimated once;
+Run: `.venv/bin/python benchmarks/decide_latency.py` (`make bench`; `--smoke`: 20 runs each, the same code
+paths in a second). Side by side, at W_O = 4096:
+- the baseline: the hazard fit of an engine's own 4,096-sample window and the core's decide() on it (fit +
+  evaluate + select), which is what every engine cost before pools were estimated once;
 - the pool's refresh (`PoolStatistics.refresh`: histogram merge + hazard fit + cost fit) alone;
 - one engine's decision from the pool estimate (`EngineLoop.decide`: evaluate + select + the protobuf
   message);
@@ -12,12 +13,15 @@ Run: `.venv/bin/python benchmarks/decide_latency.py` (`make bench`). Side by sid
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from controlplane.core.hazard import fit_hazard_histogram
+from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.policy import decide
 from controlplane.core.types import EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
 from controlplane.loop.config import DecisionLoopConfig
@@ -28,13 +32,14 @@ from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
 
 WINDOW = 4096
 REPEATS = 400
+SMOKE_REPEATS = 20
 COSTS = RTX_PRO_6000_QWEN3_8B
 
 
-def _times_us(fn: Callable[[], object]) -> list[float]:
+def _times_us(fn: Callable[[], object], repeats: int) -> list[float]:
     fn()  # warm-up
     samples = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e6)
@@ -42,12 +47,21 @@ def _times_us(fn: Callable[[], object]) -> list[float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_REPEATS} runs each: the same code paths, fast")
+    repeats = SMOKE_REPEATS if parser.parse_args().smoke else REPEATS
     rng = np.random.default_rng(7)
     outputs = rng.geometric(1 / 256, WINDOW).astype(np.float64)
     prompts = rng.integers(64, 2048, WINDOW).astype(np.float64)
     limits = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=16384, kv_capacity_tokens=1_500_000,
                           max_model_len_tokens=32768)
-    observations = Observations(outputs, prompts, COSTS, limits, n_obs=600.0)
+    observations = Observations(COSTS, limits, n_obs=600.0)
+
+    def own_window_decision() -> object:  # the engine's own window: fit, then evaluate and select
+        fit = fit_hazard_histogram(LengthHistogram.from_samples(outputs), prompt_count=WINDOW,
+                                   prompt_sum_tokens=float(prompts.sum()))
+        return decide(observations, PolicyState(), float(next(clock)), fit=fit)
+
     clock = iter(range(10**9))
     config = DecisionLoopConfig()
     pool = PoolStatistics("m|a", config, replica_id="bench")
@@ -61,13 +75,12 @@ def main() -> None:
     loop.n_obs = 600.0
     intent = OperatorIntent()
     rows = {
-        "baseline: decide() on its own window": _times_us(
-            lambda: decide(observations, PolicyState(), float(next(clock)))),
-        "pool refresh (merge + fits)": _times_us(lambda: pool.refresh(110.0, calibration=COSTS)),
+        "baseline: decide() on its own window": _times_us(own_window_decision, repeats),
+        "pool refresh (merge + fits)": _times_us(lambda: pool.refresh(110.0, calibration=COSTS), repeats),
         "engine decision from the pool estimate": _times_us(
-            lambda: loop.decide(pool.estimate, intent=intent, now_s=float(next(clock)))),
+            lambda: loop.decide(pool.estimate, intent=intent, now_s=float(next(clock))), repeats),
     }
-    print(f"W_O = {WINDOW}, {REPEATS} runs each")
+    print(f"W_O = {WINDOW}, {repeats} runs each")
     print(f"{'what':<40} {'median µs':>10} {'p95 µs':>10}")
     medians = {}
     for name, samples in rows.items():

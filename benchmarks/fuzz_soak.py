@@ -5,7 +5,7 @@ short `--engine-ttl-s`), then from this process over real gRPC:
 - a few well-behaved engines (`--good-engines`) streaming geometric telemetry and ACKing every decision for
   the whole run (their longest wait for a decision is measured against the keep-alive period ttl_s/3);
 - `--engines` distinct engine ids that each connect, send a batch and leave (one in `--pool-every` claims a
-  made-up pool of its own), interleaved with `--scripts` fuzz streams from `tests/integration/fuzz_messages`
+  made-up pool of its own), interleaved with `--scripts` fuzz streams from `testbench/fuzz_messages`
   (hypothesis-drawn messages with one known fault each, or byte mutations, or claims on the good engines'
   ids by older agent instances);
 - a warm-up first (`--warmup-engines` churning engines and `--warmup-scripts` fuzz streams of every kind, drawn
@@ -24,6 +24,7 @@ reported, not judged: the goal is "back within 10% of the baseline after evictio
 
     .venv/bin/python benchmarks/fuzz_soak.py                                   # the default run, ≤ ~5 min
     .venv/bin/python benchmarks/fuzz_soak.py --engines 5000 --scripts 1000     # a quick look
+    .venv/bin/python benchmarks/fuzz_soak.py --smoke     # every step at tiny sizes, short waits: seconds
 """
 
 from __future__ import annotations
@@ -51,10 +52,9 @@ from hypothesis import strategies as st  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
-from controlplane.service.controller import _TRIM_QUIET_S  # noqa: E402
+from controlplane.service.controller import TRIM_QUIET_S  # noqa: E402
 from controlplane.store.embedded import start_redis_on_free_port  # noqa: E402
-from tests.integration.controller_harness import LIMITS, geometric_batch  # noqa: E402
-from tests.integration.fuzz_messages import (  # noqa: E402
+from testbench.fuzz_messages import (  # noqa: E402
     CAUSES,
     TARGET_STARTED_AT_S,
     LiveAgent,
@@ -67,10 +67,16 @@ from tests.integration.fuzz_messages import (  # noqa: E402
     run_script,
     telemetry_payload,
 )
-from tests.integration.serve_process import ServeProcess  # noqa: E402
+from testbench.messages import LIMITS, geometric_batch  # noqa: E402
+from testbench.serve_process import ServeProcess  # noqa: E402
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
 STREAMS_PER_CHANNEL = 32
+# --smoke: every step of the soak at tiny sizes, and a short wait where the controller would trim its memory (RSS
+# is not the point of a smoke run)
+SMOKE = dict(engines=200, scripts=60, warmup_engines=20, warmup_scripts=20, good_engines=1, pool_every=50,
+             engine_ttl_s=1.0, engine_retention_s=1.0, expiry_slack_s=1.0, concurrency=16, rounds=2, corpus_scale=0.1)
+SMOKE_QUIET_S = 0.5
 
 
 def _free_port() -> int:
@@ -191,7 +197,7 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
     rows: list[tuple[str, str]] = []
     print("drawing the fuzz corpus (hypothesis) …", flush=True)
     pools = st.one_of(st.just(POOL), st.builds(common_pb2.Pool, model=pool_names(), accelerator=pool_names()))
-    corpus = draw_corpus(pools=pools, seed=args.seed)
+    corpus = draw_corpus(pools=pools, seed=args.seed, scale=args.corpus_scale)
     good_ids = [f"good-{i}" for i in range(args.good_engines)]
     scripts = compose_scripts(corpus, count=args.scripts, seed=args.seed, targets=good_ids)
     rng = np.random.default_rng(args.seed)
@@ -237,7 +243,8 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
     await _run_jobs(channels, warmup_jobs, warmup, concurrency=args.concurrency,
                     progress_every=10**9)
     await evicted(args.engine_ttl_s + 30)
-    await asyncio.sleep(_TRIM_QUIET_S + 1.0)  # the controller collects and trims once evictions stop
+    quiet_s = SMOKE_QUIET_S if args.smoke else TRIM_QUIET_S + 1.0
+    await asyncio.sleep(quiet_s)  # the controller collects and trims once evictions stop
     rss_baseline = _rss_mib(controller.pid)
     keys_before = redis_client.dbsize()
     before = _metrics(metrics_port)
@@ -273,7 +280,7 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
         sending_s += sent_s - round_s
         num_known, evicted_at_s = await evicted(args.engine_ttl_s + 60)
         evicted_s = max(evicted_s, evicted_at_s - sent_s)
-        await asyncio.sleep(_TRIM_QUIET_S + 1.0)  # as for the baseline
+        await asyncio.sleep(quiet_s)  # as for the baseline
         rss_after.append(_rss_mib(controller.pid))
         print(f"  round done: {tally.streams:,} streams; engines known {num_known}; RSS {rss_after[-1]:.0f} MiB",
               flush=True)
@@ -288,7 +295,7 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
     views = [await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=e.engine_id)) for e in engines]
     keys_at_end = redis_client.dbsize()
     # The churned engines' decision and epoch keys expire engine_retention_s after their last write.
-    expiry_deadline_s = loop.time() + args.engine_retention_s + 10.0
+    expiry_deadline_s = loop.time() + args.engine_retention_s + args.expiry_slack_s
     while redis_client.dbsize() > keys_before and loop.time() < expiry_deadline_s:
         await asyncio.sleep(1.0)
     keys_after = redis_client.dbsize()
@@ -376,13 +383,22 @@ def main() -> int:
                         help="controller --max-disconnected-engines (default: the controller's; 0: no limit)")
     parser.add_argument("--engine-retention-s", type=float, default=10.0,
                         help="controller --engine-retention-s (Redis keys of gone engines expire)")
+    parser.add_argument("--expiry-slack-s", type=float, default=10.0,
+                        help="wait at most this long past --engine-retention-s for the gone engines' keys to expire")
     parser.add_argument("--ttl-s", type=float, default=3.0, help="controller --ttl-s (keep-alive every ttl_s/3)")
     parser.add_argument("--concurrency", type=int, default=64, help="streams open at once")
     parser.add_argument("--rounds", type=int, default=2,
                         help="split the soak in rounds, waiting for eviction and reading RSS after each: RSS that "
                              "keeps growing round after round is a leak, RSS that stays is the allocator's high water")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--corpus-scale", type=float, default=1.0,
+                        help="hypothesis examples drawn for the corpus, times this (a few hundred at 1)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every step at tiny sizes (" + ", ".join(f"{k} {v:g}" for k, v in SMOKE.items())
+                             + f") and {SMOKE_QUIET_S:g} s trim waits: seconds")
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     with tempfile.TemporaryDirectory(prefix="fuzz-soak-") as tmp:
         url, server = start_redis_on_free_port(Path(tmp) / "redis")
         metrics_port = _free_port()

@@ -1,9 +1,10 @@
 """What the log-normal tail does to μ̂_O on cold windows, and what it costs: side by side with the constant tail.
 
-Run: `.venv/bin/python benchmarks/lognormal_tail.py [--seeds 20]` (~1 minute on 2 cores).
+Run: `.venv/bin/python benchmarks/lognormal_tail.py [--seeds 20]` (~1 minute on 2 cores); `--smoke`: every law
+and cut on 2 seeds (tests/benchmarks/test_smoke.py).
 
 Each window is a cohort of 512 requests admitted at once, each slot refilled as its request finishes, observed
-`cut` tokens later (`tests/unit/cohorts.py`): the completions and the running requests, as in an engine's
+`cut` tokens later (`testbench/cohorts.py`): the completions and the running requests, as in an engine's
 first minute or the requests admitted since a shift. `fit_hazard_histogram` is run on each window twice:
 as shipped, and with the log-normal tail switched off (`hazard.LOGNORMAL_MAX_SURVIVAL` below 0: the curve is
 continued by the constant hazard alone, as before the tail). Printed per law and cut, over the seeds: Ŝ(τ),
@@ -20,14 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.unit's cohorts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: testbench's cohorts
 
 import numpy as np
 
 from controlplane.core import hazard
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.survival import WindowObservations, km_survival, life_table
-from tests.unit.cohorts import (
+from testbench.cohorts import (
     Draw,
     cohort,
     geometric,
@@ -74,7 +75,10 @@ def _fit(done: np.ndarray, running: np.ndarray) -> tuple[hazard.HazardFit, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true", help="2 seeds: the same code paths in a second")
     args = parser.parse_args()
+    if args.smoke:
+        args.seeds = 2
     print(f"cold windows of 512 slots, {args.seeds} seeds; μ̂_O / truth as median / lowest; fit time medians")
     print(f"{'law':22s} {'cut':>5s} {'Ŝ(τ)':>5s}   {'constant tail':>13s}   {'log-normal tail':>15s} {'used':>5s}"
           f"   {'ms':>5s} {'base ms':>7s}")

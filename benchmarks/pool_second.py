@@ -1,6 +1,7 @@
 """Micro-benchmark of a pool's once-a-second work at 1,000 engines: what the event loop runs in one piece.
 
-Run: `.venv/bin/python benchmarks/pool_second.py` (`make bench`). One pool receives, each simulated second,
+Run: `.venv/bin/python benchmarks/pool_second.py` (`make bench`; `--smoke`: 20 engines for 3 seconds, the same
+code paths in a second). One pool receives, each simulated second,
 one batch from each of 1,000 engines (64 geometric completions and 1,000 steps, as in
 `controller_load.py`); then its bucket closes and its estimate is refreshed (shift detection, window merge,
 fits), each a single event-loop callback in the controller. Printed side by side, medians over the seconds:
@@ -14,27 +15,30 @@ fits), each a single event-loop callback in the controller. Printed side by side
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.unit's reference
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: testbench's reference
 
 import numpy as np
 
 from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
+from controlplane.loop.buckets import MAX_STEPS_PER_BUCKET, BucketStats
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.pool_stats import MAX_STEPS_PER_BUCKET, BucketStats, PoolStatistics
+from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.loop.shift_tracker import ShiftTracker
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
-from tests.unit.cusum_reference import RecursionDetector
+from testbench.cusum_reference import RecursionDetector
 
 ENGINES = 1000
 SECONDS = 16
 WARM_UP_S = 6
+SMOKE = (20, 3, 1)  # (engines, seconds, warm-up seconds) of --smoke
 
 
 def _concatenating_close(batches: list[tuple[np.ndarray, StepColumns]], reference) -> BucketStats:
@@ -62,19 +66,20 @@ def _batches(rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray, Ste
     return batches
 
 
-def _pool_seconds(detector_type: type[ShiftDetector]) -> dict[str, list[float]]:
+def _pool_seconds(detector_type: type[ShiftDetector], *, engines: int = ENGINES, seconds: int = SECONDS,
+                  warm_up_s: int = WARM_UP_S) -> dict[str, list[float]]:
     rng = np.random.default_rng(1)
     batches = _batches(rng)
     pool = PoolStatistics("m|a", DecisionLoopConfig(), replica_id="r0", settle_s=0.5)
     pool._shifts = ShiftTracker(detector_type())
     times: dict[str, list[float]] = {"add": [], "close": [], "baseline close": [], "refresh": []}
-    for second in range(SECONDS):
+    for second in range(seconds):
         kept: list[tuple[np.ndarray, StepColumns]] = []
         added_s = 0.0
-        for engine in range(ENGINES):
+        for engine in range(engines):
             prompts, outputs, steps = batches[engine % len(batches)]
             start = time.perf_counter()
-            pool.add(second + engine / (2 * ENGINES), prompts=prompts, outputs=outputs, steps=steps,
+            pool.add(second + engine / (2 * engines), prompts=prompts, outputs=outputs, steps=steps,
                      engine_id=f"e{engine}")
             added_s += time.perf_counter() - start
             kept.append((outputs, steps))
@@ -89,7 +94,7 @@ def _pool_seconds(detector_type: type[ShiftDetector]) -> dict[str, list[float]]:
         pool.refresh(second + 1.0, calibration=RTX_PRO_6000_QWEN3_8B)
         refreshed_s = time.perf_counter() - start
         pool.prune(second + 1.0)
-        if second >= WARM_UP_S:
+        if second >= warm_up_s:
             for name, value in (("add", added_s), ("close", closed_s), ("baseline close", baseline_s),
                                 ("refresh", refreshed_s)):
                 times[name].append(value * 1e3)
@@ -110,14 +115,18 @@ def _detector_ms(detector_type: type[ShiftDetector]) -> float:
 
 
 def main() -> None:
-    vectorised = _pool_seconds(ShiftDetector)
-    recursion = _pool_seconds(RecursionDetector)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="20 engines for 3 seconds: the same code paths, fast")
+    args = parser.parse_args()
+    engines, seconds, warm_up_s = SMOKE if args.smoke else (ENGINES, SECONDS, WARM_UP_S)
+    vectorised = _pool_seconds(ShiftDetector, engines=engines, seconds=seconds, warm_up_s=warm_up_s)
+    recursion = _pool_seconds(RecursionDetector, engines=engines, seconds=seconds, warm_up_s=warm_up_s)
     median = {name: statistics.median(values) for name, values in vectorised.items()}
     refresh_baseline = statistics.median(recursion["refresh"])
-    print(f"one pool, {ENGINES:,} engines × (64 completions + 1,000 steps) per second; medians over "
-          f"{SECONDS - WARM_UP_S} seconds, ms")
+    print(f"one pool, {engines:,} engines × (64 completions + 1,000 steps) per second; medians over "
+          f"{seconds - warm_up_s} seconds, ms")
     print(f"{'what':<44}{'ms':>8}{'baseline ms':>13}{'ratio':>8}")
-    print(f"{'add, summed over the 1,000 batches':<44}{median['add']:>8.2f}{'':>13}{'':>8}")
+    print(f"{f'add, summed over the {engines:,} batches':<44}{median['add']:>8.2f}{'':>13}{'':>8}")
     print(f"{'bucket close (one callback)':<44}{median['close']:>8.2f}{median['baseline close']:>13.2f}"
           f"{median['close'] / median['baseline close']:>8.2f}")
     print(f"{'refresh: shifts, window, fits (one callback)':<44}{median['refresh']:>8.2f}{refresh_baseline:>13.2f}"

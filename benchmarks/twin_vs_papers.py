@@ -1,7 +1,8 @@
 """The twin against the papers: every published figure the twin's hardware covers, paper beside twin.
 
     .venv/bin/python benchmarks/twin_vs_papers.py            # the full set (a few minutes on 2 cores)
-    .venv/bin/python benchmarks/twin_vs_papers.py --quick    # fewer requests and seeds: a smoke test
+    .venv/bin/python benchmarks/twin_vs_papers.py --quick    # fewer requests and seeds
+    .venv/bin/python benchmarks/twin_vs_papers.py --smoke    # every section on tiny runs: seconds, figures meaningless
     .venv/bin/python benchmarks/twin_vs_papers.py --section table2,ppas   # some sections only
 
 Each row: the quantity, the paper's value, the twin's, and `diff`: for a change or ratio in percent, twin −
@@ -33,17 +34,60 @@ Deterministic (fixed seeds); one process.
 from __future__ import annotations
 
 import argparse
-import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from agents.enforcement.plan import StepKind
-from controlplane.core.types import CostModel
-from controlplane.sim.arrivals import Workload, bursty, closed_loop, materialize
-from controlplane.sim.engine import KIND_CODES
+# The published figures, the rows and the runs live beside this script (papers_tables.py, papers_report.py,
+# papers_runs.py); `python benchmarks/twin_vs_papers.py` finds them on sys.path[0].
+from papers_report import add, footnote, print_rows, summary
+from papers_runs import (
+    PPAS_METRICS,
+    V1_GRID_N,
+    best_v1,
+    change,
+    decode_split,
+    eb_state,
+    goodput,
+    goodput_floor,
+    improvement,
+    improvement_sampling_note,
+    materialized_requests,
+    mean_running,
+    mixed_decode_tokens,
+    paper_decoding,
+    paper_sampling_note,
+    ppas_runs,
+    prefill_r2,
+    published_lines,
+    queue_wait,
+    rps,
+    run,
+    slo_spread,
+    step_profile,
+    time_mean,
+    tpot_median_ms,
+    tps,
+    v1_state,
+)
+from papers_tables import (
+    ORACLE_PAPER,
+    PAPER_SEEDS,
+    PPAS_TABLE1,
+    PPAS_TABLE3,
+    PPAS_TABLE9,
+    PPAS_TABLE10,
+    TABLE2_AVERAGE,
+    TABLE2_CHANGE,
+    TABLE2_RPS,
+    TABLE4,
+    TABLE6_RANGE,
+    TPOT_MS,
+    TTFT_S,
+)
+
+from controlplane.sim.arrivals import closed_loop
 from controlplane.sim.lengths import (
     DATASET_SHAPES,
     FixedLengths,
@@ -51,266 +95,13 @@ from controlplane.sim.lengths import (
     synthetic_geometric_shape,
     synthetic_shape,
 )
-from controlplane.sim.metrics import geometric_mean_ratio
-from controlplane.sim.profiles import SimProfile, get_profile
-from controlplane.sim.roofline import RooflineStepModel, mixed_crossover_ratio, prefill_pairs_from_scratch
-from controlplane.sim.runner import RunResult, run_scenario
+from controlplane.sim.profiles import get_profile
+from controlplane.sim.roofline import RooflineStepModel, mixed_crossover_ratio
+from controlplane.sim.runner import run_scenario
 from controlplane.sim.scenarios import check_fits, concurrency_shift, distribution_shift
 from controlplane.sim.schedulers import parse_scheduler
 
-TOLERANCE_POINTS = 5.0
-V1_GRID_N = (256, 512, 1024)
 WORKLOADS = ("sharegpt", "wildchat", "longbench", "numinamath")
-
-
-@dataclass
-class Row:
-    """One compared figure. kind: 'pct' (a change in %, diff in points), 'abs' (a value, diff = relative %),
-    'sign' (only a direction is published: paper is ±1), 'min' (the paper gives a lower bound: ok at or above),
-    'range' (a change in %, the paper gives only the range [paper, paper_high] over several models: diff is the
-    distance in points to its nearest end, 0 inside)."""
-
-    section: str
-    label: str
-    paper: float | None
-    twin: float
-    kind: str = "pct"
-    unit: str = ""
-    note: str = ""
-    sign_matters: bool = False
-    paper_high: float | None = None
-
-    @property
-    def diff(self) -> float | None:
-        if self.paper is None or not math.isfinite(self.twin):
-            return None
-        if self.kind == "range":
-            high = self.paper if self.paper_high is None else self.paper_high
-            return min(0.0, self.twin - self.paper) + max(0.0, self.twin - high)
-        if self.kind == "abs":
-            return (self.twin / self.paper - 1.0) * 100.0
-        if self.kind == "sign":
-            return None
-        return self.twin - self.paper
-
-    @property
-    def sign_ok(self) -> bool:
-        if self.paper is None or not (self.sign_matters or self.kind == "sign"):
-            return True
-        return math.copysign(1.0, self.twin) == math.copysign(1.0, self.paper)
-
-    @property
-    def ok(self) -> bool | None:
-        if self.paper is None:
-            return None
-        if self.kind == "sign":
-            return self.sign_ok
-        if self.kind == "min":
-            return self.twin >= self.paper
-        return self.diff is not None and abs(self.diff) <= TOLERANCE_POINTS and self.sign_ok
-
-
-ROWS: list[Row] = []
-FOOTNOTES: dict[str, list[str]] = {}
-
-
-def footnote(section: str, text: str) -> None:
-    FOOTNOTES.setdefault(section, []).append(text)
-
-
-def add(section: str, label: str, paper: float | None, twin: float, *, kind: str = "pct", unit: str = "",
-        note: str = "", sign_matters: bool = False, paper_high: float | None = None) -> Row:
-    row = Row(section, label, paper, twin, kind, unit, note, sign_matters, paper_high)
-    ROWS.append(row)
-    return row
-
-
-def fmt(value: float | None, kind: str, unit: str) -> str:
-    if value is None or not math.isfinite(value):
-        return "—"
-    if kind in ("pct", "sign", "range"):
-        return f"{value:+.1f}%"
-    if kind == "min":
-        return f"{value:.2f}"
-    if unit == "s" and abs(value) < 1:
-        return f"{value:.3f} s"
-    return f"{value:.4g} {unit}".strip()
-
-
-def print_rows(section: str) -> None:
-    rows = [r for r in ROWS if r.section == section]
-    print(f"   {'row':<58} {'paper':>12} {'twin':>12} {'diff':>7}  {'':3} note")
-    for r in rows:
-        diff = r.diff
-        mark = {True: "ok", False: "OFF", None: ""}[r.ok]
-        diff_text = r.kind if r.kind in ("sign", "min") else (f"{diff:+.1f}" if diff is not None else "—")
-        paper = fmt(r.paper, r.kind, r.unit)
-        if r.kind == "range" and r.paper_high is not None:
-            paper = f"{r.paper:+.1f}…{r.paper_high:+.1f}%"
-        print(f"   {r.label:<58} {paper:>12} {fmt(r.twin, r.kind, r.unit):>12} "
-              f"{diff_text:>7}  {mark:3} {r.note}")
-    for text in FOOTNOTES.get(section, []):
-        print(f"   note: {text}")
-
-
-# ------------------------------------------------------------------------------------------------ running
-
-
-def run(workload: Workload, scheduler: str, profile: SimProfile, seed: int = 0, steps: bool = False) -> RunResult:
-    return run_scenario(workload, parse_scheduler(scheduler), profile, seed=seed, record_steps=steps)
-
-
-def rps(result: RunResult) -> float:
-    return result.metrics.requests_per_s
-
-
-def tps(result: RunResult) -> float:
-    return result.metrics.throughput_tokens_per_s
-
-
-def change(a: float, b: float) -> float:
-    """a over b as a change in percent."""
-    return (a / b - 1.0) * 100.0
-
-
-def time_mean(result: RunResult, column: str) -> float:
-    """Time-weighted mean of one step-log column (NaN without a step log)."""
-    steps = result.steps
-    if not steps or steps["duration_s"].size == 0:
-        return math.nan
-    return float(np.average(steps[column], weights=steps["duration_s"]))
-
-
-def mean_running(result: RunResult) -> float:
-    """Time-weighted mean of running requests (needs the step log)."""
-    return time_mean(result, "num_running")
-
-
-def best_v1(workload: Workload, profile: SimProfile, key: Callable[[RunResult], float] = rps) -> RunResult:
-    """v1's best-throughput max_num_seqs of V1_GRID_N (the paper grid-searches N per scheduler); of settings within
-    1% of the best, the largest N (v1's throughput is flat in N at saturation, and the paper's v1 TPOTs, e.g. 269 ms
-    on ShareGPT, show it served with about 1,100 requests decoding)."""
-    runs = [run(workload, f"v1@n={n}", profile, steps=True) for n in V1_GRID_N]
-    best = max(key(r) for r in runs)
-    return [r for r in runs if key(r) >= 0.99 * best][-1]
-
-
-def kv_used(result: RunResult) -> float:
-    """Time-weighted mean KV occupancy in percent (needs the step log)."""
-    return time_mean(result, "kv_used_tokens") / result.kv_total_tokens * 100.0
-
-
-def v1_state(result: RunResult) -> str:
-    return (f"v1 N={result.scheduler.split('=')[1]}, {mean_running(result):.0f} running, "
-            f"KV {kv_used(result):.0f}% used, {result.metrics.num_preemptions} preemptions")
-
-
-def eb_state(result: RunResult) -> str:
-    """The decision in force at the end, the smallest N the run saw, mean running requests and preemptions."""
-    last = result.timeline[-1] if result.timeline else None
-    kn = f"k̂* {last.k}, N̂* {last.n} (min N {min(d.n for d in result.timeline)})" if last else "no decision"
-    return (f"{kn}, {mean_running(result):.0f} running, KV {kv_used(result):.0f}% used, "
-            f"{result.metrics.num_preemptions} preemptions")
-
-
-def step_profile(result: RunResult) -> str:
-    """What sets a run's TPOT and throughput (needs the step log): requests decoding per step (time-weighted), the
-    mean duration of the steps that decode, and the share of time in steps that decode nothing (a decoding
-    request waits through them: TPOT ≈ decode step / (1 − that share))."""
-    steps = result.steps
-    if not steps or steps["duration_s"].size == 0:
-        return "no step log"
-    duration = steps["duration_s"]
-    decoding = steps["num_decodes"] > 0
-    idle_share = duration[~decoding].sum() / duration.sum()
-    step_ms = duration[decoding].mean() * 1e3 if decoding.any() else math.nan
-    return (f"{time_mean(result, 'num_decodes'):.0f} decoding per step, {step_ms:.0f} ms per decoding step, "
-            f"{idle_share:.0%} of the time in steps without a decode")
-
-
-def paper_decoding(paper_rate_per_s: float, output_tokens: float, paper_tpot_ms: float) -> float:
-    """How many requests the paper's figures have decoding at once, by Little's law: completions per second ×
-    output tokens per request × seconds per output token."""
-    return paper_rate_per_s * output_tokens * paper_tpot_ms / 1e3
-
-
-def published_lines(costs: CostModel, *, paper_rps: float, prompt_tokens: float, output_tokens: float,
-                    paper_tpot_ms: float, budget_tokens: int, mixed: bool) -> str:
-    """What the profile's published calibration (`costs`, short-context step lines) says of the paper's own
-    figures. EB (`mixed` False): its decode steps carry the ≈D requests the paper's rate and TPOT imply
-    (`paper_decoding`) at α_d + β_d·D, its prefill steps the paper's prompt tokens (`prompt_tokens`: those
-    prefilled, a cached prefix left out) at α_p + β_p·n per `budget_tokens`-token step; the seconds both fill
-    per second of serving (1.0: the lines alone, with no cost growing with context, account for the paper's
-    figures). v1 (`mixed` True): the throughput 1/β_MB^e(r) that the authors' fit of their own v1 runs gives
-    at this workload's decode ratio r, in tokens and requests per second."""
-    if mixed:
-        ratio = output_tokens / (prompt_tokens + output_tokens)
-        rate = 1.0 / costs.beta_mb_e(ratio)
-        return (f"the published β_MB^e(r = {ratio:.2f}) gives v1 {rate:.0f} tok/s "
-                f"({rate / (prompt_tokens + output_tokens):.3g} req/s; paper {paper_rps:.3g})")
-    decoding = paper_decoding(paper_rps, output_tokens, paper_tpot_ms)
-    decode_step_s = costs.alpha_d_s + costs.beta_d_s_per_request * decoding
-    decode_s = paper_rps * output_tokens / decoding * decode_step_s
-    prompt_rate = paper_rps * prompt_tokens
-    prefill_s = prompt_rate * costs.beta_p_s_per_token + prompt_rate / budget_tokens * costs.alpha_p_s
-    return (f"the published lines at the paper's figures: decode steps of ≈{decoding:.0f} at "
-            f"{decode_step_s * 1e3:.0f} ms and the prefills fill {decode_s + prefill_s:.2f} s per second "
-            f"with no context term")
-
-
-# ------------------------------------------------------------------------------------------------ EB paper
-
-TABLE2_RPS = {  # (profile, workload) → (v1 req/s, EB(k̂*) req/s), EB paper Table 2 (RTX PRO 6000, Qwen3-8B)
-    ("rtx-pro-6000-qwen3-8b", "sharegpt"): (17.07, 19.68), ("rtx-pro-6000-qwen3-8b", "wildchat"): (12.75, 14.19),
-    ("rtx-pro-6000-qwen3-8b", "longbench"): (8.35, 8.66), ("rtx-pro-6000-qwen3-8b", "numinamath"): (0.73, 0.74),
-}
-TABLE2_CHANGE = {  # EB(k̂*) over v1 in %, Table 2 and §4.3.2
-    ("rtx-pro-6000-qwen3-8b", "sharegpt"): 15.3, ("rtx-pro-6000-qwen3-8b", "wildchat"): 11.3,
-    ("rtx-pro-6000-qwen3-8b", "longbench"): 3.7, ("rtx-pro-6000-qwen3-8b", "numinamath"): 1.4,
-    ("rtx-pro-6000-qwen3-30b-a3b", "sharegpt"): -3.1, ("rtx-pro-6000-qwen3-30b-a3b", "wildchat"): 11.6,
-    ("rtx-pro-6000-qwen3-30b-a3b", "longbench"): 4.8, ("rtx-pro-6000-qwen3-30b-a3b", "numinamath"): -7.7,
-}
-TABLE2_AVERAGE = {"rtx-pro-6000-qwen3-8b": 7.9, "rtx-pro-6000-qwen3-30b-a3b": 1.4, "h200-qwen3-8b": 1.5,
-                  "h200-qwen3-30b-a3b": -2.9}
-TPOT_MS = {  # (profile, workload) → (v1 ms, EB ms), EB paper §4.3.3
-    ("rtx-pro-6000-qwen3-8b", "sharegpt"): (268.97, 93.68), ("rtx-pro-6000-qwen3-8b", "wildchat"): (173.33, 113.22),
-    ("rtx-pro-6000-qwen3-8b", "numinamath"): (81.75, 65.22), ("h200-qwen3-8b", "wildchat"): (122.97, 79.04),
-    ("h200-qwen3-8b", "numinamath"): (31.03, 26.87),
-}
-TTFT_S = {("rtx-pro-6000-qwen3-8b", "longbench"): (175.56, 169.64)}  # (v1 s, EB s), §4.3.3
-
-
-def decode_split(eb: RunResult, v1: RunResult) -> str:
-    """Where the decode tokens cost time (needs the step log): EB's decode-only steps (share of its time, mean
-    duration, requests per step) against what v1's mixed steps take beyond their prefill at EB's prefill cost
-    per token."""
-    steps = eb.steps
-    decode = steps["kind"] == KIND_CODES[StepKind.DECODE_ONLY]
-    prefill = steps["kind"] == KIND_CODES[StepKind.PREFILL_ONLY]
-    if not (decode.any() and prefill.any() and v1.steps):
-        return "no EB phase steps"
-    duration = steps["duration_s"]
-    per_prefill_token_s = duration[prefill].sum() / steps["prefill_tokens"][prefill].sum()
-    mixed = v1.steps
-    extra_s = mixed["duration_s"] - mixed["prefill_tokens"] * per_prefill_token_s
-    return (f"EB's decode-only steps take {duration[decode].sum() / duration.sum():.0%} of its time, "
-            f"{duration[decode].mean() * 1e3:.0f} ms each for {steps['num_decodes'][decode].mean():.0f} requests; "
-            f"v1's mixed steps take {extra_s.mean() * 1e3:.0f} ms beyond their prefill for "
-            f"{mixed['num_decodes'].mean():.0f} decodes")
-
-
-def queue_wait(eb: RunResult, v1: RunResult) -> str:
-    """The mean wait in the queue by Little's law (time-weighted mean of waiting requests / request rate; needs
-    the step log): at c = 2,048 it is most of TTFT, so the faster scheduler has the lower TTFT (as in the
-    paper's own Table 3 at c = 2,048: EB 70.8 s, v1 83.8 s)."""
-    waits = [time_mean(result, "num_waiting") / rps(result) for result in (eb, v1)]
-    return f"queue wait (Little's law) EB {waits[0]:.0f} / v1 {waits[1]:.0f} s"
-
-
-def tpot_median_ms(result: RunResult) -> float:
-    """Median time per output token after the first, ms: a preempted request's wait inflates the mean alone."""
-    _, tpot_s, many = request_latencies_s(result)
-    return float(np.median(tpot_s[many]) * 1e3)
 
 
 def section_table2(requests: int, long_requests: int) -> None:
@@ -406,7 +197,7 @@ def section_table2(requests: int, long_requests: int) -> None:
     print_rows(title)
 
 
-def section_table3(requests: int, quick: bool) -> None:
+def section_table3(requests: int, quick: bool, small_requests: int = 300) -> None:
     title = "table3"
     print(f"\n[{title}] EB paper Table 3 / §4.4 — EB+ (δ = 0) vs v1 and EB(k̂*), Qwen3-8B, μ_L 512 / μ_O 256, "
           f"N ≤ 1024, {requests} requests")
@@ -415,7 +206,7 @@ def section_table3(requests: int, quick: bool) -> None:
         profile = get_profile(name)
         rtx = name.startswith("rtx")
         cells = [(f"c={c}", closed_loop(shape, concurrency=c,
-                                        num_requests=requests if c > 32 else max(300, requests // 4)))
+                                        num_requests=requests if c > 32 else max(small_requests, requests // 4)))
                  for c in (32, 512, 2048)]
         if not quick:
             cells += [("dist-shift", distribution_shift()), ("conc-shift", concurrency_shift())]
@@ -500,47 +291,7 @@ def section_table3(requests: int, quick: bool) -> None:
     print_rows(title)
 
 
-def request_latencies_s(result: RunResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per request: TTFT, TPOT (time per output token after the first; 0 for one-token outputs) and whether it
-    has a TPOT (more than one output token), seconds."""
-    req = result.requests
-    outputs = req["output_tokens"]
-    many = outputs > 1
-    tpot = np.where(many, (req["finish_s"] - req["first_token_s"]) / np.maximum(outputs - 1, 1), 0.0)
-    return req["first_token_s"] - req["arrival_s"], tpot, many
-
-
-def goodput(result: RunResult, *, ttft_s: float = 10.0, tpot_s: float = 0.1) -> float:
-    """Percent of requests meeting both SLOs (TTFT < 10 s and TPOT < 100 ms; one-token outputs: TTFT only)."""
-    ttft, tpot, _ = request_latencies_s(result)
-    return float(np.mean((ttft < ttft_s) & (tpot < tpot_s)) * 100.0)
-
-
-def slo_spread(result: RunResult) -> str:
-    """Where the requests' TPOT and TTFT sit against the goodput SLOs: a threshold metric, so a TPOT level a
-    fifth off moves it from most requests to few."""
-    ttft_s, tpot_s, many = request_latencies_s(result)
-    p20, p50, p80 = np.percentile(tpot_s[many] * 1e3, [20, 50, 80])
-    return (f"TPOT p20/p50/p80 {p20:.0f}/{p50:.0f}/{p80:.0f} ms, TTFT p50 {np.median(ttft_s):.1f} s, "
-            f"{np.mean(ttft_s < 10.0) * 100:.0f}% under 10 s")
-
-
-def goodput_floor(profile: SimProfile, *, running: int, context_tokens: int) -> str:
-    """The decode step the profile's published calibration and datasheet bandwidth allow at `running` requests
-    of `context_tokens` context: what TPOT cannot go below in EB, before any prefill phase."""
-    assert profile.roofline is not None
-    line_s = profile.costs.alpha_d_s + running * profile.costs.beta_d_s_per_request
-    kv_bytes = running * context_tokens * profile.roofline.model.kv_bytes_per_token
-    kv_s = kv_bytes / profile.roofline.accelerator.memory_bandwidth_bytes_per_s
-    return (f"goodput at c = 512: a decode step of {running} requests takes {line_s * 1e3:.0f} ms on the published "
-            f"calibration line (at 16 tokens of context) and reads {kv_bytes / 1e9:.0f} GB of KV at the workload's "
-            f"mean context ({context_tokens} tokens), ≥ {kv_s * 1e3:.0f} ms at the datasheet bandwidth: "
-            f"≥ {(line_s + kv_s) * 1e3:.0f} ms per token before the prefill phases EB interleaves, against the "
-            f"100 ms SLO that the paper's 80% of requests meet")
-
-
 ORACLE_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768)
-ORACLE_PAPER = {"decode-heavy": 8.0, "balanced": 3.6, "prefill-heavy": 0.6}
 
 
 def section_oracle(requests: int) -> None:
@@ -558,9 +309,6 @@ def section_oracle(requests: int) -> None:
             note=f"best fixed k {best_k} ({tps(runs[best_k]):.0f} tok/s, {mean_running(runs[best_k]):.0f} running, "
                  f"{runs[best_k].metrics.num_preemptions} preemptions); EB {eb_state(eb)}, {tps(eb):.0f} tok/s")
     print_rows(title)
-
-
-TABLE4 = {"l40s-qwen3-8b": (10.36, 14.70), "b300-qwen3-8b": (50.47, 52.34)}  # WildChat req/s (v1, EB)
 
 
 def section_table4(requests: int) -> None:
@@ -597,15 +345,8 @@ def section_table4(requests: int) -> None:
     print_rows(title)
 
 
-TABLE6_RANGE = (1.4, 4.0)  # EB(k̂*) over v1, tok/s, 128K input / 64 output: the range over the paper's seven models
 LONG_CONTEXT_TOKENS = 131_072  # Qwen3 with YaRN (4 × its native 32,768), which a 128K input needs
 LONG_OUTPUT_TOKENS = 64
-
-
-def mixed_decode_tokens(result: RunResult) -> int:
-    """Decode tokens scheduled in steps that also carry prefill (needs the step log)."""
-    steps = result.steps
-    return int(steps["num_decodes"][steps["prefill_tokens"] > 0].sum())
 
 
 def section_table6(cycles: int) -> None:
@@ -637,16 +378,6 @@ def section_table6(cycles: int) -> None:
     print_rows(title)
 
 
-def prefill_r2(profile: SimProfile, top_tokens: int) -> float:
-    """R² of a straight line through the roofline's single-prompt prefill times up to `top_tokens`."""
-    assert profile.roofline is not None
-    model = RooflineStepModel(profile.roofline)
-    n = np.linspace(256, top_tokens, 32).astype(int)
-    t = np.asarray([model.duration_s(int(x), 0, 0, prefill_pairs_from_scratch(int(x))) for x in n])
-    fit = np.polyval(np.polyfit(n, t, 1), n)
-    return float(1.0 - ((t - fit) ** 2).sum() / ((t - t.mean()) ** 2).sum())
-
-
 def section_kernel() -> None:
     title = "kernel"
     print(f"\n[{title}] EB paper §1 / App. A.1 — step-level shape of the cost (roofline, no run)")
@@ -667,90 +398,7 @@ def section_kernel() -> None:
     print_rows(title)
 
 
-# ------------------------------------------------------------------------------------------------ P-PAS paper
-
-PPAS_METRICS = {"avg latency": "e2e_mean_s", "p95 latency": "e2e_p95_s", "avg TTFT": "ttft_mean_s",
-                "avg TPOT": "tpot_mean_s", "makespan": "makespan_s"}
-PPAS_TABLE1 = {"avg latency": (8.5, 11.3), "p95 latency": (3.0, 10.0), "avg TTFT": (11.8, -18.5),
-               "avg TPOT": (3.4, 36.3), "makespan": (1.0, -3.9)}
-PPAS_TABLE9 = {  # burst rate → scheduler → (E2E, P95, TTFT, TPOT, makespan), P-PAS paper Table 9
-    0.4: {"mbt:2048": (3.348, 5.168, 2.079, 0.0409, 39.226), "mbt:16384": (2.761, 4.502, 1.695, 0.0344, 39.000),
-          "ppas:16384:2048": (2.735, 4.672, 1.678, 0.0341, 38.970)},
-    0.6: {"mbt:2048": (4.399, 7.057, 2.551, 0.0596, 39.661), "mbt:16384": (3.678, 6.854, 2.039, 0.0529, 38.982),
-          "ppas:16384:2048": (3.764, 6.659, 2.020, 0.0563, 39.022)},
-    0.8: {"mbt:2048": (5.214, 8.438, 3.033, 0.0703, 43.889), "mbt:16384": (4.900, 9.909, 2.303, 0.0838, 43.180),
-          "ppas:16384:2048": (4.705, 8.387, 2.579, 0.0686, 43.473)},
-    1.0: {"mbt:2048": (7.451, 12.155, 4.715, 0.0882, 46.926), "mbt:16384": (8.420, 14.668, 3.466, 0.1598, 45.110),
-          "ppas:16384:2048": (7.037, 11.796, 4.288, 0.0887, 46.326)},
-    1.2: {"mbt:2048": (10.687, 17.237, 7.382, 0.1066, 49.907), "mbt:16384": (13.264, 19.493, 5.226, 0.2593, 45.670),
-          "ppas:16384:2048": (10.251, 16.869, 6.856, 0.1095, 48.755)},
-    1.4: {"mbt:2048": (12.560, 19.881, 9.180, 0.1091, 53.204), "mbt:16384": (16.649, 23.004, 6.066, 0.3414, 47.217),
-          "ppas:16384:2048": (12.895, 20.537, 9.416, 0.1122, 53.688)},
-}
-PPAS_TABLE10 = {"mbt:2048": (14.763, 22.821, 56.399), "ppas:16384:2048": (14.324, 22.373, 55.562)}  # λ = 1.6
-PPAS_TABLE3 = {  # (prompt, output) → (vs 2k avg, vs 2k p95, vs 16k avg, vs 16k p95), bursts 0.8 and 1.2
-    (20_000, 32): (13.2, 8.4, 11.6, 11.5), (25_000, 32): (7.0, 1.4, 13.9, 14.4), (30_000, 32): (6.3, -2.7, 15.2, 7.1),
-    (25_000, 16): (5.9, 1.3, 23.2, 20.1), (25_000, 64): (8.4, 5.4, 1.8, 3.4),
-}
 SCHEDULER_NAMES = {"mbt:2048": "MBT 2k", "mbt:16384": "MBT 16k", "ppas:16384:2048": "P-PAS"}
-
-
-PAPER_SEEDS = 5  # the P-PAS paper averages five seeds (five realized traces) per figure
-
-
-def ppas_runs(shape: LengthShape, rate: float, scheduler: str, profile: SimProfile,
-              seeds: int) -> dict[str, np.ndarray]:
-    """Each metric of the bursty trace at `rate` under `scheduler`, one value per seed (seeds 0 … seeds − 1)."""
-    workload = check_fits(bursty(shape, burst_rate_per_s=rate), max_model_len_tokens=profile.shape.max_model_len_tokens,
-                          profile_name=profile.name)
-    runs = [run(workload, scheduler, profile, seed=seed) for seed in range(seeds)]
-    return {k: np.asarray([getattr(r.metrics, m) for r in runs], dtype=np.float64) for k, m in PPAS_METRICS.items()}
-
-
-def paper_sampling_note(values: np.ndarray, paper: float) -> tuple[str, bool]:
-    """How far the paper's five-seed mean lies from the twin's mean in standard errors of a five-seed mean
-    (the spread the twin's own traces give it): the part of a row's gap that trace sampling explains."""
-    mean = float(values.mean())
-    se = float(values.std(ddof=1)) / math.sqrt(PAPER_SEEDS) if values.size > 1 else math.nan
-    if not (math.isfinite(se) and se > 0.0):
-        return "", False
-    z = (paper - mean) / se
-    return f"5-seed SE ±{se / mean * 100:.1f}%, paper at {z:+.1f} SE", abs(z) <= 2.0
-
-
-def materialized_requests(shape: LengthShape, rate: float, seeds: int) -> float:
-    """Mean number of requests the bursty trace at `rate` draws over `seeds` seeds."""
-    sizes = [materialize(bursty(shape, burst_rate_per_s=rate), seed=seed).num_requests for seed in range(seeds)]
-    return float(np.mean(sizes))
-
-
-def improvement(means: dict, rates: tuple[float, ...], metric: str, baseline: str) -> float:
-    ratio = geometric_mean_ratio([means["ppas:16384:2048"][r][metric] for r in rates],
-                                 [means[baseline][r][metric] for r in rates])
-    return (1.0 - ratio) * 100.0
-
-
-RESAMPLES = 1000  # five-seed draws per improvement row
-
-
-def improvement_sampling_note(per_seed: dict, rates: tuple[float, ...], metric: str, baseline: str,
-                              paper: float) -> str:
-    """How far the paper's improvement lies from the twin's in standard errors of an improvement computed from
-    five seeds: the spread of the improvement over RESAMPLES draws of five of the twin's seeds (the same five for
-    both schedulers and every rate, as a paper run replays one trace per seed under each scheduler)."""
-    seeds = per_seed[baseline][rates[0]][metric].size
-    if seeds <= PAPER_SEEDS:
-        return f"{seeds} seeds: no five-seed spread to measure"
-    rng = np.random.default_rng(0)
-    pair = ("ppas:16384:2048", baseline)
-    draws = []
-    for _ in range(RESAMPLES):
-        pick = rng.choice(seeds, size=PAPER_SEEDS, replace=False)
-        means = {s: {r: {metric: float(per_seed[s][r][metric][pick].mean())} for r in rates} for s in pair}
-        draws.append(improvement(means, rates, metric, baseline))
-    full = {s: {r: {metric: float(per_seed[s][r][metric].mean())} for r in rates} for s in pair}
-    se = float(np.std(draws, ddof=1))
-    return f"5-seed SE ±{se:.1f} pts, paper at {(paper - improvement(full, rates, metric, baseline)) / se:+.1f} SE"
 
 
 def section_ppas(seeds: int, quick: bool) -> None:
@@ -817,29 +465,17 @@ def section_ppas(seeds: int, quick: bool) -> None:
     print_rows(title)
 
 
-# ------------------------------------------------------------------------------------------------ main
-
 SECTIONS = ("kernel", "table2", "table3", "oracle", "table4", "table6", "ppas")
-
-
-def summary() -> None:
-    compared = [r for r in ROWS if r.ok is not None]
-    off = [r for r in compared if not r.ok]
-    print(f"\nsummary: {len(compared)} rows compared, {len(compared) - len(off)} within ±{TOLERANCE_POINTS:g} "
-          f"(sign right where it matters), {len(off)} off")
-    by_section: dict[str, list[Row]] = {}
-    for r in off:
-        by_section.setdefault(r.section, []).append(r)
-    silent = [r.label for r in off if not r.note]
-    print(f"   off rows without a measured note: {len(silent)}" + (" — " + "; ".join(silent) if silent else ""))
-    for section, rows in by_section.items():
-        more = " …" if len(rows) > 6 else ""
-        print(f"   {section}: {len(rows)} off — " + "; ".join(r.label for r in rows[:6]) + more)
+# --smoke: (requests, NuminaMath requests, table3's c = 32 requests, table6 rounds, P-PAS seeds), as --quick otherwise
+SMOKE = (40, 40, 40, 1, 2)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer requests and seeds (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="fewer requests and seeds")
+    parser.add_argument("--smoke", action="store_true",
+                        help="--quick with {} requests ({} NuminaMath, {} at c = 32), {} table6 round(s), {} P-PAS "
+                             "seeds: every section's code in seconds".format(*SMOKE))
     parser.add_argument("--section", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {', '.join(SECTIONS)}")
     args = parser.parse_args()
@@ -847,17 +483,22 @@ def main() -> None:
     unknown = sorted(set(chosen) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+    args.quick = args.quick or args.smoke
     requests = 500 if args.quick else 4000
+    long_requests, small_requests, cycles, ppas_seeds = (300 if args.quick else 4000), 300, (4 if args.quick else 16), \
+        (4 if args.quick else 40)
+    if args.smoke:
+        requests, long_requests, small_requests, cycles, ppas_seeds = SMOKE
     started = time.perf_counter()
     print("The twin vs the papers ('diff': points for changes, relative % for absolute values)")
     actions = {
         "kernel": section_kernel,
-        "table2": lambda: section_table2(requests, 300 if args.quick else 4000),
-        "table3": lambda: section_table3(requests, args.quick),
+        "table2": lambda: section_table2(requests, long_requests),
+        "table3": lambda: section_table3(requests, args.quick, small_requests),
         "oracle": lambda: section_oracle(requests),
         "table4": lambda: section_table4(requests),
-        "table6": lambda: section_table6(4 if args.quick else 16),
-        "ppas": lambda: section_ppas(4 if args.quick else 40, args.quick),
+        "table6": lambda: section_table6(cycles),
+        "ppas": lambda: section_ppas(ppas_seeds, args.quick),
     }
     for section in SECTIONS:
         if section in chosen:

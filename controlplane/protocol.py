@@ -6,7 +6,9 @@ Imports only the generated protobuf code (`controlplane.api`), so `agents` may i
 - Engine ids: `ENGINE_ID_PATTERN` ([A-Za-z0-9._:-]{1,128}).
 - Pools: a pool is one model on one accelerator type; its key is "<model>|<accelerator>". Names are
   1..MAX_POOL_NAME_CHARS printable characters without "|" (no control characters, no NUL).
-- Modes: `MODE_NAMES` maps the proto enum to the lower-case names used in records, metrics and logs.
+- Modes: `Mode` is the one vocabulary of batching modes (the core decides one, the agent enforces one);
+  `MODE_FROM_PROTO` / `MODE_TO_PROTO` map it to and from the wire enum, `MODE_NAMES` the wire enum to the
+  lower-case names used in records, metrics and logs, `MODE_CODES` to the numbers of the mode gauge.
 - Budgets: `min_budget_tokens` is the smallest per-step token budget a decision may carry; an agent NACKs
   a decision below it (`budget_below_floor`) and the controller never emits one.
 - Versions: a decision version is `epoch · VERSION_EPOCH_FACTOR + sequence` (see `compose_version`); the
@@ -17,6 +19,7 @@ Imports only the generated protobuf code (`controlplane.api`), so `agents` may i
 
 from __future__ import annotations
 
+import enum
 import re
 
 from controlplane.api.v1 import common_pb2
@@ -32,12 +35,26 @@ VERSION_EPOCH_FACTOR = 10**9
 # (a 1-token budget ran 300 steps/s of one token each on the CPU engine).
 MIN_BUDGET_TOKENS = 256
 
-MODE_NAMES = {
-    common_pb2.MODE_UNSPECIFIED: "unspecified",
-    common_pb2.MODE_MB: "mb",
-    common_pb2.MODE_EB: "eb",
-    common_pb2.MODE_PASSTHROUGH: "passthrough",
-}
+
+
+class Mode(enum.StrEnum):
+    """Batching mode an engine runs in.
+
+    MB: stock vLLM mixed batching (with the P-PAS token budget).
+    EB: exclusive batching (prefill-only and decode-only steps, threshold k, admission cap N).
+    PASSTHROUGH: stock vLLM, untouched.
+    """
+
+    MB = "mb"
+    EB = "eb"
+    PASSTHROUGH = "passthrough"
+
+
+MODE_TO_PROTO = {Mode.MB: common_pb2.MODE_MB, Mode.EB: common_pb2.MODE_EB,
+                 Mode.PASSTHROUGH: common_pb2.MODE_PASSTHROUGH}
+MODE_FROM_PROTO = {wire: mode for mode, wire in MODE_TO_PROTO.items()}
+MODE_NAMES = {common_pb2.MODE_UNSPECIFIED: "unspecified",
+              **{wire: mode.value for wire, mode in MODE_FROM_PROTO.items()}}
 MODE_CODES = {common_pb2.MODE_MB: 1, common_pb2.MODE_EB: 2, common_pb2.MODE_PASSTHROUGH: 3}
 
 
@@ -67,13 +84,19 @@ def pool_name_problem(name: str) -> str | None:
     return None
 
 
+def pool_key_of(model: str, accelerator: str) -> str:
+    """"<model>|<accelerator>", the one way a pool key is built; unvalidated (for names already checked, or
+    to compare with keys that were: an invalid name gives a key no valid pool has)."""
+    return f"{model}{POOL_KEY_SEPARATOR}{accelerator}"
+
+
 def make_pool_key(model: str, accelerator: str) -> str:
-    """"<model>|<accelerator>"; raises ValueError (bounded echo) when either name is invalid."""
+    """`pool_key_of` after checking both names; raises ValueError (bounded echo) when either is invalid."""
     for field, name in (("model", model), ("accelerator", accelerator)):
         problem = pool_name_problem(name)
         if problem is not None:
             raise ValueError(f"pool {field} {bounded(name)} {problem}")
-    return f"{model}{POOL_KEY_SEPARATOR}{accelerator}"
+    return pool_key_of(model, accelerator)
 
 
 def min_budget_tokens(max_num_batched_tokens: int) -> int:

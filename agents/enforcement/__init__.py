@@ -15,8 +15,8 @@ from agents.enforcement.enforcer import Enforcer
 from agents.enforcement.phase import Phase, PhaseMachine
 from agents.enforcement.plan import StepKind, StepPlan
 from agents.enforcement.policy import (
-    EnforcedMode,
     EnforcedPolicy,
+    Mode,
     budget_floor_tokens,
     policy_from_decision,
     reject_reason,
@@ -25,9 +25,9 @@ from agents.enforcement.policy import (
 
 __all__ = [
     "BudgetRule",
-    "EnforcedMode",
     "EnforcedPolicy",
     "Enforcer",
+    "Mode",
     "Phase",
     "PhaseMachine",
     "StepKind",

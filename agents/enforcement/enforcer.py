@@ -37,13 +37,13 @@ import math
 from agents.enforcement.budget import under_pressure
 from agents.enforcement.phase import Phase, PhaseMachine
 from agents.enforcement.plan import StepKind, StepPlan
-from agents.enforcement.policy import EnforcedMode, EnforcedPolicy, policy_from_decision, stock_policy
+from agents.enforcement.policy import EnforcedPolicy, Mode, policy_from_decision, stock_policy
 from controlplane.api.v1 import common_pb2
 
 _STOCK = StepKind.STOCK
-_EB = EnforcedMode.EB
-_MB = EnforcedMode.MB
-_PASSTHROUGH = EnforcedMode.PASSTHROUGH
+_EB = Mode.EB
+_MB = Mode.MB
+_PASSTHROUGH = Mode.PASSTHROUGH
 
 # How plan_step dispatches (small ints: one comparison chain per step).
 _DISPATCH_STOCK = 0     # PASSTHROUGH (advisory or not), no decision, expired decision

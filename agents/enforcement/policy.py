@@ -31,28 +31,12 @@ Pure: no I/O, no clock. Built once per decision, never on the per-step path.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, replace
 
 from agents.enforcement.budget import BudgetRule
 from controlplane.api.v1 import common_pb2
-from controlplane.protocol import min_budget_tokens
-
-
-class EnforcedMode(enum.Enum):
-    """How the engine schedules: mixed batching with the P-PAS budget, exclusive batching, or stock vLLM."""
-
-    MB = "mb"
-    EB = "eb"
-    PASSTHROUGH = "passthrough"
-
-
-_MODE_FROM_PROTO = {
-    common_pb2.MODE_MB: EnforcedMode.MB,
-    common_pb2.MODE_EB: EnforcedMode.EB,
-    common_pb2.MODE_PASSTHROUGH: EnforcedMode.PASSTHROUGH,
-}
+from controlplane.protocol import MODE_FROM_PROTO, Mode, min_budget_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +55,7 @@ class EnforcedPolicy:
             start-up policy, which never expires).
     """
 
-    mode: EnforcedMode
+    mode: Mode
     k: int
     n: int
     budget: BudgetRule
@@ -82,7 +66,7 @@ class EnforcedPolicy:
     @property
     def is_stock(self) -> bool:
         """True when the engine runs stock vLLM behaviour under this policy (PASSTHROUGH or advisory)."""
-        return self.advisory or self.mode is EnforcedMode.PASSTHROUGH
+        return self.advisory or self.mode is Mode.PASSTHROUGH
 
 
 def stock_policy(*, max_num_seqs: int, max_num_batched_tokens: int, version: int = 0,
@@ -101,7 +85,7 @@ def stock_policy(*, max_num_seqs: int, max_num_batched_tokens: int, version: int
     _check_limits(max_num_seqs, max_num_batched_tokens)
     budget = BudgetRule(b_max_tokens=max_num_batched_tokens, b_cap_tokens=max_num_batched_tokens, n_th=0,
                         t_large_tokens=0, n_d_large=0)
-    return EnforcedPolicy(mode=EnforcedMode.PASSTHROUGH, k=1, n=max_num_seqs, budget=budget, advisory=False,
+    return EnforcedPolicy(mode=Mode.PASSTHROUGH, k=1, n=max_num_seqs, budget=budget, advisory=False,
                           version=version, ttl_s=ttl_s)
 
 
@@ -118,12 +102,12 @@ def reject_reason(decision: common_pb2.Decision, *, max_num_seqs: int,
     `max_num_batched_tokens` is given, the budget floor (see the module docstring). Advisory decisions are
     checked like the others. Versions are not checked here (see `Enforcer.apply`).
     """
-    mode = _MODE_FROM_PROTO.get(decision.mode)
+    mode = MODE_FROM_PROTO.get(decision.mode)
     if mode is None:
         return "mode_unspecified" if decision.mode == common_pb2.MODE_UNSPECIFIED else "mode_unknown"
     if not (math.isfinite(decision.ttl_s) and decision.ttl_s > 0.0):
         return "ttl_invalid"
-    if mode is EnforcedMode.PASSTHROUGH:
+    if mode is Mode.PASSTHROUGH:
         return ""
     if decision.n == 0:
         return "n_zero"
@@ -168,8 +152,8 @@ def policy_from_decision(decision: common_pb2.Decision, *, max_num_seqs: int, ma
     reason = reject_reason(decision, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     if reason:
         return None, reason
-    mode = _MODE_FROM_PROTO[decision.mode]
-    if mode is EnforcedMode.PASSTHROUGH:
+    mode = MODE_FROM_PROTO[decision.mode]
+    if mode is Mode.PASSTHROUGH:
         stock = stock_policy(max_num_seqs=active_cap, max_num_batched_tokens=max_num_batched_tokens,
                              version=decision.version, ttl_s=decision.ttl_s)
         return (replace(stock, advisory=True) if decision.advisory else stock), ""

@@ -1,9 +1,9 @@
 """Output-length hazard estimation (EB paper §3.4, online estimation).
 
-`LengthWindow` keeps the last W_O output lengths and W_L prompt lengths of finished, non-aborted
-requests in preallocated ring buffers: adding a batch costs O(batch) and never grows memory.
-`fit_hazard` estimates ĥ(t) = #{O = t} / #{O ≥ t} over the window and fits ĥ(t) = p0 + η·t by weighted
-least squares over t ∈ [1, t95]; it is O(window + t95), vectorised with numpy.
+`fit_hazard_histogram` estimates ĥ(t) = #{O = t} / #{O ≥ t} over a `LengthHistogram` of the output lengths
+of finished, non-aborted requests (what the decision loop keeps per pool and time bucket) and fits
+ĥ(t) = p0 + η·t by weighted least squares over t ∈ [1, t95]; it is O(distinct lengths + t95), vectorised
+with numpy.
 
 Weights: the at-risk count n(t) = #{O ≥ t}. ĥ(t) is a binomial proportion with variance
 h(1−h)/n(t); for the small hazards of LLM outputs (h ≪ 1) h(1−h) is nearly constant over t, so n(t) is
@@ -17,12 +17,12 @@ from zero; otherwise the window is treated as constant-hazard and p0 is the weig
 variance about threefold for geometric data (2,000 samples: 95th-percentile error 6.8% with the free
 slope, about 4% with the test), and an insignificant slope would only feed noise into Δθ.
 
-Histogram form (`fit_hazard_histogram`): the same fit over a `LengthHistogram` of completions (what the
-decision loop keeps per pool and time bucket), equal to `fit_hazard` on the same data, plus the running
-requests at the window's ends as censored and truncated observations (`controlplane.core.survival`) and the
-transient fit of a window re-based at a shift (`controlplane.loop.pool_stats`).
+Beyond the completions, the fit takes the running requests at the window's ends as censored and truncated
+observations (`controlplane.core.survival`), and fits a window re-based at a shift as a transient
+(`controlplane.loop.pool_stats`).
 
-No I/O, no clock. Invalid samples (NaN, inf, ≤ 0, non-integral) are rejected and counted, never stored.
+No I/O, no clock. Invalid samples (NaN, inf, ≤ 0, non-integral) never reach the fit: `LengthHistogram`
+drops them.
 """
 
 from __future__ import annotations
@@ -53,11 +53,9 @@ from controlplane.core.survival import (
 )
 from controlplane.core.types import WorkloadStats
 
-DEFAULT_OUTPUT_WINDOW = 4096
-DEFAULT_PROMPT_WINDOW = 4096
 # Fewer than this many distinct t points with someone at risk cannot support a two-parameter fit.
 MIN_FIT_POINTS = 2
-# A slope within this many standard errors of 0 is not kept (see fit_hazard).
+# A slope within this many standard errors of 0 is not kept (see the module docstring).
 SLOPE_SIGNIFICANCE_Z = 2.0
 # The same test for a window re-based at a shift (`loop.pool_stats`), a few hundred completions: at z = 2 one
 # fit in twenty keeps a slope a geometric law does not have, and the IFR correction it drives moved k̂* by
@@ -106,136 +104,6 @@ class HazardFit:
     lognormal_tail: bool = False
 
 
-def _valid_lengths(values: np.ndarray) -> np.ndarray:
-    """Mask of finite, integral, positive lengths."""
-    finite = np.isfinite(values)
-    safe = np.where(finite, values, 0.0)
-    return finite & (safe >= 1.0) & (np.floor(safe) == safe)
-
-
-class _Ring:
-    """Fixed-capacity ring of float64; `append` is O(batch), `view` copies at most the capacity."""
-
-    __slots__ = ("_buf", "_count", "_head")
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"window capacity must be ≥ 1, got {capacity}")
-        self._buf = np.zeros(capacity, dtype=np.float64)
-        self._head = 0
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def append(self, values: np.ndarray) -> None:
-        capacity = self._buf.size
-        if values.size >= capacity:
-            self._buf[:] = values[-capacity:]
-            self._head = 0
-            self._count = capacity
-            return
-        end = self._head + values.size
-        if end <= capacity:
-            self._buf[self._head : end] = values
-        else:
-            first = capacity - self._head
-            self._buf[self._head :] = values[:first]
-            self._buf[: end - capacity] = values[first:]
-        self._head = end % capacity
-        self._count = min(capacity, self._count + values.size)
-
-    def view(self) -> np.ndarray:
-        """The stored values, oldest first (a copy)."""
-        if self._count < self._buf.size:
-            return self._buf[: self._count].copy()
-        return np.concatenate((self._buf[self._head :], self._buf[: self._head]))
-
-
-class LengthWindow:
-    """Sliding windows of recent output (W_O) and prompt (W_L) lengths, in tokens."""
-
-    def __init__(
-        self,
-        *,
-        output_window: int = DEFAULT_OUTPUT_WINDOW,
-        prompt_window: int = DEFAULT_PROMPT_WINDOW,
-    ) -> None:
-        self._outputs = _Ring(output_window)
-        self._prompts = _Ring(prompt_window)
-        self.num_rejected = 0
-        self.num_accepted = 0
-
-    def add_completions(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> int:
-        """Add a batch of finished, non-aborted requests; returns how many were rejected.
-
-        A pair is kept only when both lengths are valid (finite, integral, ≥ 1). Arrays of different
-        lengths are rejected whole. O(batch).
-        """
-        prompts = np.asarray(prompt_tokens, dtype=np.float64).ravel()
-        outputs = np.asarray(output_tokens, dtype=np.float64).ravel()
-        if prompts.size != outputs.size:
-            rejected = max(prompts.size, outputs.size)
-            self.num_rejected += rejected
-            return rejected
-        keep = _valid_lengths(prompts) & _valid_lengths(outputs)
-        num_kept = int(np.count_nonzero(keep))
-        if num_kept:
-            self._prompts.append(prompts[keep])
-            self._outputs.append(outputs[keep])
-        rejected = int(prompts.size - num_kept)
-        self.num_rejected += rejected
-        self.num_accepted += num_kept
-        return rejected
-
-    def output_lengths(self) -> np.ndarray:
-        return self._outputs.view()
-
-    def prompt_lengths(self) -> np.ndarray:
-        return self._prompts.view()
-
-    def __len__(self) -> int:
-        return len(self._outputs)
-
-
-def fit_hazard(output_lengths: np.ndarray, prompt_lengths: np.ndarray) -> HazardFit | None:
-    """Estimate p0, η, μ_L, μ_O, σ_O and t95 from the windows.
-
-    Args:
-        output_lengths: output lengths in tokens (invalid entries are ignored).
-        prompt_lengths: prompt lengths in tokens (invalid entries are ignored).
-    Returns:
-        The fit, or None when either window has no valid sample. Fallbacks (flagged on the result):
-        an intercept ≤ 0 → p0 = 1/μ_O, η = 0; a negative slope → η = 0. Fewer than MIN_FIT_POINTS
-        at-risk t values, or t95 > MAX_FIT_SPAN_TOKENS → the geometric MLE p0 = 1/μ_O, η = 0
-        (intercept_fallback set).
-    """
-    outputs = np.asarray(output_lengths, dtype=np.float64)
-    prompts = np.asarray(prompt_lengths, dtype=np.float64)
-    outputs = outputs[_valid_lengths(outputs)]
-    prompts = prompts[_valid_lengths(prompts)]
-    if outputs.size == 0 or prompts.size == 0:
-        return None
-    mu_o = float(outputs.mean())
-    sigma_o = float(outputs.std())
-    mu_l = float(prompts.mean())
-    t95 = float(np.percentile(outputs, 95.0, method="inverted_cdf"))
-    fit = _wls_line(outputs, t_max=int(t95)) if t95 <= MAX_FIT_SPAN_TOKENS else None
-    p0, eta, intercept_fallback, slope_clipped = _checked_line(fit, fallback_p0=1.0 / mu_o)
-    stats = WorkloadStats(
-        p0=min(p0, 1.0),
-        eta=eta,
-        mu_l_tokens=mu_l,
-        mu_o_tokens=mu_o,
-        sigma_o_tokens=sigma_o,
-        t95_tokens=t95,
-        num_samples=int(outputs.size),
-    )
-    lower = sample_mean_lower_bound(mean=mu_o, std=sigma_o, count=int(outputs.size), z=MEAN_LOWER_BOUND_Z)
-    return HazardFit(stats=stats, intercept_fallback=intercept_fallback, slope_clipped=slope_clipped,
-                     mu_o_lower_tokens=lower)
-
-
 def fit_hazard_histogram(
     outputs: LengthHistogram,
     *,
@@ -246,12 +114,14 @@ def fit_hazard_histogram(
     shift_transient: bool = False,
     slope_z: float = SLOPE_SIGNIFICANCE_Z,
 ) -> HazardFit | None:
-    """`fit_hazard` over a histogram of completions, optionally with censored and left-truncated requests.
+    """The hazard fit over a histogram of completions, optionally with censored and left-truncated requests.
 
-    Without `censored` and `truncated` (and `shift_transient` False) the result equals
-    `fit_hazard(samples, prompts)` on the same data: the same at-risk counts feed the same weighted least
-    squares (p0, η, t95, flags bit for bit; μ_O and μ_L exact; σ_O to rounding). Cost O(distinct lengths + t95)
-    instead of O(samples).
+    Without `censored` and `truncated` (and `shift_transient` False): the at-risk counts n(t) = #{O ≥ t} of the
+    completions feed the weighted least squares over t ∈ [1, t95], t95 their inverted-CDF 95th percentile; μ_O
+    and σ_O are their mean and (population) standard deviation. Fallbacks (flagged on the result): an
+    intercept ≤ 0 → p0 = 1/μ_O, η = 0; a negative slope → η = 0. Fewer than MIN_FIT_POINTS at-risk t values,
+    or t95 > MAX_FIT_SPAN_TOKENS → the geometric MLE p0 = 1/μ_O, η = 0 (intercept_fallback set). Cost
+    O(distinct lengths + t95).
 
     With them, the events and at-risk counts are the window's life table (`controlplane.core.survival`):
     n(t) = #{O ≥ t} + #{censored ≥ t} − #{truncated ≥ t}, a Kaplan–Meier style hazard d(t)/n(t). Then:
@@ -295,7 +165,7 @@ def fit_hazard_histogram(
         slope_z: the standard errors from 0 a slope must reach to be kept (SLOPE_SIGNIFICANCE_Z by default;
             a window re-based at a shift asks for SHIFT_SLOPE_Z, see there).
     Returns:
-        The fit, or None when there is no completion or no prompt. Fallbacks as in `fit_hazard`.
+        The fit, or None when there is no completion or no prompt. Fallbacks as above.
         num_samples is the number of completions in the window.
     Raises:
         ValueError: prompt_count < 0, or a prompt sum that is not finite or below prompt_count (every prompt
@@ -462,7 +332,7 @@ def _young_hazard(events: np.ndarray, at_risk: np.ndarray) -> float | None:
 
 
 def _checked_line(fit: tuple[float, float] | None, *, fallback_p0: float) -> tuple[float, float, bool, bool]:
-    """(p0, η, intercept_fallback, slope_clipped) after the fallbacks of `fit_hazard`."""
+    """(p0, η, intercept_fallback, slope_clipped) after the fallbacks of `fit_hazard_histogram`."""
     if fit is None:
         return fallback_p0, 0.0, True, False
     p0, eta = fit
@@ -471,18 +341,6 @@ def _checked_line(fit: tuple[float, float] | None, *, fallback_p0: float) -> tup
     if eta < 0.0:
         return p0, 0.0, False, True
     return p0, eta, False, False
-
-
-def _wls_line(outputs: np.ndarray, *, t_max: int) -> tuple[float, float] | None:
-    """Fit ĥ(t) = p0 + η·t over t ∈ [1, t_max] with weights n(t); None when under-determined."""
-    if t_max < 1:
-        return None
-    # Clip before the cast: lengths beyond int64 would wrap to negative values.
-    lengths = np.minimum(outputs, t_max + 1).astype(np.int64)
-    # Completions at t for t = 1..t_max (longer ones only count as at risk).
-    completions = np.bincount(np.minimum(lengths, t_max + 1), minlength=t_max + 2)[1 : t_max + 1]
-    at_risk = lengths.size - np.concatenate(([0], np.cumsum(completions)[:-1]))
-    return _wls_counts(completions, at_risk)
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,18 +383,9 @@ def _line_sums(completions: np.ndarray, at_risk: np.ndarray) -> _LineSums | None
                      s_tt=s_tt)
 
 
-def _wls_counts(completions: np.ndarray, at_risk: np.ndarray) -> tuple[float, float] | None:
-    """Fit ĥ(t) = d(t)/n(t) = p0 + η·t over t = 1..len with weights n(t); None when under-determined.
-
-    completions: d(t), at_risk: n(t), integer arrays indexed from t = 1. Shared by the sample and the
-    histogram forms of the fit, so that equal counts give bit-for-bit equal fits.
-    """
-    return _wls_from_sums(_line_sums(completions, at_risk))
-
-
 def _wls_from_sums(sums: _LineSums | None, *, slope_z: float = SLOPE_SIGNIFICANCE_Z) -> tuple[float, float] | None:
-    """The line of `_wls_counts` from its weighted sums (None when under-determined); a slope under slope_z
-    standard errors from 0 is not kept."""
+    """Fit ĥ(t) = d(t)/n(t) = p0 + η·t from the weighted sums of `_line_sums` (None when under-determined):
+    (p0, η); a slope under slope_z standard errors from 0 is not kept."""
     if sums is None:
         return None
     t_mean, h_mean = sums.t_mean, sums.h_mean

@@ -6,7 +6,7 @@ bucket instead of sample windows: buckets merge by adding counts (`merged`, `sum
 bytes per distinct length (`to_bytes` / `from_bytes`), and everything the hazard fit needs (count, sum,
 moments, inverted-CDF percentiles, at-risk counts) costs O(distinct lengths), not O(samples).
 
-Validity matches `controlplane.core.hazard`: a sample is kept when it is finite, integral and ≥ 1, and at
+Validity: a sample is kept when it is finite, integral and ≥ 1, and at
 most MAX_LENGTH_TOKENS (2⁵³, beyond which float64 no longer holds every integer); other samples are
 dropped by `from_samples` (the caller counts them as size − count).
 

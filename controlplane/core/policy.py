@@ -1,7 +1,7 @@
 """The decision policy: composes hazard fit, threshold, batch size, crossover and budget.
 
 `evaluate` computes every term of the papers' formulas for given workload parameters (the what-if
-planner's view). `decide` is the online policy for one engine or a pool: it fits the windows, evaluates,
+planner's view). `decide` is the online policy for one engine or a pool: from the pool's hazard fit it evaluates,
 applies EB+ hysteresis and cooldown, operator pins and δ, and returns a Decision with a reason code,
 flags for every degenerate input it met, and finite diagnostics. It never raises for any observation.
 
@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-import numpy as np
-
 from controlplane.core.batch_size import (
     memory_safe_batch_size,
     occupancy_batch_size,
@@ -27,7 +25,7 @@ from controlplane.core.budget import SweepPoint, select_budget_policy
 from controlplane.core.cold_start import least_favourable_to_eb
 from controlplane.core.cost_model import cost_model_is_usable
 from controlplane.core.crossover import crossover_terms, instantaneous_mode, select_mode
-from controlplane.core.hazard import HazardFit, fit_hazard
+from controlplane.core.hazard import HazardFit
 from controlplane.core.memory_guard import update_memory_guard
 from controlplane.core.threshold import bound_delta_theta, clip_theta, delta_theta_ifr, solve_theta0
 from controlplane.core.types import (
@@ -247,10 +245,6 @@ def _validated_pin(intent: OperatorIntent, limits: EngineLimits) -> _Pinned:
     return _Pinned(k=k, n=n, invalid=invalid)
 
 
-# Sentinel of decide(fit=...): fit the hazard from the observations' windows.
-FIT_FROM_OBSERVATIONS = object()
-
-
 def decide(
     observations: Observations,
     state: PolicyState,
@@ -259,16 +253,15 @@ def decide(
     intent: OperatorIntent | None = None,
     config: PolicyConfig | None = None,
     budget_sweep: Sequence[SweepPoint] = (),
-    fit: HazardFit | object | None = FIT_FROM_OBSERVATIONS,
+    fit: HazardFit | None,
     established: bool = False,
 ) -> tuple[Decision, PolicyState]:
     """One decision for one engine or pool, and the policy state to carry to the next.
 
-    `fit`: a hazard fit computed elsewhere (a pool's, from its length histograms; None when the pool has
-    no completions); the observations' length arrays are then not read. By default the fit is computed
-    from the observations' windows.
+    `fit`: the hazard fit of the engine's pool, from its length histograms
+    (`core.hazard.fit_hazard_histogram`); None when there is none (no completion yet): too little data, below.
 
-    Cold start: until the output window holds config.min_samples valid completions, mode MB (stock
+    Cold start: until the fit holds config.min_samples completions, mode MB (stock
     behaviour) with reason insufficient_data, unless rule (8) picks EB at every workload the engine can
     serve (`controlplane.core.cold_start`; the cost model and the occupancy are known, the lengths are not,
     but for the lower bound on μ_O the completions and running requests so far prove: the fit's, or without
@@ -310,10 +303,6 @@ def decide(
     if pinned.invalid:
         flags.append(Flag.PIN_INVALID)
 
-    if fit is FIT_FROM_OBSERVATIONS:
-        fit = fit_hazard(
-            np.asarray(observations.output_lengths_tokens), np.asarray(observations.prompt_lengths_tokens)
-        )
     if fit is not None and not isinstance(fit, HazardFit):
         raise TypeError(f"fit must be a HazardFit or None, got {type(fit).__name__}")
     costs = observations.costs
@@ -439,50 +428,3 @@ def _with_evaluation(diagnostics: Diagnostics, evaluation: Evaluation) -> Diagno
         n_star=evaluation.n_star, k_star=evaluation.k_star, lhs_s_per_token=evaluation.lhs_s_per_token,
         rhs_s_per_token=evaluation.rhs_s_per_token, n_obs=evaluation.n_obs,
     )
-
-
-def merge_pool_observations(members: Sequence[Observations]) -> Observations | None:
-    """Observations of a pool of engines of the same model and accelerator.
-
-    Windows are concatenated; limits are the most conservative of the members (smallest max_num_seqs,
-    budget and KV capacity); N_obs and n_offered are the members' means; rejected counts add up; the cost
-    model is the first member's that has one. None for an empty pool.
-    """
-    if not members:
-        return None
-    limits = EngineLimits(
-        max_num_seqs=min(m.limits.max_num_seqs for m in members),
-        max_num_batched_tokens=min(m.limits.max_num_batched_tokens for m in members),
-        kv_capacity_tokens=min(m.limits.kv_capacity_tokens for m in members),
-        max_model_len_tokens=min(m.limits.max_model_len_tokens for m in members),
-    )
-    observed = [m.n_obs for m in members if math.isfinite(m.n_obs) and m.n_obs >= 1.0]
-    offered = [m.n_offered for m in members if math.isfinite(m.n_offered) and m.n_offered >= 1.0]
-    return Observations(
-        output_lengths_tokens=np.concatenate([np.asarray(m.output_lengths_tokens, dtype=np.float64)
-                                              for m in members]),
-        prompt_lengths_tokens=np.concatenate([np.asarray(m.prompt_lengths_tokens, dtype=np.float64)
-                                              for m in members]),
-        costs=next((m.costs for m in members if m.costs is not None), None),
-        limits=limits,
-        n_obs=sum(observed) / len(observed) if observed else 0.0,
-        num_rejected_samples=sum(max(0, m.num_rejected_samples) for m in members),
-        num_preemptions=sum(max(0, m.num_preemptions) for m in members),
-        n_offered=sum(offered) / len(offered) if offered else 0.0,
-    )
-
-
-def ema_update(previous: float, value: float, *, dt_s: float, time_constant_s: float) -> float:
-    """Exponential moving average with a time constant: weight 1 − e^(−dt/τ) on the new value.
-
-    A non-finite or negative value, or a non-positive dt, leaves the average unchanged; a non-finite
-    previous average is replaced by the value.
-    """
-    if not (math.isfinite(value) and value >= 0.0):
-        return previous
-    if not math.isfinite(previous):
-        return value
-    if not (math.isfinite(dt_s) and dt_s > 0.0) or not time_constant_s > 0.0:
-        return previous
-    weight = -math.expm1(-dt_s / time_constant_s)
-    return previous + weight * (value - previous)

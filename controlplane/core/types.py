@@ -10,20 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import numpy as np
-
-
-class Mode(enum.StrEnum):
-    """Batching mode an engine runs in.
-
-    MB: stock vLLM mixed batching (with the P-PAS token budget).
-    EB: exclusive batching (prefill-only and decode-only steps, threshold k, admission cap N).
-    PASSTHROUGH: stock vLLM, untouched.
-    """
-
-    MB = "mb"
-    EB = "eb"
-    PASSTHROUGH = "passthrough"
+from controlplane.protocol import Mode  # the one vocabulary of modes, shared with the agent
 
 
 class Reason(enum.StrEnum):
@@ -190,8 +177,9 @@ class OperatorIntent:
 class Observations:
     """What the controller has observed of one engine (or a pool), at decision time.
 
-    output_lengths_tokens: the W_O window of output lengths of finished, non-aborted requests.
-    prompt_lengths_tokens: the W_L window of prompt lengths.
+    The request lengths are not here: the hazard fit of a pool's length histograms
+    (`controlplane.core.hazard.fit_hazard_histogram`) is passed to decide() beside these observations.
+
     costs: the calibrated or fitted cost model; None when none is known yet.
     n_obs: EMA of observed running requests (N_obs); 0 when not observed.
     n_offered: EMA of the requests the engine holds, running or waiting, capped at max_num_seqs, counting the
@@ -207,8 +195,6 @@ class Observations:
       memory guard holds while the engine runs more than the N in force.
     """
 
-    output_lengths_tokens: np.ndarray
-    prompt_lengths_tokens: np.ndarray
     costs: CostModel | None
     limits: EngineLimits
     n_obs: float = 0.0

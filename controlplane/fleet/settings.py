@@ -9,14 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controlplane.api.v1 import common_pb2
-from controlplane.core.types import BudgetPolicy, Mode
+from controlplane.core.types import BudgetPolicy
 from controlplane.fleet.profiles import EngineShape
-
-_MODE_FROM_PROTO = {
-    common_pb2.MODE_MB: Mode.MB,
-    common_pb2.MODE_EB: Mode.EB,
-    common_pb2.MODE_PASSTHROUGH: Mode.PASSTHROUGH,
-}
+from controlplane.protocol import MODE_FROM_PROTO, Mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +42,7 @@ def settings_from_decision(decision: common_pb2.Decision, *, shape: EngineShape)
     Raises:
         ValueError: the decision's mode is unspecified (the Enforcer refuses such a decision first).
     """
-    mode = _MODE_FROM_PROTO.get(decision.mode)
+    mode = MODE_FROM_PROTO.get(decision.mode)
     if mode is None:
         raise ValueError(f"decision {decision.version} has no mode")
     stock = EngineSettings.stock(shape)

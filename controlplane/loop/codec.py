@@ -1,19 +1,12 @@
-"""Conversions between protobuf messages and core types (decisions, operator intent, calibrations)."""
+"""Conversions between protobuf messages and core types (decisions, calibrations)."""
 
 from __future__ import annotations
 
 import math
 
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.core.types import CostModel, Decision, DeltaSource, Mode, ModePin, OperatorIntent
-from controlplane.protocol import POOL_KEY_SEPARATOR
-
-MODE_TO_PROTO = {Mode.MB: common_pb2.MODE_MB, Mode.EB: common_pb2.MODE_EB,
-                 Mode.PASSTHROUGH: common_pb2.MODE_PASSTHROUGH}
-PIN_TO_MODE = {operator_pb2.PINNED_MODE_MB: Mode.MB, operator_pb2.PINNED_MODE_EB: Mode.EB,
-               operator_pb2.PINNED_MODE_PASSTHROUGH: Mode.PASSTHROUGH}
-SCOPE_TO_SOURCE = {operator_pb2.SCOPE_KIND_FLEET: DeltaSource.FLEET, operator_pb2.SCOPE_KIND_POOL: DeltaSource.POOL,
-                   operator_pb2.SCOPE_KIND_ENGINE: DeltaSource.ENGINE}
+from controlplane.core.types import CostModel, Decision
+from controlplane.protocol import MODE_TO_PROTO
 
 
 def decision_to_proto(decision: Decision, *, version: int, ttl_s: float, decided_at_s: float,
@@ -45,39 +38,6 @@ def decision_to_proto(decision: Decision, *, version: int, ttl_s: float, decided
             cold_start_mu_o_tokens=d.cold_start_mu_o_tokens, cold_start_p0=d.cold_start_p0,
         ),
     )
-
-
-def resolve_intent(records: list[operator_pb2.OverrideRecord], *, engine_id: str, pool_key: str,
-                   now_s: float) -> OperatorIntent:
-    """The overrides in force for one engine: per kind, the most specific live scope wins (engine > pool > fleet)."""
-    rank = {operator_pb2.SCOPE_KIND_ENGINE: 3, operator_pb2.SCOPE_KIND_POOL: 2, operator_pb2.SCOPE_KIND_FLEET: 1}
-    best: dict[int, operator_pb2.OverrideRecord] = {}
-    for record in records:
-        if record.cleared or (record.expires_at_s > 0 and record.expires_at_s <= now_s):
-            continue
-        scope = record.scope
-        if scope.kind == operator_pb2.SCOPE_KIND_ENGINE and scope.engine_id != engine_id:
-            continue
-        scope_pool = POOL_KEY_SEPARATOR.join((scope.pool.model, scope.pool.accelerator))
-        if scope.kind == operator_pb2.SCOPE_KIND_POOL and scope_pool != pool_key:
-            continue
-        current = best.get(record.kind)
-        if current is None or rank.get(scope.kind, 0) > rank.get(current.scope.kind, 0):
-            best[record.kind] = record
-    delta_record = best.get(operator_pb2.OVERRIDE_KIND_DELTA)
-    pin_record = best.get(operator_pb2.OVERRIDE_KIND_PIN)
-    pin = ModePin()
-    if pin_record is not None:
-        pin = ModePin(
-            mode=PIN_TO_MODE.get(pin_record.mode),
-            k=pin_record.k or None,
-            n=pin_record.n or None,
-            advisory=pin_record.mode == operator_pb2.PINNED_MODE_ADVISORY,
-        )
-    if delta_record is None:
-        return OperatorIntent(pin=pin)
-    return OperatorIntent(delta_s_per_token=delta_record.delta_s_per_token,
-                          delta_source=SCOPE_TO_SOURCE[delta_record.scope.kind], pin=pin)
 
 
 def calibration_to_cost_model(calibration: operator_pb2.Calibration) -> CostModel:

@@ -15,24 +15,22 @@ No I/O, no clock: every method takes `now_s`.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from controlplane.api.v1 import common_pb2
 from controlplane.core.budget import SweepPoint
-from controlplane.core.policy import decide, ema_update
+from controlplane.core.policy import decide
 from controlplane.core.types import Decision, Observations, OperatorIntent, PolicyConfig, PolicyState
 from controlplane.loop.codec import decision_to_proto
 from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.estimate import WINDOW_COHORT_FLAG, WINDOW_REBASED_FLAG, PoolEstimate
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
-from controlplane.loop.pool_stats import WINDOW_COHORT_FLAG, WINDOW_REBASED_FLAG, PoolEstimate
 from controlplane.protocol import VERSION_EPOCH_FACTOR, compose_version
 
-_EMPTY = np.zeros(0)
 _SENT_VERSIONS_KEPT = 64
 # The waiting requests count towards the offered occupancy only while the KV cache is below this fraction
 # of its capacity: past it the engine's running count is bound by memory, which an EB batch would meet too.
@@ -49,6 +47,22 @@ def offered_occupancy(batch: ValidatedBatch, *, max_num_seqs: int) -> float | No
     room = batch.kv_total_tokens > 0 and batch.kv_used_tokens < OFFERED_KV_ROOM_FRACTION * batch.kv_total_tokens
     held = batch.num_running + (max(0, batch.num_waiting) if room else 0)
     return float(min(held, max_num_seqs))
+
+
+def ema_update(previous: float, value: float, *, dt_s: float, time_constant_s: float) -> float:
+    """Exponential moving average with a time constant: weight 1 − e^(−dt/τ) on the new value.
+
+    A non-finite or negative value, or a non-positive dt, leaves the average unchanged; a non-finite
+    previous average is replaced by the value.
+    """
+    if not (math.isfinite(value) and value >= 0.0):
+        return previous
+    if not math.isfinite(previous):
+        return value
+    if not (math.isfinite(dt_s) and dt_s > 0.0) or not time_constant_s > 0.0:
+        return previous
+    weight = -math.expm1(-dt_s / time_constant_s)
+    return previous + weight * (value - previous)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +184,6 @@ class EngineLoop:
         for (`latest`), so the common case costs the core's decide() alone.
         """
         observations = Observations(
-            output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
             costs=estimate.costs if estimate is not None else None, limits=self.hello.limits, n_obs=self.n_obs,
             num_rejected_samples=self.num_rejected_events, num_preemptions=self.preemptions_since_decision,
             n_offered=self.n_offered, mu_o_lower_tokens=estimate.mu_o_lower_tokens if estimate is not None else 1.0,

@@ -26,6 +26,7 @@ MAX_NUM_SEQS = 1 << 20
 MAX_BATCHED_TOKENS = 1 << 24
 MAX_MODEL_LEN_TOKENS = 1 << 24
 MAX_KV_CAPACITY_TOKENS = 1 << 40
+MAX_BLOCK_SIZE_TOKENS = 1 << 16
 MAX_STEP_DURATION_S = 600.0
 MAX_TEXT_CHARS = 128
 MAX_RUNNING_BINS = 4096
@@ -88,7 +89,10 @@ def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
                     high=MAX_BATCHED_TOKENS)
     max_len = _limit("hello.limits.max_model_len_tokens", limits.max_model_len_tokens, low=1,
                      high=MAX_MODEL_LEN_TOKENS)
-    kv = _limit("hello.limits.kv_capacity_tokens", limits.kv_capacity_tokens, low=0, high=MAX_KV_CAPACITY_TOKENS)
+    # A KV capacity of 0 would size N from no memory at all (N = 1): an agent that cannot read its capacity is
+    # refused (its engine runs stock vLLM) rather than throttled.
+    kv = _limit("hello.limits.kv_capacity_tokens", limits.kv_capacity_tokens, low=1, high=MAX_KV_CAPACITY_TOKENS)
+    block_size = _limit("hello.limits.block_size_tokens", limits.block_size_tokens, low=1, high=MAX_BLOCK_SIZE_TOKENS)
     if not math.isfinite(hello.instance_started_at_s) or hello.instance_started_at_s < 0:
         raise TelemetryError("hello.instance_started_at_s", "must be a finite time ≥ 0", cause="bad_hello")
     return EngineHello(
@@ -99,7 +103,7 @@ def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
         agent_version=_text("hello.agent_version", hello.agent_version),
         limits=EngineLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, kv_capacity_tokens=kv,
                             max_model_len_tokens=max_len),
-        block_size_tokens=limits.block_size_tokens,
+        block_size_tokens=block_size,
         instance_id=_text("hello.instance_id", hello.instance_id),
         instance_started_at_s=hello.instance_started_at_s,
     )

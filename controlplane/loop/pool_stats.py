@@ -34,29 +34,24 @@ only at SHIFT_SLOPE_Z standard errors (`core.hazard`). A shift is not a cold sta
 re-based window is made whatever its size (`core.policy.decide(established=True)`, passed by `loop.engine`),
 and every count shown is the one fitted.
 
-Pure: no I/O, no clock (times are arguments). Serialisation of a bucket: `BucketStats.to_bytes`.
+Pure: no I/O, no clock (times are arguments). A bucket and its wire format: `loop.buckets`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import struct
-from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
 from controlplane.core.admission_change import admission_change_point
 from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.change_detection import ShiftDetector
-from controlplane.core.cost_model import CostFit
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.hazard import (
     MEAN_LOWER_BOUND_Z,
     SHIFT_SLOPE_Z,
     SLOPE_SIGNIFICANCE_Z,
-    HazardFit,
     fit_hazard_histogram,
 )
 from controlplane.core.length_histogram import LengthHistogram, sum_of
@@ -68,246 +63,28 @@ from controlplane.core.survival import (
     running_mean_lower_bound,
 )
 from controlplane.core.types import CostModel
+from controlplane.loop.buckets import (
+    MAX_ADMISSION_LAG_BUCKETS,
+    MAX_STEPS_PER_BATCH,
+    SNAPSHOT_REPLICA,
+    BucketStats,
+    OpenBucket,
+    admitted_running_sum,
+    evenly_spaced,
+    running_sum,
+)
 from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.estimate import Cohort, PoolEstimate, Window
 from controlplane.loop.shift_tracker import PRE_BUCKETS, REWIND_BUCKETS, PoolShift, ShiftTracker
 
-# Replica id of a persisted window seeded at start (warm start).
-SNAPSHOT_REPLICA = "snapshot"
-# Steps of one batch that enter the cost sums (evenly spaced when a batch carries more).
-MAX_STEPS_PER_BATCH = 64
-# Steps of one bucket that enter the cost sums (evenly spaced over the bucket's batches when it holds more):
-# a window's cost fit needs a few thousand steps, and summing the 64,000 a second of 1,000 engines held the
-# event loop for 15-25 ms at every bucket close (5 ms with this cap).
-MAX_STEPS_PER_BUCKET = 4096
 # Engines whose first running report a pool keeps for its running-only floor (a pool with more engines and
 # no completion yet has no such floor).
 MAX_ENTERED_ENGINES = 10_000
-# The decision flag of an estimate whose window starts at a detected shift's change point.
-WINDOW_REBASED_FLAG = "window_rebased_after_shift"
-# The decision flag of an estimate fitted on the requests admitted since the latest shift's law began.
-WINDOW_COHORT_FLAG = "window_admitted_since_shift"
-# How many buckets back a bucket keeps its requests' admission exact (older ones sit at that bound): a window
-# is fitted on the requests admitted since its change point only while that point is at most this far back.
-MAX_ADMISSION_LAG_BUCKETS = 600
 # The most admission buckets before a shift's latest change point that `_cohort_start` scans.
 MAX_SCAN_BUCKETS = 4 * PRE_BUCKETS
 # A change point in admission time found by `_cohort_start` is one of the data through a multiple of this many
 # buckets.
 COHORT_RESCAN_BUCKETS = 8
-# Bucket formats: v1 (no running requests) and v2 (no admissions) are still read; v3 is written.
-_MAGIC_V1 = b"CPB1"
-_HEADER_V1 = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
-_MAGIC_V2 = b"CPB2"
-# magic, prompt count, prompt sum, histogram byte length, running known (0/1), running histogram byte length
-_HEADER_V2 = struct.Struct("<4sqdIBI")
-_MAGIC = b"CPB3"
-# v2's, then for the completions' and the running requests' admissions: known (0/1), byte length
-_HEADER = struct.Struct("<4sqdIBIBIBI")
-
-
-@dataclass(slots=True)
-class BucketStats:
-    """What one bucket holds for one pool (from one replica, or merged).
-
-    running: output lengths so far of the requests running when the bucket closed (None: not known, as in
-    a bucket of the v1 format or a persisted window).
-    admitted_outputs: the completions by admission bucket (None: an engine did not report one of them).
-    admitted_running: `running` by admission bucket (None: an engine did not report its running requests'
-      admissions).
-    """
-
-    outputs: LengthHistogram
-    prompt_count: int
-    prompt_sum_tokens: float
-    costs: CostSums
-    running: LengthHistogram | None = None
-    admitted_outputs: AdmittedCounts | None = None
-    admitted_running: AdmittedCounts | None = None
-
-    @classmethod
-    def empty(cls) -> BucketStats:
-        return cls(outputs=LengthHistogram.empty(), prompt_count=0, prompt_sum_tokens=0.0,
-                   costs=CostSums())
-
-    def to_bytes(self) -> bytes:
-        hist = self.outputs.to_bytes()
-        running = self.running.to_bytes() if self.running is not None else b""
-        admitted = self.admitted_outputs.to_bytes() if self.admitted_outputs is not None else b""
-        admitted_running = self.admitted_running.to_bytes() if self.admitted_running is not None else b""
-        costs = self.costs.to_array().astype("<f8").tobytes()
-        header = _HEADER.pack(_MAGIC, self.prompt_count, self.prompt_sum_tokens, len(hist),
-                              int(self.running is not None), len(running), int(self.admitted_outputs is not None),
-                              len(admitted), int(self.admitted_running is not None), len(admitted_running))
-        return header + hist + running + admitted + admitted_running + costs
-
-    @classmethod
-    def from_bytes(cls, payload: bytes) -> BucketStats:
-        """Any format (v1: running None; v1 and v2: admissions None). Raises ValueError for a payload that is
-        not a bucket."""
-        known_admitted = known_admitted_running = admitted_len = admitted_running_len = 0
-        if payload[:4] == _MAGIC_V1 and len(payload) >= _HEADER_V1.size:
-            _, count, total, hist_len = _HEADER_V1.unpack_from(payload)
-            known, running_len, offset = 0, 0, _HEADER_V1.size
-        elif payload[:4] == _MAGIC_V2 and len(payload) >= _HEADER_V2.size:
-            _, count, total, hist_len, known, running_len = _HEADER_V2.unpack_from(payload)
-            offset = _HEADER_V2.size
-        elif payload[:4] == _MAGIC and len(payload) >= _HEADER.size:
-            (_, count, total, hist_len, known, running_len, known_admitted, admitted_len, known_admitted_running,
-             admitted_running_len) = _HEADER.unpack_from(payload)
-            offset = _HEADER.size
-        else:
-            raise ValueError("not a pool-statistics bucket")
-        sections = (hist_len, running_len, admitted_len, admitted_running_len)
-        if (count < 0 or not math.isfinite(total) or max(known, known_admitted, known_admitted_running) > 1
-                or offset + sum(sections) > len(payload)):
-            raise ValueError("not a pool-statistics bucket")
-        parts = []
-        for size in sections:
-            parts.append(payload[offset:offset + size])
-            offset += size
-        costs = CostSums.from_array(np.frombuffer(payload[offset:], dtype="<f8"))
-        return cls(outputs=LengthHistogram.from_bytes(parts[0]), prompt_count=int(count),
-                   prompt_sum_tokens=float(total), costs=costs,
-                   running=LengthHistogram.from_bytes(parts[1]) if known else None,
-                   admitted_outputs=AdmittedCounts.from_bytes(parts[2]) if known_admitted else None,
-                   admitted_running=AdmittedCounts.from_bytes(parts[3]) if known_admitted_running else None)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolEstimate:
-    """The pool terms every engine of the pool is decided from.
-
-    end_bucket: the newest bucket in the window. fit: the hazard fit (None without completions).
-    costs: the cost model in use (the pool's calibration when set, else the online fit; None when neither is
-    usable). cost_source: "calibration" | "online" | "none". contributors: replica ids whose buckets were summed.
-    window_first_bucket: the oldest bucket whose completions are in the window (None: no completion).
-    window_rebased: the window starts at the change point of a detected shift (it holds fewer completions
-      than output_window). window_cohort: re-based at a shift and fitted on the
-      requests admitted since its new law began alone (`PoolStatistics._cohort`). window_transient: re-based,
-      and the requests in flight at its opening still weigh on it (the fit keeps p0, with η = 0 and
-      μ_O = 1/p0). fit_held: the window was re-based (or is a cohort) but holds fewer than shift_min_samples
-      completions: `fit` is the previous estimate's.
-    num_censored / num_truncated: requests running at the window's close / opening used by the fit (0 when
-      either end is unknown). last_shift: the latest shift detected in the pool (None: none yet); num_shifts:
-      how many were detected (and confirmed); num_unconfirmed_shifts: the detector's alarms the hazard test
-      dropped (`loop.shift_tracker`). mu_o_lower_tokens: a lower confidence bound on μ_O: the fit's, or
-      before the pool's first completion the one its running requests alone prove
-      (`survival.running_mean_lower_bound`); 1 when nothing is proven.
-    """
-
-    pool_key: str
-    end_bucket: int
-    fit: HazardFit | None
-    num_samples: int
-    cost_fit: CostFit
-    costs: CostModel | None
-    cost_source: str
-    num_buckets: int
-    contributors: tuple[str, ...]
-    num_rejected_steps: int = 0
-    window_first_bucket: int | None = None
-    window_rebased: bool = False
-    window_cohort: bool = False
-    window_transient: bool = False
-    fit_held: bool = False
-    num_censored: int = 0
-    num_truncated: int = 0
-    last_shift: PoolShift | None = None
-    num_shifts: int = 0
-    num_unconfirmed_shifts: int = 0
-    mu_o_lower_tokens: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Window:
-    """A window of buckets: the summed stats (running None) and what the fit needs to know about its ends."""
-
-    stats: BucketStats
-    num_buckets: int
-    contributors: tuple[str, ...]
-    first_output_bucket: int | None
-    censored: LengthHistogram | None
-    truncated: LengthHistogram | None
-    rebased: bool
-    keep_from: int | None = None  # the oldest bucket a later window can read (`PoolStatistics.prune`)
-    cohort: bool = False  # completions and censored requests are those admitted since the new law began
-
-
-@dataclass(frozen=True, slots=True)
-class _Cohort:
-    """The window of the requests admitted since the latest shift's law began (`PoolStatistics._cohort`): their
-    completions in the buckets [first_bucket, the window's last], those running at its close and at its opening."""
-
-    completed: LengthHistogram
-    censored: LengthHistogram
-    truncated: LengthHistogram
-    first_bucket: int
-
-
-@lru_cache(maxsize=64)
-def _evenly_spaced(size: int, count: int) -> np.ndarray:
-    """`count` evenly spaced indices into `size` items, first and last included (read-only; batches of one
-    size recur, so they are computed once)."""
-    keep = np.linspace(0, size - 1, count).astype(np.int64)
-    keep.flags.writeable = False
-    return keep
-
-
-class _Columns:
-    """Rows appended to preallocated float64 columns that double when full (amortised O(1) per row): a
-    bucket close reads one slice instead of concatenating a thousand batches' arrays."""
-
-    __slots__ = ("_data", "size")
-
-    def __init__(self, num_columns: int) -> None:
-        self._data = np.empty((num_columns, 1024), dtype=np.float64)
-        self.size = 0
-
-    def append(self, *columns: np.ndarray) -> None:
-        rows = columns[0].size
-        end = self.size + rows
-        if end > self._data.shape[1]:
-            grown = np.empty((self._data.shape[0], max(end, 2 * self._data.shape[1])), dtype=np.float64)
-            grown[:, : self.size] = self._data[:, : self.size]
-            self._data = grown
-        for row, column in zip(self._data, columns, strict=True):
-            row[self.size : end] = column
-        self.size = end
-
-    def view(self) -> np.ndarray:
-        """The rows so far, shape (columns, size); valid until the next append."""
-        return self._data[:, : self.size]
-
-
-@dataclass(slots=True)
-class _OpenBucket:
-    """The bucket being filled: batches are only appended (amortised O(batch)); the histogram and the cost
-    sums are computed once, vectorised over the whole bucket, when it closes."""
-
-    bucket_id: int
-    outputs: _Columns = field(default_factory=lambda: _Columns(1))
-    admitted: _Columns = field(default_factory=lambda: _Columns(1))  # admission bucket per output
-    admission_known: bool = True  # every output's admission was reported
-    prompt_count: int = 0
-    prompt_sum_tokens: float = 0.0
-    steps: _Columns = field(default_factory=lambda: _Columns(4))  # prefill, decode, requests, duration
-
-    def close(self, reference_costs: CostModel | None, running: LengthHistogram | None,
-              admitted_running: AdmittedCounts | None = None) -> BucketStats:
-        costs = CostSums()
-        if self.steps.size:
-            columns = self.steps.view()
-            if self.steps.size > MAX_STEPS_PER_BUCKET:
-                columns = columns[:, np.linspace(0, self.steps.size - 1, MAX_STEPS_PER_BUCKET).astype(np.int64)]
-            costs.add_steps(StepColumns(*columns), reference=reference_costs)
-        outputs = self.outputs.view()[0]
-        admitted = None
-        if self.admission_known:
-            admitted = AdmittedCounts.from_columns(self.admitted.view()[0], outputs).cap_admission(
-                self.bucket_id - MAX_ADMISSION_LAG_BUCKETS)
-        return BucketStats(outputs=LengthHistogram.from_samples(outputs), prompt_count=self.prompt_count,
-                           prompt_sum_tokens=self.prompt_sum_tokens, costs=costs, running=running,
-                           admitted_outputs=admitted, admitted_running=admitted_running)
 
 
 class PoolStatistics:
@@ -318,7 +95,7 @@ class PoolStatistics:
         self._config = config
         self.replica_id = replica_id
         self.settle_s = settle_s
-        self._open: _OpenBucket | None = None
+        self._open: OpenBucket | None = None
         self._buckets: dict[int, dict[str, BucketStats]] = {}
         # Each engine's latest running-requests histogram (lengths, counts), summed when a bucket closes, and
         # the admission bucket of each entry (None: not reported).
@@ -385,7 +162,7 @@ class PoolStatistics:
                         entered[engine_id] = LengthHistogram.from_counts(running_lengths, running_counts)
         bucket = self._open
         if bucket is None:
-            bucket = self._open = _OpenBucket(bucket_id=self.bucket_of(now_s))
+            bucket = self._open = OpenBucket(bucket_id=self.bucket_of(now_s))
         if outputs.size:
             bucket.outputs.append(outputs)
             if admitted_age_s is not None and admitted_age_s.size == outputs.size:
@@ -402,7 +179,7 @@ class PoolStatistics:
             if size > MAX_STEPS_PER_BATCH:
                 # A systematic subsample: a pool's cost fit needs thousands of steps, not the millions per
                 # second a large fleet reports (1,000 engines × 1,000 steps/s).
-                keep = _evenly_spaced(size, MAX_STEPS_PER_BATCH)
+                keep = evenly_spaced(size, MAX_STEPS_PER_BATCH)
                 steps = StepColumns(steps.prefill_tokens[keep], steps.decode_tokens[keep],
                                     steps.decode_requests[keep], steps.duration_s[keep])
             bucket.steps.append(steps.prefill_tokens, steps.decode_tokens, steps.decode_requests, steps.duration_s)
@@ -423,8 +200,10 @@ class PoolStatistics:
         if bucket is None or self.bucket_of(now_s) <= bucket.bucket_id:
             return None
         self._open = None
-        stats = bucket.close(self.estimate.costs if self.estimate is not None else None, self._running_now(),
-                             self._admitted_running_now(bucket.bucket_id))
+        reports = list(self._running.values())
+        admitted = [self._running_admitted.get(engine) for engine in self._running]
+        stats = bucket.close(self.estimate.costs if self.estimate is not None else None, running_sum(reports),
+                             admitted_running_sum(reports, admitted, bucket.bucket_id))
         self._buckets.setdefault(bucket.bucket_id, {})[self.replica_id] = stats
         self._note_completions(stats)
         return stats, bucket.bucket_id
@@ -432,33 +211,6 @@ class PoolStatistics:
     def _note_completions(self, stats: BucketStats) -> None:
         if stats.outputs.count > 0:
             self._entered = None
-
-    def _running_now(self) -> LengthHistogram | None:
-        """The sum of the engines' latest running histograms (None when a report is malformed)."""
-        if not self._running:
-            return LengthHistogram.empty()
-        reports = list(self._running.values())
-        try:
-            return LengthHistogram.from_counts(np.concatenate([lengths for lengths, _ in reports]),
-                                               np.concatenate([counts for _, counts in reports]))
-        except ValueError:
-            return None
-
-    def _admitted_running_now(self, bucket_id: int) -> AdmittedCounts | None:
-        """The engines' latest running histograms by admission bucket (None when one is not known)."""
-        if not self._running:
-            return AdmittedCounts.empty()
-        admitted = [self._running_admitted.get(engine) for engine in self._running]
-        if any(a is None for a in admitted):
-            return None
-        reports = list(self._running.values())
-        try:
-            counts = AdmittedCounts.from_columns(np.concatenate(admitted),  # type: ignore[arg-type]
-                                                 np.concatenate([lengths for lengths, _ in reports]),
-                                                 np.concatenate([counts for _, counts in reports]))
-        except ValueError:
-            return None
-        return counts.cap_admission(bucket_id - MAX_ADMISSION_LAG_BUCKETS)
 
     def put_remote(self, bucket_id: int, replica_id: str, stats: BucketStats) -> None:
         """Another replica's closed bucket (its own replica id is ignored: local data wins)."""
@@ -486,7 +238,7 @@ class PoolStatistics:
 
     def prune(self, now_s: float) -> None:
         """Forget buckets that can no longer enter a window: older than max_window_s, or older than what the
-        latest refresh's window read (`_Window.keep_from`).
+        latest refresh's window read (`Window.keep_from`).
 
         A later window reads no older bucket than the latest one did: buckets only gain data, a window sums
         the newest first until it is full, and the change point it must not reach behind only moves forward
@@ -588,7 +340,7 @@ class PoolStatistics:
                          pre_first)
         return self._segment(pre_first, start_bucket - 1)
 
-    def _window(self, end_bucket: int, *, opens_after: int | None = None) -> _Window:
+    def _window(self, end_bucket: int, *, opens_after: int | None = None) -> Window:
         """Sum the newest buckets ≤ end_bucket until they hold the configured window (never beyond
         max_window_s; completions and prompts never before the re-base bucket, nor before opens_after + 1).
 
@@ -676,12 +428,12 @@ class PoolStatistics:
             keep_from = in_range[position - 1] if position > 0 else needed_from
         if cohort_reads_from is not None:  # a later cohort window reads no earlier while the shift stands
             keep_from = cohort_reads_from if keep_from is None else min(keep_from, cohort_reads_from)
-        return _Window(stats=stats, num_buckets=used, contributors=tuple(sorted(replicas)),
+        return Window(stats=stats, num_buckets=used, contributors=tuple(sorted(replicas)),
                        first_output_bucket=first_output, censored=censored,
                        truncated=truncated, rebased=floor > oldest and num_outputs < config.output_window,
                        keep_from=keep_from, cohort=cohort is not None)
 
-    def _cohort(self, rebase: int, last_bucket: int) -> _Cohort | None:
+    def _cohort(self, rebase: int, last_bucket: int) -> Cohort | None:
         """The window ending at last_bucket of the requests admitted since the latest shift (`_cohort_start`):
         the newest buckets until their completions of such requests reach output_window (never before that
         start), those running at its close and at its opening. None when the start is not found, is more than
@@ -717,7 +469,7 @@ class PoolStatistics:
                      else LengthHistogram.empty())
         if censored is None or truncated is None:
             return None
-        return _Cohort(sum_of(parts) if parts else LengthHistogram.empty(), censored, truncated, first)
+        return Cohort(sum_of(parts) if parts else LengthHistogram.empty(), censored, truncated, first)
 
     def _cohort_start(self, rebase: int, last_bucket: int) -> int | None:
         """The first admission bucket of the latest shift's law: after a shift to shorter outputs its change

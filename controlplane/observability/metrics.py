@@ -15,7 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from controlplane.observability.engine_series import EngineSeries
+from controlplane.api.v1 import common_pb2
+from controlplane.observability.engine_series import COLUMN, DECISION_SLICE, EngineSeries
+from controlplane.protocol import MODE_CODES, split_version
+
+_ACKED_SEQUENCE, _TELEMETRY_AGE = COLUMN["cp_engine_acked_sequence"], COLUMN["cp_engine_telemetry_age_seconds"]
 
 
 class ControllerMetrics:
@@ -33,6 +37,8 @@ class ControllerMetrics:
                                      "Sequence-number gaps seen (one per gap event, whatever its size)", registry=r)
         self.rejections = Counter("cp_rejections_total", "Agent messages or streams rejected, by cause", ["cause"],
                                   registry=r)
+        self.streams_awaiting_hello = Gauge("cp_streams_awaiting_hello", "Agent streams open whose Hello has not "
+                                            "arrived yet (each is closed after the Hello deadline)", registry=r)
         # ---- decisions ----
         self.decisions = Counter("cp_decisions_total", "Decisions pushed, by mode and reason", ["mode", "reason"],
                                  registry=r)
@@ -89,6 +95,32 @@ class ControllerMetrics:
                                  "max_disconnected_engines disconnected)", ["reason"], registry=r)
         self.loop_restarts = Counter("cp_background_loop_restarts_total", "Background loops restarted after an "
                                      "error", ["loop"], registry=r)
+
+    def show_decision(self, engine_id: str, pool_key: str, decision: common_pb2.Decision, acked_version: int) -> None:
+        """The per-engine decision gauges of the decision in force, and its acknowledged sequence."""
+        epoch, sequence = split_version(decision.version)
+        row = self.engine_series.row(engine_id, pool_key)
+        row[DECISION_SLICE] = (MODE_CODES.get(decision.mode, 0), decision.k, decision.n, decision.budget.b_max_tokens,
+                               decision.budget.b_cap_tokens, decision.delta_s_per_token, epoch,
+                               sequence)  # in the order of DECISION_COLUMNS
+        self.show_acked(engine_id, pool_key, decision, acked_version)
+
+    def show_acked(self, engine_id: str, pool_key: str, decision: common_pb2.Decision, acked_version: int) -> None:
+        """The acked version's sequence within the epoch of the decision in force (-1: none acked in it)."""
+        acked_epoch, acked_sequence = split_version(acked_version)
+        same_epoch = acked_epoch == split_version(decision.version)[0]
+        self.engine_series.row(engine_id, pool_key)[_ACKED_SEQUENCE] = acked_sequence if same_epoch else -1
+
+    def show_telemetry_age(self, engine_id: str, pool_key: str, age_s: float) -> None:
+        self.engine_series.row(engine_id, pool_key)[_TELEMETRY_AGE] = age_s
+
+    def show_overrides(self, overrides: list[tuple[str, str, str, float]]) -> None:
+        """The overrides in force, as (kind "delta" | "pin", scope kind, scope key, expires_at_s)."""
+        self.overrides_in_force.clear()
+        self.override_expiry.clear()
+        for kind, scope_kind, scope, expires_at_s in overrides:
+            self.overrides_in_force.labels(kind=kind, scope_kind=scope_kind).inc()
+            self.override_expiry.labels(kind=kind, scope=scope).set(expires_at_s)
 
     def forget_engine(self, engine_id: str) -> None:
         """Remove an evicted engine's series (keeps the label set bounded)."""

@@ -3,9 +3,14 @@
 Event-driven: a reader task feeds the controller as messages arrive (a due decision is computed and put
 in the stream's mailbox right there); the response side only waits on the mailbox. Nothing polls.
 
+Deadlines: the Hello must arrive within HELLO_TIMEOUT_S of the stream's opening (streams waiting for it are
+`cp_streams_awaiting_hello`); a stream that then sends nothing for STREAM_IDLE_TIMEOUT_S (the agent's idle
+heartbeat is an empty batch every batch interval, at most 60 s) is closed by the controller's tick.
+
 Every rejection ends the stream with a status naming the field and is counted by cause
-(`cp_rejections_total{cause}`): no_hello, bad_hello, refused (identity/fencing), malformed, oversize,
-second_hello, unknown_message, undecodable. Error messages echo at most a bounded prefix of bad input.
+(`cp_rejections_total{cause}`): hello_timeout, no_hello, bad_hello, refused (identity/fencing), malformed,
+oversize, second_hello, unknown_message, undecodable, idle_timeout. Error messages echo at most a bounded
+prefix of bad input.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from controlplane.service.controller import Controller
 from controlplane.service.sessions import Session, StreamRefusedError
 
 logger = logging.getLogger(__name__)
+HELLO_TIMEOUT_S = 5.0
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -41,13 +47,20 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def Connect(  # noqa: N802 - gRPC method name
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
+        awaiting = self._metrics.streams_awaiting_hello
+        awaiting.inc()
         try:
-            first = await anext(aiter(request_iterator))
+            first = await asyncio.wait_for(anext(aiter(request_iterator)), timeout=HELLO_TIMEOUT_S)
         except StopAsyncIteration:
             return
+        except TimeoutError:
+            await self._reject(context, grpc.StatusCode.DEADLINE_EXCEEDED, "hello_timeout",
+                               f"no Hello within {HELLO_TIMEOUT_S:.0f} s of the stream's opening")
         except Exception as exc:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "undecodable",
                                f"the first message could not be decoded: {type(exc).__name__}")
+        finally:
+            awaiting.dec()
         if not first.HasField("hello"):
             await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "no_hello",
                                "the first message must be a Hello")
@@ -89,6 +102,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         limits = session.hello.limits
         try:
             async for message in messages:
+                session.last_message_s = self._controller.now_s()
                 kind = message.WhichOneof("kind")
                 if kind == "telemetry":
                     self._controller.ingest(session, validate_batch(message.telemetry, limits))

@@ -39,7 +39,7 @@ from controlplane.service.auth import Authenticator, AuthInterceptor, server_cre
 from controlplane.service.config import ControllerConfig
 from controlplane.service.controller import SCHEDULER_TICK_S, Controller
 from controlplane.service.operator_servicer import OperatorServicer
-from controlplane.store import EmbeddedRedis, RedisStore, StoreUnavailable, create_store
+from controlplane.store import EmbeddedRedis, Store, StoreUnavailable, create_store
 
 logger = logging.getLogger(__name__)
 SERVICE_NAMES = (
@@ -75,7 +75,7 @@ class ControllerApp:
         self._health = health.aio.HealthServicer()
         self._serving: bool | None = None
         self._last_failure_s = float("-inf")
-        self.store: RedisStore | None = None
+        self.store: Store | None = None
         self.controller: Controller | None = None
         self.port = 0
 

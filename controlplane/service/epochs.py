@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from controlplane.store import RedisStore, StoreUnavailable
+from controlplane.store import Store, StoreUnavailable
 
 
 class EpochReserver:
     """Batches `reserve` calls into `RedisStore.reserve_epochs`. Use from one event loop."""
 
-    def __init__(self, store: RedisStore, *, gather_s: float = 0.002) -> None:
+    def __init__(self, store: Store, *, gather_s: float = 0.002) -> None:
         self._store = store
         self._gather_s = gather_s
         self._pending: dict[str, list[asyncio.Future[int]]] = {}

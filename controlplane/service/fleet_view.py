@@ -13,9 +13,11 @@ replica of another version may write fewer fields.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.loop.fleet import EngineRecord, FleetState
+from controlplane.protocol import pool_key_of
 
 _LIMITS = ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size_tokens", "max_model_len_tokens")
 _COUNTS = ("decision_version", "acked_version", "num_completions", "num_rejected_events", "num_sequence_gaps")
@@ -24,7 +26,7 @@ _COUNTS = ("decision_version", "acked_version", "num_completions", "num_rejected
 def registry_fields(info: operator_pb2.EngineInfo, *, now_s: float) -> dict[str, str]:
     """The registry entry of a connected engine (`info` from this replica), times in absolute seconds."""
     fields = {
-        "pool": f"{info.pool.model}|{info.pool.accelerator}",
+        "pool": pool_key_of(info.pool.model, info.pool.accelerator),
         "controller_id": info.controller_id,
         "vllm_version": info.vllm_version,
         "agent_version": info.agent_version,
@@ -94,3 +96,65 @@ def stored_decision_view(engine_id: str, pool_key: str, decision: common_pb2.Dec
     model, _, accelerator = pool_key.partition("|")
     return operator_pb2.DecisionView(engine_id=engine_id, pool=common_pb2.Pool(model=model, accelerator=accelerator),
                                      decision=decision)
+
+
+def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionView | None:
+    """The decision view of an engine held here (or restored from the store at start-up); None if unknown."""
+    record = fleet.engine(engine_id)
+    if record is not None and record.loop.current is not None:
+        loop = record.loop
+        view = operator_pb2.DecisionView(
+            engine_id=engine_id, pool=common_pb2.Pool(model=loop.hello.model, accelerator=loop.hello.accelerator),
+            decision=loop.current, acked_version=loop.acked_version, computed_at_s=loop.latest_computed_at_s)
+        if loop.latest is not None:
+            view.latest.CopyFrom(loop.latest)
+            if loop.excluded_from_pool:
+                view.latest.flags.append("engine_excluded_from_pool")
+        return view
+    restored = fleet.restored.get(engine_id)
+    if restored is not None:
+        model, _, accelerator = restored[0].partition("|")
+        pool = common_pb2.Pool(model=model, accelerator=accelerator)
+        return operator_pb2.DecisionView(engine_id=engine_id, pool=pool, decision=restored[1])
+    return None
+
+
+def engine_info(fleet: FleetState, engine_id: str, record: EngineRecord, *, now_s: float) -> operator_pb2.EngineInfo:
+    loop = record.loop
+    hello = loop.hello
+    limits = hello.limits
+    return operator_pb2.EngineInfo(
+        engine_id=engine_id,
+        pool=common_pb2.Pool(model=hello.model, accelerator=hello.accelerator),
+        vllm_version=hello.vllm_version, agent_version=hello.agent_version,
+        limits={"max_num_seqs": limits.max_num_seqs, "max_num_batched_tokens": limits.max_num_batched_tokens,
+                "kv_capacity_tokens": limits.kv_capacity_tokens, "block_size_tokens": hello.block_size_tokens,
+                "max_model_len_tokens": limits.max_model_len_tokens},
+        connected=record.connected,
+        telemetry_age_s=now_s - loop.last_telemetry_s if loop.last_telemetry_s >= 0 else -1.0,
+        decision_version=loop.version, acked_version=loop.acked_version,
+        num_completions=loop.num_completions, num_rejected_events=loop.num_rejected_events,
+        num_sequence_gaps=loop.num_sequence_gaps, controller_id=fleet.replica_id,
+        instance_id=hello.instance_id, excluded_from_pool=loop.excluded_from_pool,
+    )
+
+
+def engine_infos(fleet: FleetState, *, now_s: float, pool_key: str | None = None) -> list[operator_pb2.EngineInfo]:
+    """The engines held here (connected or remembered), by id; only `pool_key`'s when given."""
+    return [engine_info(fleet, engine_id, record, now_s=now_s) for engine_id, record in sorted(fleet.engines())
+            if pool_key is None or record.loop.hello.pool_key == pool_key]
+
+
+def registry_chunks(fleet: FleetState, size: int, *, clock: Callable[[], float]) -> Iterator[dict[str, dict[str, str]]]:
+    """Registry entries (`registry_fields`) of the engines connected now, `size` at a time, each chunk built
+    when asked for: the app's store loop writes one and lets the event loop run before the next (1,000 entries
+    at once hold it for about 10 ms). An engine gone meanwhile is skipped."""
+    engine_ids = [engine_id for engine_id, record in fleet.engines() if record.connected]
+    for start in range(0, len(engine_ids), size):
+        now_s = clock()
+        chunk = {}
+        for engine_id in engine_ids[start:start + size]:
+            record = fleet.engine(engine_id)
+            if record is not None and record.connected:
+                chunk[engine_id] = registry_fields(engine_info(fleet, engine_id, record, now_s=now_s), now_s=now_s)
+        yield chunk

@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.service.controller import Controller, Pushed
-from controlplane.store import RedisStore, StoreUnavailable
+from controlplane.service.controller import Controller
+from controlplane.service.watchers import Pushed
+from controlplane.store import Store, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ PER_STREAM = 256  # entries read per stream and poll; a stream with more is read
 class SharedFollower:
     """One `follow_history` task per replica, running while at least one watcher is open."""
 
-    def __init__(self, controller: Controller, store: RedisStore) -> None:
+    def __init__(self, controller: Controller, store: Store) -> None:
         self._controller = controller
         self._store = store
         self._watchers = 0
@@ -71,7 +72,7 @@ class SharedFollower:
             self._task = None
 
 
-async def follow_history(controller: Controller, store: RedisStore, *, poll_s: float = POLL_S,
+async def follow_history(controller: Controller, store: Store, *, poll_s: float = POLL_S,
                          scan_interval_s: float = SCAN_INTERVAL_S, full_scan_interval_s: float = FULL_SCAN_INTERVAL_S,
                          clock: Callable[[], float] = time.monotonic,
                          on_positioned: Callable[[], None] = lambda: None) -> None:

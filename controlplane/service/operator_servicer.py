@@ -17,27 +17,25 @@ from typing import NoReturn
 import grpc
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
+from controlplane.loop.overrides import SCOPE_RANK, OverrideError, check_kind, check_reason, expiry_at
 from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
-from controlplane.service.controller import Controller, OverrideError
+from controlplane.service.controller import Controller
 from controlplane.service.fleet_view import merge_engine_infos, stored_decision_view
 from controlplane.service.fleet_watch import SharedFollower
-from controlplane.store import RedisStore, StoreUnavailable, pool_key, scope_key
+from controlplane.store import Store, StoreUnavailable, pool_key, scope_key
 
 logger = logging.getLogger(__name__)
 
-# Bounds of a pinned k or n, requests: far above any engine's slot count, far below uint32.
-MAX_PINNED_REQUESTS = 1 << 20
 DEFAULT_LIST_LIMIT = 100
 # How long ListEngines / GetDecision wait for the store's fleet-wide view before answering with this
 # replica's own engines (a hanging store must not hang the operator).
 FLEET_READ_TIMEOUT_S = 2.0
 MAX_LIST_LIMIT = 10_000
-MAX_REASON_CHARS = 1024
 # At most this many per-engine warnings are listed on an override; the rest are counted.
 MAX_WARNINGS = 20
 _MAX_MESSAGE_CHARS = 400
-_SCOPE_RANK = {operator_pb2.SCOPE_KIND_FLEET: 1, operator_pb2.SCOPE_KIND_POOL: 2, operator_pb2.SCOPE_KIND_ENGINE: 3}
+
 _EXPLICIT_SCOPE = ("give an explicit scope: SCOPE_KIND_FLEET, SCOPE_KIND_POOL with a pool, or SCOPE_KIND_ENGINE "
                    "with an engine_id (an unspecified scope is not taken to mean the fleet)")
 
@@ -45,7 +43,7 @@ _EXPLICIT_SCOPE = ("give an explicit scope: SCOPE_KIND_FLEET, SCOPE_KIND_POOL wi
 class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     """The operator API over one controller replica and the shared store."""
 
-    def __init__(self, controller: Controller, authenticator: Authenticator, *, store: RedisStore) -> None:
+    def __init__(self, controller: Controller, authenticator: Authenticator, *, store: Store) -> None:
         """
         Args:
             controller: overrides, calibrations, decisions and engines of this replica.
@@ -73,27 +71,18 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def SetDelta(self, request: operator_pb2.SetDeltaRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
         await _check_scope(context, request.scope)
-        await _check_expiry_and_reason(context, request.expires_in_s, request.reason)
         record = operator_pb2.OverrideRecord(
             scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_DELTA, delta_s_per_token=request.delta_s_per_token,
-            expires_at_s=self._expiry(request.expires_in_s), reason=request.reason,
+            expires_at_s=await self._expiry(context, request.expires_in_s), reason=request.reason,
         )
         return await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
 
     async def PinMode(self, request: operator_pb2.PinModeRequest,  # noqa: N802
                       context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
         await _check_scope(context, request.scope)
-        await _check_expiry_and_reason(context, request.expires_in_s, request.reason)
-        for name, value in (("n", request.n), ("k", request.k)):
-            if value > MAX_PINNED_REQUESTS:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                             f"{name}={value} is above the limit of a pin ({MAX_PINNED_REQUESTS} requests)")
-        if request.k and request.n and request.k > request.n:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                         f"k={request.k} must not exceed n={request.n}")
         record = operator_pb2.OverrideRecord(
             scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_PIN, mode=request.mode, k=request.k, n=request.n,
-            expires_at_s=self._expiry(request.expires_in_s), reason=request.reason,
+            expires_at_s=await self._expiry(context, request.expires_in_s), reason=request.reason,
         )
         stored = await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
         answer = operator_pb2.OverrideRecord()
@@ -104,10 +93,11 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def ClearOverride(self, request: operator_pb2.ClearOverrideRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
         await _check_scope(context, request.scope)
-        await _check_expiry_and_reason(context, 0.0, request.reason)
-        if request.kind not in (operator_pb2.OVERRIDE_KIND_DELTA, operator_pb2.OVERRIDE_KIND_PIN):
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                         "kind must be OVERRIDE_KIND_DELTA or OVERRIDE_KIND_PIN")
+        try:
+            check_kind(request.kind)
+            check_reason(request.reason)
+        except OverrideError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         key = scope_key(request.scope)
         in_force = await self._in_force(context)
         if not any(r.kind == request.kind and scope_key(r.scope) == key for r in in_force):
@@ -119,7 +109,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def ListOverrides(self, request: operator_pb2.ListOverridesRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> operator_pb2.ListOverridesResponse:
         overrides = await self._in_force(context)
-        overrides.sort(key=lambda r: (r.kind, _SCOPE_RANK.get(r.scope.kind, 0), scope_key(r.scope)))
+        overrides.sort(key=lambda r: (r.kind, SCOPE_RANK.get(r.scope.kind, 0), scope_key(r.scope)))
         return operator_pb2.ListOverridesResponse(overrides=overrides)
 
     async def ListAudit(self, request: operator_pb2.ListAuditRequest,  # noqa: N802
@@ -236,8 +226,11 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         except StoreUnavailable as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, f"overrides not readable: {exc}")
 
-    def _expiry(self, expires_in_s: float) -> float:
-        return self._controller.now_s() + expires_in_s if expires_in_s > 0 else 0.0
+    async def _expiry(self, context: grpc.aio.ServicerContext, expires_in_s: float) -> float:
+        try:
+            return expiry_at(expires_in_s, self._controller.now_s())
+        except OverrideError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 def pin_warnings(request: operator_pb2.PinModeRequest, engines: list[operator_pb2.EngineInfo]) -> list[str]:
@@ -316,18 +309,9 @@ async def _check_scope(context: grpc.aio.ServicerContext, scope: operator_pb2.Sc
     elif scope.kind == operator_pb2.SCOPE_KIND_ENGINE and not is_valid_engine_id(scope.engine_id):
         await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                      f"scope.engine_id {bounded(scope.engine_id)} is not an engine id ([A-Za-z0-9._:-]{{1,128}})")
-    elif scope.kind not in _SCOPE_RANK:
+    elif scope.kind not in SCOPE_RANK:
         await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                      f"scope.kind {scope.kind} is unknown: {_EXPLICIT_SCOPE}")
-
-
-async def _check_expiry_and_reason(context: grpc.aio.ServicerContext, expires_in_s: float, reason: str) -> None:
-    if not (math.isfinite(expires_in_s) and expires_in_s >= 0.0):
-        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                     f"expires_in_s must be a finite number ≥ 0 (0: never expires), got {expires_in_s}")
-    if len(reason) > MAX_REASON_CHARS:
-        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                     f"reason is longer than {MAX_REASON_CHARS} characters ({len(reason)})")
 
 
 async def _pool_key(context: grpc.aio.ServicerContext, pool: common_pb2.Pool, *, field: str = "pool") -> str:

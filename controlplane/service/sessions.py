@@ -4,7 +4,13 @@ Rules for a new stream of an engine id that already has a live stream (fencing):
 - another identity (agent token) never takes it: PERMISSION_DENIED;
 - the same agent instance (same non-empty instance id) replaces its own older stream (a reconnect);
 - another instance wins only if it started at or after the holder (instance_started_at_s), else the new
-  stream is refused with ALREADY_EXISTS; an empty instance id (an agent that does not send one) wins.
+  stream is refused with ALREADY_EXISTS;
+- a stream without an instance id never displaces a live stream (ALREADY_EXISTS): it cannot prove it is
+  the holder's reconnect. (A start time more than MAX_CLOCK_SKEW_S in the controller's future is refused
+  before this rule: `check_started_at`.)
+One identity shared by many engines can take over any engine id of that identity by these rules (a newer
+instance start is all it takes); per-engine identities (a token per pod, or mTLS certificates per workload)
+with `CP_AGENT_SCOPES` patterns confine each identity to its own engine ids.
 The losing stream's mailbox is closed with ABORTED and a message naming the winner; the engine is never
 left without a stream that receives its decisions.
 """
@@ -22,6 +28,8 @@ from controlplane.api.v1 import common_pb2
 from controlplane.loop.ingest import EngineHello
 
 _MAILBOX_DEPTH = 8
+# How far an agent's clock may run ahead of the controller's for its instance start time.
+MAX_CLOCK_SKEW_S = 60.0
 
 
 class StreamRefusedError(Exception):
@@ -74,6 +82,7 @@ class Session:
     hello: EngineHello
     identity: str
     mailbox: Mailbox = field(default_factory=Mailbox)
+    last_message_s: float = 0.0  # controller time of the stream's latest message (set by the servicer)
 
     @property
     def engine_id(self) -> str:
@@ -91,6 +100,16 @@ def check_engine_allowed(engine_id: str, identity: str, scopes: dict[str, tuple[
                             f"identity {identity!r} may not serve engine id {engine_id!r}")
 
 
+def check_started_at(hello: EngineHello, now_s: float) -> None:
+    """Refuse (INVALID_ARGUMENT) a stream whose instance claims to start more than MAX_CLOCK_SKEW_S after
+    now_s: a start time from the future would win every takeover."""
+    ahead_s = hello.instance_started_at_s - now_s
+    if ahead_s > MAX_CLOCK_SKEW_S:
+        raise StreamRefusedError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"hello.instance_started_at_s is {ahead_s:.0f} s in the controller's future (at "
+                                 f"most {MAX_CLOCK_SKEW_S:.0f} s of clock skew is allowed)")
+
+
 def resolve_takeover(holder: Session, newcomer: Session) -> None:
     """Decide between a live holder and a newcomer for one engine id (see the module docstring).
 
@@ -100,7 +119,12 @@ def resolve_takeover(holder: Session, newcomer: Session) -> None:
         raise StreamRefusedError(grpc.StatusCode.PERMISSION_DENIED,
                             f"engine id {newcomer.engine_id!r} is held by another identity")
     old, new = holder.hello, newcomer.hello
-    if not new.instance_id or new.instance_id == old.instance_id:
+    if not new.instance_id:
+        raise StreamRefusedError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"engine id {new.engine_id!r} is held by a live stream (instance "
+                                 f"{old.instance_id or 'unnamed'!r}); a stream without an instance id never "
+                                 f"takes over a live one")
+    if new.instance_id == old.instance_id:
         return
     if new.instance_started_at_s < old.instance_started_at_s:
         raise StreamRefusedError(grpc.StatusCode.ALREADY_EXISTS,

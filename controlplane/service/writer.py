@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 
 from controlplane.api.v1 import common_pb2
-from controlplane.store import DecisionWrite, RedisStore, StoreUnavailable
+from controlplane.store import DecisionWrite, Store, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 class DecisionWriter:
     """Coalescing, pipelined decision persistence (see the module docstring). Use from one event loop."""
 
-    def __init__(self, store: RedisStore, *, on_failure: Callable[[str, Exception], None],
+    def __init__(self, store: Store, *, on_failure: Callable[[str, Exception], None],
                  on_success: Callable[[], None], flush_interval_s: float = 0.05, batch_size: int = 512,
                  retry_s: float = 1.0) -> None:
         self._store = store

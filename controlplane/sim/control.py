@@ -1,13 +1,14 @@
 """Who sets the engine's decision during a twin run: nobody (stock), a fixed decision, or the real core
 policy online — the controller's loop without the network.
 
-`OnlineControl` runs the controller's own decision loop (`controlplane.loop`: `EngineLoop` per engine,
-`PoolStatistics` per pool) on the simulated clock: every `telemetry_interval_s` the completions since the
-last batch are fed as one batch (the agent's cadence) with the running requests' output lengths so far, binned
-as the agent bins them (`agents.running_lengths`), the pool's estimate is refreshed when a statistics
-bucket settles, and a decision due is computed with the profile's CostModel as the pool calibration and,
-when the instruction changed, applied with `Enforcer.apply` at the current simulated time (no network
-latency). Every applied decision is recorded as a `DecisionRecord` (the timeline).
+`OnlineControl` runs the controller's own fleet state machine (`controlplane.loop.FleetState`: engines,
+pools, probation and judging, the calibration's precedence) on the simulated clock: every
+`telemetry_interval_s` the completions since the last batch are fed as one batch (the agent's cadence) with
+the running requests' output lengths so far, binned as the agent bins them (`agents.running_lengths`), the
+pool's estimate is refreshed when a statistics bucket settles, and a decision due is computed with the
+profile's CostModel as the pool calibration and, when the instruction changed, applied with
+`Enforcer.apply` at the current simulated time (no network latency). Every applied decision is recorded as a
+`DecisionRecord` (the timeline).
 
 No I/O, no clock: time is the engine's simulated clock.
 """
@@ -23,10 +24,12 @@ from agents.running_lengths import running_length_entries
 from controlplane.api.v1 import common_pb2
 from controlplane.core.budget import SweepPoint
 from controlplane.core.types import CostModel, EngineLimits, OperatorIntent, PolicyConfig
+from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.engine import EngineLoop, LoopOutcome
+from controlplane.loop.engine import EngineLoop
+from controlplane.loop.fleet import Effects, FleetState
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
-from controlplane.loop.pool_stats import BucketStats, PoolStatistics
+from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.sim.engine import SimEngine, SimStep
 
 
@@ -95,21 +98,22 @@ _EMPTY = np.zeros(0)
 
 
 class OnlineControl:
-    """The controller's decision loop for one engine, run on the twin's clock (see the module docstring).
+    """The controller's fleet state machine for one engine, run on the twin's clock (see the module docstring).
 
-    It feeds the same objects the controller does — a `loop.EngineLoop` for the engine and a
-    `loop.PoolStatistics` for its (one-engine) pool — in the same order: every telemetry interval one
-    batch (the completions and steps since the last one, the running count and lengths, the preemption
-    counter) goes to `EngineLoop.on_batch` and `PoolStatistics.add`; the pool estimate is refreshed when its
-    end bucket advances; the engine is decided when it is due. The profile's CostModel stands in for the
-    pool's calibration.
+    It drives the same object the controller does — a `loop.FleetState` holding the engine and its
+    (one-engine) pool — with the same events in the same order: each telemetry interval the pool's due
+    bucket closes and its estimate is refreshed when its end bucket advanced, then one batch (the
+    completions and steps since the last one, the running count and lengths, the preemption counter) goes
+    to `FleetState.batch`, which judges it, adds it to the pool and decides when due. The profile's CostModel
+    is the pool's calibration.
     """
 
     def __init__(self, costs: CostModel, settings: OnlineSettings | None = None) -> None:
         self._costs = costs
         self._settings = settings = settings or OnlineSettings()
-        self._loop: EngineLoop | None = None
-        self._pool: PoolStatistics | None = None
+        self._fleet: FleetState | None = None
+        self._hello: EngineHello | None = None
+        self._stream = object()  # the twin's one stream
         self._next_telemetry_s = 0.0
         self._seq = 0
         self._prompts: list[np.ndarray] = []
@@ -130,23 +134,36 @@ class OnlineControl:
         self._next_telemetry_s = engine.now_s + self._settings.telemetry_interval_s
 
     def start_with(self, hello: EngineHello) -> None:
-        """Set up the loop for an engine described by `hello` (a replay feeds `on_telemetry` itself)."""
+        """Set up the machine for an engine described by `hello` (a replay feeds `on_telemetry` itself)."""
         settings = self._settings
-        self._loop = EngineLoop(hello=hello, config=settings.loop, policy=settings.policy,
-                                budget_sweep=settings.budget_sweep, epoch=0)
-        self._pool = PoolStatistics(hello.pool_key, settings.loop, replica_id="twin")
+        self._hello = hello
+        self._fleet = FleetState(settings.loop, settings.policy, replica_id="twin", budget_sweep=settings.budget_sweep,
+                                 default_intent=settings.intent)
+        self._fleet.set_calibration(hello.pool_key, self._costs, 0.0, refresh=False)
 
     @property
     def pool(self) -> PoolStatistics | None:
         """The pool statistics."""
-        return self._pool
+        pool = self._fleet.pool(self._hello.pool_key) if self._fleet is not None else None
+        return pool.stats if pool is not None else None
 
-    def _refresh(self, pool: PoolStatistics, now_s: float) -> None:
-        """Refresh the pool estimate and keep the window the controller would persist for a warm start (the
+    @property
+    def loop(self) -> EngineLoop | None:
+        """The engine's decision loop."""
+        record = self._fleet.engine(self._hello.engine_id) if self._fleet is not None else None
+        return record.loop if record is not None else None
+
+    def _refresh(self, now_s: float) -> None:
+        """The pool's due bucket closes and its estimate is refreshed when its end bucket advanced (as the
+        controller's pool sync does); keeps the window the controller would persist for a warm start (the
         latest fitted from at least min_samples completions): `pool_window`."""
-        estimate = pool.refresh(now_s, calibration=self._costs)
+        fleet, key = self._fleet, self._hello.pool_key
+        fleet.close_bucket(key, now_s)
+        if fleet.refresh_due(key, now_s) is None:
+            return
+        estimate = fleet.refresh_pool(key, now_s)
         if estimate.num_samples >= self._settings.policy.min_samples and not estimate.fit_held:
-            self.pool_window = pool.last_window
+            self.pool_window = fleet.pool(key).stats.last_window
 
     def after_step(self, engine: SimEngine, step: SimStep) -> None:
         finished = step.finished
@@ -179,43 +196,38 @@ class OnlineControl:
             running_lengths=np.asarray(running_lengths, dtype=np.int64),
             running_counts=np.asarray(running_counts, dtype=np.int64),
             admitted_age_s=now_s - admitted, running_admitted_age_s=now_s - np.asarray(running_admitted))
-        outcome = self.on_telemetry(batch, now_s=now_s)
-        if outcome is not None:
-            self._apply(engine, outcome, now_s)
+        self._apply(engine, self.on_telemetry(batch, now_s=now_s), now_s)
 
-    def connect(self, *, now_s: float) -> LoopOutcome:
-        """The decision the controller computes when an engine's stream opens (before any telemetry)."""
-        loop, pool = self._loop, self._pool
-        if loop is None or pool is None:
+    def _machine(self) -> FleetState:
+        if self._fleet is None:
             raise RuntimeError("OnlineControl.start() was not called")
-        if self._settings.warm_start is not None and pool.estimate is None:
-            pool.seed(self._settings.warm_start, now_s=now_s)
-            self._refresh(pool, now_s)
-        self.num_decisions += 1
-        return loop.decide(pool.estimate, intent=self._settings.intent, now_s=now_s, force_push=True)
+        return self._fleet
 
-    def on_telemetry(self, batch: ValidatedBatch, *, now_s: float) -> LoopOutcome | None:
-        """The loop's work for one telemetry batch at now_s (what the controller does for one engine, in
-        the same order: the pool estimate is refreshed when its end bucket advanced, then the engine is
-        decided if due). Returns the computation, or None when nothing was due."""
-        loop, pool = self._loop, self._pool
-        if loop is None or pool is None:
-            raise RuntimeError("OnlineControl.start() was not called")
-        if pool.estimate is None or pool.estimate_bucket(now_s) > pool.estimate.end_bucket:
-            self._refresh(pool, now_s)
-        loop.on_batch(batch, now_s=now_s)
-        pool.add(now_s, prompts=batch.prompt_tokens, outputs=batch.output_tokens, steps=None,
-                 engine_id=loop.hello.engine_id, running_lengths=batch.running_lengths,
-                 running_counts=batch.running_counts, admitted_age_s=batch.admitted_age_s,
-                 running_admitted_age_s=batch.running_admitted_age_s)
-        if not loop.is_due(now_s):
-            return None
-        self.num_decisions += 1
-        return loop.decide(pool.estimate, intent=self._settings.intent, now_s=now_s)
+    def connect(self, *, now_s: float) -> Effects:
+        """The engine's stream opens (before any telemetry): the decision the controller pushes then."""
+        fleet, hello = self._machine(), self._hello
+        fleet.attach(hello, identity="twin", epoch=0, stream=self._stream, now_s=now_s)
+        if fleet.pool(hello.pool_key).stats.estimate is None:
+            fleet.seed_pool(hello.pool_key, self._settings.warm_start, now_s)
+            self._refresh(now_s)
+        effects = fleet.first_decision(hello.engine_id, self._stream, now_s)
+        self.num_decisions += effects.num_computed
+        return effects
 
-    def _apply(self, engine: SimEngine, outcome: LoopOutcome, now_s: float) -> None:
-        loop = self._loop
-        if not outcome.changed or loop is None or loop.current is None:
+    def on_telemetry(self, batch: ValidatedBatch, *, now_s: float) -> Effects:
+        """The machine's work for one telemetry batch at now_s, in the controller's order (the pool sync,
+        then the batch). `Effects.decided` holds the new version, if any."""
+        fleet = self._machine()
+        self._refresh(now_s)
+        effects = fleet.batch(self._hello.engine_id, self._stream, batch, now_s)
+        self.num_decisions += effects.num_computed
+        return effects
+
+    def _apply(self, engine: SimEngine, effects: Effects, now_s: float) -> None:
+        loop = self.loop
+        if not effects.num_computed:
+            return
+        if not effects.decided or loop is None or loop.current is None:
             engine.enforcer.touch(now_s)
             return
         applied, reason = engine.enforcer.apply(loop.current, now_s=now_s)

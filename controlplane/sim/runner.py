@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.loop.pool_stats import BucketStats
+from controlplane.loop.buckets import BucketStats
 from controlplane.sim.arrivals import RequestTrace, Workload, materialize
 from controlplane.sim.control import DecisionRecord, OnlineControl
 from controlplane.sim.engine import SimEngine

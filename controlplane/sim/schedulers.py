@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from controlplane.api.v1 import common_pb2
 from controlplane.core.types import Mode, ModePin, OperatorIntent, PolicyConfig
-from controlplane.loop.pool_stats import BucketStats
+from controlplane.loop.buckets import BucketStats
 from controlplane.sim.control import OnlineControl, OnlineSettings, StaticControl
 from controlplane.sim.profiles import EngineShape, SimProfile
 

@@ -25,6 +25,7 @@ from controlplane.store.embedded import (
 )
 from controlplane.store.errors import StoreUnavailable
 from controlplane.store.fencing import compose_version, split_version
+from controlplane.store.interface import Store
 from controlplane.store.keys import KeySpace, override_kind_name, pool_key, scope_key
 from controlplane.store.notices import RESYNC, OverrideNotice
 from controlplane.store.redis_store import (
@@ -49,6 +50,7 @@ __all__ = [
     "KeySpace",
     "OverrideNotice",
     "RedisStore",
+    "Store",
     "StoreAddress",
     "StoreUnavailable",
     "bundled_redis_executable",

@@ -37,7 +37,7 @@ import hashlib
 from dataclasses import dataclass
 
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.protocol import POOL_KEY_SEPARATOR
+from controlplane.protocol import POOL_KEY_SEPARATOR, pool_key_of
 
 FLEET_SCOPE_KEY = "fleet"
 
@@ -61,7 +61,7 @@ def pool_key(pool: common_pb2.Pool) -> str:
         )
     if POOL_KEY_SEPARATOR in pool.model:
         raise ValueError(f"a pool's model must not contain {POOL_KEY_SEPARATOR!r}: {pool.model!r}")
-    return f"{pool.model}{POOL_KEY_SEPARATOR}{pool.accelerator}"
+    return pool_key_of(pool.model, pool.accelerator)
 
 
 def scope_key(scope: operator_pb2.Scope) -> str:

@@ -19,11 +19,10 @@ from controlplane.observability.tracing import TracingSettings, create_tracer_pr
 from controlplane.service.app import ControllerApp
 from controlplane.service.config import ControllerConfig, DecisionLoopConfig, SecurityConfig
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
+from testbench.messages import LIMITS, geometric_batch
 
 RTX_PRO_6000 = cost_model_to_calibration(RTX_PRO_6000_QWEN3_8B, common_pb2.Pool(),
                                          source="RTX PRO 6000 / Qwen3-8B (EB paper reference code)")
-LIMITS = agent_pb2.EngineLimits(max_num_seqs=1024, max_num_batched_tokens=16384, kv_capacity_tokens=1_500_000,
-                                block_size_tokens=16, max_model_len_tokens=32768)
 
 
 def make_config(redis_url: str, **overrides: object) -> ControllerConfig:
@@ -59,25 +58,6 @@ async def running_controller(config: ControllerConfig) -> AsyncIterator[RunningC
 
 def operator_stub(channel: grpc.aio.Channel) -> operator_pb2_grpc.OperatorServiceStub:
     return operator_pb2_grpc.OperatorServiceStub(channel)
-
-
-def geometric_batch(seq: int, rng: np.random.Generator, *, num: int, p0: float = 1 / 256,
-                    num_running: int = 600, num_waiting: int = 100) -> agent_pb2.TelemetryBatch:
-    """A well-formed batch: `num` geometric(p0) completions with uniform prompts, a few steps."""
-    outputs = rng.geometric(p0, num)
-    prompts = rng.integers(256, 768, num)
-    steps = 8
-    return agent_pb2.TelemetryBatch(
-        seq=seq,
-        completions=agent_pb2.Completions(prompt_tokens=prompts.tolist(), output_tokens=outputs.tolist(),
-                                          finish_time_s=[1.7e9 + i for i in range(num)], aborted=[False] * num),
-        steps=agent_pb2.Steps(prefill_tokens=[2048, 0] * (steps // 2), decode_tokens=[0, 500] * (steps // 2),
-                              decode_requests=[0, 500] * (steps // 2), duration_s=[0.1, 0.06] * (steps // 2)),
-        kv_used_tokens=400_000, kv_total_tokens=LIMITS.kv_capacity_tokens,
-        scheduler=agent_pb2.SchedulerState(num_running_prefills=0, num_running_decodes=num_running,
-                                           num_waiting=num_waiting),
-        sent_at_s=1.7e9,
-    )
 
 
 @dataclass

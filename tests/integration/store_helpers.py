@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.store import RESYNC, OverrideNotice, RedisStore
+from testbench.messages import make_decision  # noqa: F401
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
 POOL_KEY = "Qwen/Qwen3-8B|NVIDIA H200"
@@ -17,18 +18,6 @@ FLEET = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET)
 POOL_SCOPE = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_POOL, pool=POOL)
 ENGINE_SCOPE = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id="engine-a")
 WAIT_S = 5.0
-
-
-def make_decision(version: int, *, mode: common_pb2.Mode = common_pb2.MODE_EB) -> common_pb2.Decision:
-    return common_pb2.Decision(
-        version=version,
-        mode=mode,
-        k=4,
-        n=64,
-        reason="crossover_eb",
-        decided_at_s=1_700_000_000.0 + version,
-        diagnostics=common_pb2.Diagnostics(theta0=0.05, lhs_s_per_token=1e-5),
-    )
 
 
 def delta_override(scope: operator_pb2.Scope, delta_s_per_token: float, *, expires_at_s: float = 0.0,

@@ -13,9 +13,9 @@ import pytest
 from controlplane.core.cost_sums import CostSums
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.types import EngineLimits, PolicyConfig
+from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.ingest import EngineHello
-from controlplane.loop.pool_stats import BucketStats
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer, TracingSettings, create_tracer_provider
 from controlplane.service.controller import Controller

@@ -176,13 +176,13 @@ async def test_the_twin_and_the_controller_decide_the_same_sequence_on_one_strea
     twin = OnlineControl(RTX_PRO_6000_QWEN3_8B, OnlineSettings(loop=loop_config, policy=policy))
     twin.start_with(hello)
     connect_s = stream[0][0] - 1.0
-    first_twin = twin.connect(now_s=connect_s).latest
+    first_twin = twin.connect(now_s=connect_s).pushes[0].decision
     twin_sequence = [(first_twin.mode, first_twin.k, first_twin.n, first_twin.reason,
                       round(first_twin.diagnostics.theta_star, 12))]
     for now_s, batch in stream:
-        outcome = twin.on_telemetry(validate_batch(batch, limits), now_s=now_s)
-        if outcome is not None and outcome.changed:
-            d = outcome.latest
+        effects = twin.on_telemetry(validate_batch(batch, limits), now_s=now_s)
+        for decided in effects.decided:
+            d = decided.outcome.latest
             twin_sequence.append((d.mode, d.k, d.n, d.reason, round(d.diagnostics.theta_star, 12)))
 
     clock = [connect_s]

@@ -8,9 +8,9 @@ import numpy as np
 
 from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.core.types import EngineLimits, PolicyConfig
+from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.ingest import EngineHello, validate_batch
-from controlplane.loop.pool_stats import BucketStats
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer, TracingSettings, create_tracer_provider
 from controlplane.service.controller import Controller

@@ -32,7 +32,7 @@ from controlplane.loop.ingest import MAX_BATCH_EVENTS, MAX_RUNNING_BINS
 from controlplane.protocol import UINT32_MAX, UINT64_MAX, split_version
 from controlplane.service.app import SERVICE_NAMES
 from controlplane.service.config import DecisionLoopConfig, SecurityConfig
-from controlplane.service.controller import _TRIM_QUIET_S
+from controlplane.service.controller import TRIM_QUIET_S
 from controlplane.store.embedded import EmbeddedRedis
 from tests.integration.controller_harness import LIMITS, geometric_batch, make_config, operator_stub, running_controller
 from tests.integration.fuzz_messages import CAUSES, LiveAgent, huge_batch
@@ -209,7 +209,7 @@ class _Cycle:
 
 async def test_the_end_of_an_eviction_wave_collects_cycles_and_returns_memory(redis_url: str) -> None:
     """Streams that end leave reference cycles (exceptions holding their handlers' frames); the controller spaces
-    out the collector's full passes, so once evictions stop for _TRIM_QUIET_S it runs one, then trims the heap.
+    out the collector's full passes, so once evictions stop for TRIM_QUIET_S it runs one, then trims the heap.
     The collector's automatic passes are off here: only the controller's collection can free the cycle."""
     engine_ttl_s = 0.5
     async with running_controller(_config(redis_url, engine_ttl_s=engine_ttl_s)) as ctl, \
@@ -232,8 +232,8 @@ async def test_the_end_of_an_eviction_wave_collects_cycles_and_returns_memory(re
             async def collected():
                 return cycle() is None
 
-            assert await _until(collected, timeout_s=_TRIM_QUIET_S + 3.0)
-            assert asyncio.get_running_loop().time() - evicted_s >= _TRIM_QUIET_S - 1.0
+            assert await _until(collected, timeout_s=TRIM_QUIET_S + 3.0)
+            assert asyncio.get_running_loop().time() - evicted_s >= TRIM_QUIET_S - 1.0
         finally:
             gc.enable()
 
@@ -295,12 +295,14 @@ async def test_connected_engines_counts_each_engine_once_through_a_takeover_into
             return registry.get_sample_value("cp_connected_engines")
 
         pool_a, pool_b = (common_pb2.Pool(model=model, accelerator="X") for model in ("a", "b"))
-        first = await LiveAgent(channel, _hello("engine-gauge", pool=pool_a)).open()
+        first = await LiveAgent(channel, _hello("engine-gauge", pool=pool_a, instance_id="i-1",
+                                                started_at_s=100.0)).open()
         await first.decision()
         other = await LiveAgent(channel, _hello("engine-other")).open()
         await other.decision()
         assert connected() == 2
-        newer = await LiveAgent(channel, _hello("engine-gauge", pool=pool_b)).open()
+        newer = await LiveAgent(channel, _hello("engine-gauge", pool=pool_b, instance_id="i-2",
+                                                started_at_s=200.0)).open()
         await newer.decision()
         assert connected() == 2
         await newer.close()

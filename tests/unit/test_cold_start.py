@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from controlplane.core.cold_start import least_favourable_to_eb
+from controlplane.core.hazard import HazardFit
 from controlplane.core.policy import decide, evaluate
 from controlplane.core.types import (
     CostModel,
@@ -26,6 +27,7 @@ from controlplane.core.types import (
     WorkloadStats,
 )
 from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B, get_profile
+from tests.unit.sample_fit import fit_from_samples
 
 MAX_MODEL_LEN = 32768
 LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=2_000_000,
@@ -34,9 +36,13 @@ FEW = np.array([300.0, 200.0, 250.0])  # three completions: far from min_samples
 
 
 def _observations(*, n_obs: float, costs: CostModel | None = RTX_PRO_6000_QWEN3_8B,
-                  limits: EngineLimits = LIMITS, outputs: np.ndarray = FEW) -> Observations:
-    return Observations(output_lengths_tokens=outputs, prompt_lengths_tokens=np.full(outputs.size, 512.0),
-                        costs=costs, limits=limits, n_obs=n_obs)
+                  limits: EngineLimits = LIMITS) -> Observations:
+    return Observations(costs=costs, limits=limits, n_obs=n_obs)
+
+
+def _fit(outputs: np.ndarray = FEW) -> HazardFit | None:
+    """The hazard fit of these completions behind 512-token prompts."""
+    return fit_from_samples(outputs, np.full(outputs.size, 512.0))
 
 
 def _eb(point, *, delta: float = 0.0) -> bool:
@@ -100,10 +106,10 @@ def test_a_floor_on_the_mean_output_rules_out_the_tiny_outputs_that_hold_the_h20
 def test_decide_reads_the_floor_from_the_completions_so_far() -> None:
     """H200 at 512 requests: three completions prove nothing (MB); 200 of a mean ≈ 256 do (cold-start EB)."""
     state = PolicyState(mode=Mode.MB)
-    few, _ = decide(_observations(n_obs=512.0, costs=H200_QWEN3_8B), state, now_s=100.0)
+    few, _ = decide(_observations(n_obs=512.0, costs=H200_QWEN3_8B), state, now_s=100.0, fit=_fit())
     assert few.mode == Mode.MB and few.reason == Reason.INSUFFICIENT_DATA
     outputs = np.random.default_rng(3).geometric(1 / 256, 200).astype(np.float64)
-    more, _ = decide(_observations(n_obs=512.0, costs=H200_QWEN3_8B, outputs=outputs), state, now_s=100.0)
+    more, _ = decide(_observations(n_obs=512.0, costs=H200_QWEN3_8B), state, now_s=100.0, fit=_fit(outputs))
     assert more.mode == Mode.EB and more.reason == Reason.COLD_START_EB
     assert more.diagnostics.num_samples == 200
     # The explain view's terms: the floor the 200 completions prove and the point the verdict stands on.
@@ -143,7 +149,7 @@ def test_no_verdict_when_the_rule_cannot_be_evaluated() -> None:
 
 
 def test_decide_runs_eb_at_cold_start_when_no_length_makes_mb_win() -> None:
-    decision, state = decide(_observations(n_obs=1024.0), PolicyState(), 10.0)
+    decision, state = decide(_observations(n_obs=1024.0), PolicyState(), 10.0, fit=_fit())
     assert (decision.mode, decision.reason) == (Mode.EB, Reason.COLD_START_EB)
     config = PolicyConfig()
     assert decision.n == LIMITS.max_num_seqs
@@ -154,7 +160,7 @@ def test_decide_runs_eb_at_cold_start_when_no_length_makes_mb_win() -> None:
     assert (state.mode, state.last_switch_s, state.n_eb_in_force) == (Mode.EB, 10.0, LIMITS.max_num_seqs)
     # With the data, the full rule takes over from the state the cold start left.
     outputs = np.random.default_rng(1).geometric(1 / 256, 400).astype(np.float64)
-    full, _ = decide(_observations(n_obs=1024.0, outputs=outputs), state, 20.0)
+    full, _ = decide(_observations(n_obs=1024.0), state, 20.0, fit=_fit(outputs))
     assert (full.mode, full.reason) == (Mode.EB, Reason.CROSSOVER_EB)
     assert full.diagnostics.theta0 > 0.0
 
@@ -164,23 +170,24 @@ def test_decide_keeps_mb_at_cold_start_when_some_length_makes_mb_win() -> None:
                          _observations(n_obs=1024.0, limits=EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192,
                                                                            kv_capacity_tokens=2_000_000)),
                          _observations(n_obs=1024.0, costs=None)):
-        decision, state = decide(observations, PolicyState(), 10.0)
+        decision, state = decide(observations, PolicyState(), 10.0, fit=_fit())
         assert (decision.mode, decision.reason, state.mode) == (Mode.MB, Reason.INSUFFICIENT_DATA, Mode.MB)
-    off, _ = decide(_observations(n_obs=1024.0), PolicyState(), 10.0, config=PolicyConfig(cold_start_crossover=False))
+    off, _ = decide(_observations(n_obs=1024.0), PolicyState(), 10.0, config=PolicyConfig(cold_start_crossover=False),
+                    fit=_fit())
     assert (off.mode, off.reason) == (Mode.MB, Reason.INSUFFICIENT_DATA)
 
 
 def test_a_cold_start_eb_returns_to_mb_when_occupancy_falls_after_the_cooldown() -> None:
     config = PolicyConfig(cooldown_s=30.0)
-    _, state = decide(_observations(n_obs=1024.0), PolicyState(), 0.0, config=config)
-    held, state_held = decide(_observations(n_obs=16.0), state, 10.0, config=config)
+    _, state = decide(_observations(n_obs=1024.0), PolicyState(), 0.0, config=config, fit=_fit())
+    held, state_held = decide(_observations(n_obs=16.0), state, 10.0, config=config, fit=_fit())
     assert (held.mode, held.reason) == (Mode.EB, Reason.COLD_START_EB)  # inside the cooldown
-    back, state_back = decide(_observations(n_obs=16.0), state_held, 40.0, config=config)
+    back, state_back = decide(_observations(n_obs=16.0), state_held, 40.0, config=config, fit=_fit())
     assert (back.mode, back.reason, state_back.mode) == (Mode.MB, Reason.INSUFFICIENT_DATA, Mode.MB)
 
 
 def test_the_first_decision_of_an_engine_without_occupancy_is_stock() -> None:
-    decision, _ = decide(_observations(n_obs=0.0, outputs=np.zeros(0)), PolicyState(), 0.0)
+    decision, _ = decide(_observations(n_obs=0.0), PolicyState(), 0.0, fit=None)  # no completion: no fit
     assert (decision.mode, decision.reason) == (Mode.MB, Reason.INSUFFICIENT_DATA)
 
 
@@ -190,12 +197,12 @@ def test_the_verdict_reads_the_occupancy_an_eb_batch_would_reach() -> None:
     and the diagnostics show the occupancy the verdict was taken at. A non-finite n_offered is ignored."""
     state = PolicyState(mode=Mode.MB)
     ramping = _observations(n_obs=60.0)
-    alone, _ = decide(ramping, state, now_s=10.0)
+    alone, _ = decide(ramping, state, now_s=10.0, fit=_fit())
     assert (alone.mode, alone.reason, alone.diagnostics.n_obs) == (Mode.MB, Reason.INSUFFICIENT_DATA, 60.0)
-    queued, _ = decide(replace(ramping, n_offered=1024.0), state, now_s=10.0)
+    queued, _ = decide(replace(ramping, n_offered=1024.0), state, now_s=10.0, fit=_fit())
     assert (queued.mode, queued.reason, queued.diagnostics.n_obs) == (Mode.EB, Reason.COLD_START_EB, 1024.0)
     for nonsense in (math.nan, math.inf, -5.0):
-        same, _ = decide(replace(ramping, n_offered=nonsense), state, now_s=10.0)
+        same, _ = decide(replace(ramping, n_offered=nonsense), state, now_s=10.0, fit=_fit())
         assert (same.mode, same.diagnostics.n_obs) == (Mode.MB, 60.0)
 
 
@@ -203,12 +210,13 @@ def test_without_a_fit_the_verdict_reads_the_floor_the_running_requests_prove() 
     """H200 at 512 requests before any completion (no fit): MB without a floor; EB when the running requests
     prove μ_O ≥ 160 (`Observations.mu_o_lower_tokens`), shown in the diagnostics. A fit's floor wins."""
     state = PolicyState(mode=Mode.MB)
-    none = _observations(n_obs=512.0, costs=H200_QWEN3_8B, outputs=np.zeros(0))
+    none = _observations(n_obs=512.0, costs=H200_QWEN3_8B)
     bare, _ = decide(none, state, now_s=100.0, fit=None)
     assert (bare.mode, bare.diagnostics.mu_o_lower_tokens) == (Mode.MB, 1.0)
     floored, _ = decide(replace(none, mu_o_lower_tokens=160.0), state, now_s=100.0, fit=None)
     assert (floored.mode, floored.reason) == (Mode.EB, Reason.COLD_START_EB)
     assert floored.diagnostics.mu_o_lower_tokens == 160.0 and floored.diagnostics.cold_start_mu_o_tokens <= 160.0
+    # three completions: their fit proves nothing, and its floor is the one read
     few, _ = decide(replace(_observations(n_obs=512.0, costs=H200_QWEN3_8B), mu_o_lower_tokens=160.0), state,
-                    now_s=100.0)  # three completions: their fit proves nothing, and its floor is the one read
+                    now_s=100.0, fit=_fit())
     assert (few.mode, few.diagnostics.mu_o_lower_tokens) == (Mode.MB, 1.0)

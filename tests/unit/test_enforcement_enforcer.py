@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.enforcement import EnforcedMode, Enforcer, Phase, StepKind, StepPlan
+from agents.enforcement import Enforcer, Mode, Phase, StepKind, StepPlan
 from controlplane.api.v1 import common_pb2
 
 MAX_NUM_SEQS = 32
@@ -42,7 +42,7 @@ STOCK_PLAN = StepPlan(StepKind.STOCK, STARTUP_BUDGET, MAX_NUM_SEQS, MAX_NUM_SEQS
 
 def test_starts_stock() -> None:
     e = enforcer()
-    assert e.policy.mode is EnforcedMode.PASSTHROUGH and e.policy.version == 0
+    assert e.policy.mode is Mode.PASSTHROUGH and e.policy.version == 0
     assert math.isinf(e.expires_at_s)
     assert step(e) == STOCK_PLAN
     assert e.phase is None
@@ -53,8 +53,8 @@ def test_decision_takes_effect_at_the_next_step_boundary() -> None:
     e = enforcer()
     step(e)
     assert e.apply(decision(common_pb2.MODE_MB, n=12), now_s=0.0) == (True, "")
-    assert e.policy.mode is EnforcedMode.MB
-    assert e.active_policy.mode is EnforcedMode.PASSTHROUGH  # the step already planned ran under stock
+    assert e.policy.mode is Mode.MB
+    assert e.active_policy.mode is Mode.PASSTHROUGH  # the step already planned ran under stock
     p = step(e, running=12, waiting=0)
     assert e.active_policy is e.policy
     assert (p.kind, p.max_num_active_reqs, p.num_seqs_cap, p.token_budget_tokens) == (StepKind.STOCK, 12, 12, 1024)
@@ -94,11 +94,11 @@ def test_ttl_expiry_falls_back_to_stock_and_touch_keeps_the_decision() -> None:
     e = enforcer()
     assert e.apply(decision(version=1, ttl_s=10.0), now_s=0.0) == (True, "")
     step(e)
-    assert e.active_policy.mode is EnforcedMode.EB
+    assert e.active_policy.mode is Mode.EB
     e.touch(8.0)  # heard from the controller
     assert not e.expire(17.9)
     assert e.expire(18.0)
-    assert e.policy.mode is EnforcedMode.PASSTHROUGH and e.policy.version == 0
+    assert e.policy.mode is Mode.PASSTHROUGH and e.policy.version == 0
     assert not e.expire(19.0)  # nothing left to expire
     e.touch(19.0)  # touching stock does nothing
     assert math.isinf(e.expires_at_s)
@@ -112,7 +112,7 @@ def test_after_expiry_the_same_version_is_applied_again_but_older_ones_stay_stal
     assert e.expire(5.0)
     assert e.apply(decision(version=6), now_s=6.0) == (False, "stale_version")
     assert e.apply(decision(version=7, ttl_s=5.0), now_s=6.0) == (True, "")  # the controller is back
-    assert e.policy.mode is EnforcedMode.EB and e.expires_at_s == 11.0
+    assert e.policy.mode is Mode.EB and e.expires_at_s == 11.0
 
 
 @pytest.mark.parametrize("mode", [common_pb2.MODE_MB, common_pb2.MODE_EB])

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.enforcement.policy import (
-    EnforcedMode,
+    Mode,
     budget_floor_tokens,
     policy_from_decision,
     reject_reason,
@@ -70,7 +70,7 @@ def test_valid_eb_decision_converts_field_by_field() -> None:
     assert reason == ""
     assert policy is not None
     assert (policy.mode, policy.k, policy.n, policy.version, policy.ttl_s, policy.advisory) == (
-        EnforcedMode.EB, 3, 12, 9, 12.5, False)
+        Mode.EB, 3, 12, 9, 12.5, False)
     b = policy.budget
     assert (b.b_max_tokens, b.b_cap_tokens, b.n_th, b.t_large_tokens, b.n_d_large) == (2048, 512, 3, 1000, 4)
     assert not policy.is_stock
@@ -114,7 +114,7 @@ def test_passthrough_ignores_k_n_and_budget_and_is_stock() -> None:
     policy, reason = convert(decision(common_pb2.MODE_PASSTHROUGH, k=0, n=0, b_max=1, b_cap=99, version=4))
     assert reason == ""
     assert policy is not None
-    assert policy.mode is EnforcedMode.PASSTHROUGH
+    assert policy.mode is Mode.PASSTHROUGH
     assert (policy.n, policy.budget.b_max_tokens, policy.budget.b_cap_tokens) == (
         MAX_NUM_SEQS, STARTUP_BUDGET, STARTUP_BUDGET)
     assert policy.version == 4 and policy.ttl_s == 30.0
@@ -131,7 +131,7 @@ def test_advisory_decisions_yield_a_policy_flagged_advisory(mode: int) -> None:
 
 def test_stock_policy() -> None:
     policy = stock_policy(max_num_seqs=8, max_num_batched_tokens=512)
-    assert (policy.mode, policy.n, policy.version, policy.advisory) == (EnforcedMode.PASSTHROUGH, 8, 0, False)
+    assert (policy.mode, policy.n, policy.version, policy.advisory) == (Mode.PASSTHROUGH, 8, 0, False)
     assert policy.budget.b_max_tokens == policy.budget.b_cap_tokens == 512
     assert math.isinf(policy.ttl_s)
     with pytest.raises(ValueError, match="max_num_seqs"):
@@ -155,7 +155,7 @@ def test_any_decision_is_either_rejected_or_within_the_engine_limits(mode, k, n,
     assert 1 <= policy.k <= policy.n <= max_num_seqs
     assert 1 <= policy.budget.b_cap_tokens <= policy.budget.b_max_tokens <= startup
     floor = budget_floor_tokens(max_num_batched_tokens=startup)
-    assert policy.mode is EnforcedMode.PASSTHROUGH or policy.budget.b_cap_tokens >= floor
+    assert policy.mode is Mode.PASSTHROUGH or policy.budget.b_cap_tokens >= floor
     assert math.isfinite(policy.ttl_s) and policy.ttl_s > 0
     assert policy.advisory == advisory
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.enforcement import EnforcedMode, Enforcer, StepKind, StepPlan, budget_floor_tokens
+from agents.enforcement import Enforcer, Mode, StepKind, StepPlan, budget_floor_tokens
 from controlplane.api.v1 import common_pb2
 
 DECODE_ONLY = StepKind.DECODE_ONLY
@@ -309,7 +309,7 @@ def run(*, seed: int, max_num_seqs: int, budget_tokens: int, kv_capacity_tokens:
         if policy.is_stock:
             assert plan == stock_plan
             stats["stock_steps"] += 1
-        elif policy.mode is EnforcedMode.MB:
+        elif policy.mode is Mode.MB:
             assert plan.kind is STOCK
             assert plan.token_budget_tokens == p_pas_budget(policy, counts)
             assert plan.token_budget_tokens <= policy.budget.b_max_tokens

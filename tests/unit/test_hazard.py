@@ -1,4 +1,5 @@
-"""Output-length hazard estimation (EB paper §3.4): windows, validity, WLS fit, estimator accuracy."""
+"""Output-length hazard estimation (EB paper §3.4): validity, WLS fit, estimator accuracy, over the histogram of
+a window's completions (`fit_hazard_histogram`, fed sample arrays by `tests.unit.sample_fit.fit_from_samples`)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from controlplane.core.hazard import (
-    KM_MIN_AT_RISK,
-    SLOPE_SIGNIFICANCE_Z,
-    LengthWindow,
-    fit_hazard,
-    fit_hazard_histogram,
-)
-from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.hazard import KM_MIN_AT_RISK, SLOPE_SIGNIFICANCE_Z, fit_hazard_histogram
+from controlplane.core.length_histogram import MAX_LENGTH_TOKENS, LengthHistogram
+from tests.unit.sample_fit import fit_from_samples
 
 INVALID_LENGTHS = [math.nan, math.inf, -math.inf, 0.0, -3.0, 2.5, 1e-300, -0.0, 0.999999]
 
@@ -65,7 +59,7 @@ def test_fit_matches_an_independent_weighted_least_squares(seed: int) -> None:
     rng = np.random.default_rng(seed)
     outputs = linear_hazard_outputs(rng, 0.02, 2e-3, 600)
     prompts = rng.integers(1, 2000, size=600).astype(np.float64)
-    fit = fit_hazard(outputs, prompts)
+    fit = fit_from_samples(outputs, prompts)
     assert fit is not None
     p0, eta, t95 = reference_fit([int(o) for o in outputs])
     assert eta > 0.0  # a clearly IFR sample: the slope is kept
@@ -85,7 +79,7 @@ def test_fit_matches_an_independent_weighted_least_squares(seed: int) -> None:
 def test_fit_on_a_tiny_hand_counted_window() -> None:
     # 20 outputs: four 1s, six 2s, four 3s, six 4s. t95 = the ⌈0.95·20⌉ = 19th smallest = 4.
     outputs = np.array([1, 1, 2, 2, 2, 3, 3, 4, 4, 4] * 2, dtype=np.float64)
-    fit = fit_hazard(outputs, np.full(20, 7.0))
+    fit = fit_from_samples(outputs, np.full(20, 7.0))
     assert fit is not None
     assert fit.stats.t95_tokens == 4.0
     # ĥ(1..4) = 4/20, 6/16, 4/10, 6/6 with at-risk weights 20, 16, 10, 6: t̄ = 106/52, h̄ = 20/52,
@@ -109,7 +103,7 @@ def test_dfr_window_clips_the_slope() -> None:
     # A mixture of a short and a long geometric has a decreasing hazard.
     rng = np.random.default_rng(3)
     outputs = np.concatenate((geometric_outputs(rng, 0.3, 2000), geometric_outputs(rng, 0.003, 2000)))
-    fit = fit_hazard(outputs, np.full(outputs.size, 100.0))
+    fit = fit_from_samples(outputs, np.full(outputs.size, 100.0))
     assert fit is not None
     assert fit.slope_clipped
     assert fit.stats.eta == 0.0
@@ -118,7 +112,7 @@ def test_dfr_window_clips_the_slope() -> None:
 
 def test_nonpositive_intercept_falls_back_to_the_geometric_mle() -> None:
     # Every request outputs exactly 50 tokens: ĥ = 0 before 50, 1 at 50; the line's intercept is < 0.
-    fit = fit_hazard(np.full(300, 50.0), np.full(300, 10.0))
+    fit = fit_from_samples(np.full(300, 50.0), np.full(300, 10.0))
     assert fit is not None
     assert fit.intercept_fallback
     assert fit.stats.p0 == 1.0 / 50.0
@@ -126,7 +120,7 @@ def test_nonpositive_intercept_falls_back_to_the_geometric_mle() -> None:
 
 
 def test_single_point_window_falls_back() -> None:
-    fit = fit_hazard(np.ones(10), np.ones(10))
+    fit = fit_from_samples(np.ones(10), np.ones(10))
     assert fit is not None
     assert fit.intercept_fallback
     assert fit.stats.p0 == 1.0
@@ -138,43 +132,46 @@ def test_single_point_window_falls_back() -> None:
     [([], [1.0]), ([5.0], []), ([math.nan, 0.0, -1.0], [3.0]), ([4.0], [2.5, math.inf])],
 )
 def test_fit_without_valid_samples_is_none(outputs: list[float], prompts: list[float]) -> None:
-    assert fit_hazard(np.array(outputs), np.array(prompts)) is None
+    assert fit_from_samples(np.array(outputs), np.array(prompts)) is None
 
 
 def test_fit_ignores_invalid_entries() -> None:
     rng = np.random.default_rng(5)
     outputs = geometric_outputs(rng, 1.0 / 64.0, 800)
     prompts = rng.integers(1, 500, size=800).astype(np.float64)
-    clean = fit_hazard(outputs, prompts)
-    dirty = fit_hazard(
+    clean = fit_from_samples(outputs, prompts)
+    dirty = fit_from_samples(
         np.concatenate((INVALID_LENGTHS, outputs, INVALID_LENGTHS)),
         np.concatenate((prompts[:400], INVALID_LENGTHS, prompts[400:])),
     )
     assert dirty == clean
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy: σ_O of 1e300s overflows
-@pytest.mark.parametrize("huge", [1e7, 1e12, 2.0**63, 1e200, 1.7e308])
+@pytest.mark.parametrize("huge", [1e7, 1e12, float(MAX_LENGTH_TOKENS), 2.0**63, 1e200, 1.7e308])
 def test_absurdly_long_outputs_do_not_blow_up(huge: float) -> None:
-    """Valid but absurd lengths (integral floats up to 1e308) neither allocate O(length) nor raise."""
-    fit = fit_hazard(np.full(500, huge), np.full(500, 100.0))
+    """Absurd lengths (integral floats up to 1e308) neither allocate O(length) nor raise: up to MAX_LENGTH_TOKENS
+    (2⁵³) they are valid and fitted, beyond it the histogram drops them and there is nothing to fit."""
+    fit = fit_from_samples(np.full(500, huge), np.full(500, 100.0))
+    if huge > MAX_LENGTH_TOKENS:
+        assert fit is None
+        return
     assert fit is not None
     assert fit.intercept_fallback
     assert fit.stats.eta == 0.0
     assert 0.0 <= fit.stats.p0 <= 1.0 / huge * (1.0 + 1e-12)
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy: σ_O of 1e300s overflows
 def test_lengths_beyond_t95_only_count_as_at_risk() -> None:
-    """A few huge lengths (beyond int64) mixed in: the hazard line is that of any length > t95."""
+    """A few huge lengths (the longest a histogram holds, 2⁵³) mixed in: the hazard line is that of any
+    length > t95."""
     rng = np.random.default_rng(8)
     base = geometric_outputs(rng, 0.05, 1000)
     with_huge = base.copy()
     with_moderate = base.copy()
-    with_huge[:20] = 1e300
+    with_huge[:20] = float(MAX_LENGTH_TOKENS)
     with_moderate[:20] = 10_000.0
     prompts = np.full(1000, 10.0)
-    a, b = fit_hazard(with_huge, prompts), fit_hazard(with_moderate, prompts)
+    a, b = fit_from_samples(with_huge, prompts), fit_from_samples(with_moderate, prompts)
     assert a is not None and b is not None
     assert a.stats.t95_tokens == b.stats.t95_tokens < 10_000
     assert (a.stats.p0, a.stats.eta) == (b.stats.p0, b.stats.eta)
@@ -186,7 +183,7 @@ def test_lengths_beyond_t95_only_count_as_at_risk() -> None:
 def test_geometric_p0_within_five_percent_fixed_seed() -> None:
     rng = np.random.default_rng(20240601)
     p0 = 1.0 / 256.0
-    fit = fit_hazard(geometric_outputs(rng, p0, 2000), rng.integers(1, 2048, size=2000).astype(np.float64))
+    fit = fit_from_samples(geometric_outputs(rng, p0, 2000), rng.integers(1, 2048, size=2000).astype(np.float64))
     assert fit is not None
     assert fit.stats.p0 == pytest.approx(p0, rel=0.05)
     assert fit.stats.num_samples == 2000
@@ -198,7 +195,7 @@ def test_geometric_p0_within_five_percent_for_most_seeds() -> None:
     errors = []
     for seed in range(40):
         rng = np.random.default_rng(seed)
-        fit = fit_hazard(geometric_outputs(rng, p0, 2000), np.full(2000, 128.0))
+        fit = fit_from_samples(geometric_outputs(rng, p0, 2000), np.full(2000, 128.0))
         assert fit is not None
         errors.append(abs(fit.stats.p0 / p0 - 1.0))
     within = sum(e <= 0.05 for e in errors)
@@ -209,7 +206,7 @@ def test_geometric_p0_within_five_percent_for_most_seeds() -> None:
 def test_linear_hazard_eta_within_twenty_percent_fixed_seed() -> None:
     p0, eta = 1.0 / 512.0, 2e-5
     rng = np.random.default_rng(7)
-    fit = fit_hazard(linear_hazard_outputs(rng, p0, eta, 4096), np.full(4096, 512.0))
+    fit = fit_from_samples(linear_hazard_outputs(rng, p0, eta, 4096), np.full(4096, 512.0))
     assert fit is not None
     assert not fit.slope_clipped
     assert fit.stats.eta == pytest.approx(eta, rel=0.2)
@@ -221,105 +218,10 @@ def test_linear_hazard_eta_within_twenty_percent_for_most_seeds() -> None:
     hits = 0
     for seed in range(100, 120):
         rng = np.random.default_rng(seed)
-        fit = fit_hazard(linear_hazard_outputs(rng, p0, eta, 4096), np.full(4096, 512.0))
+        fit = fit_from_samples(linear_hazard_outputs(rng, p0, eta, 4096), np.full(4096, 512.0))
         assert fit is not None
         hits += abs(fit.stats.eta / eta - 1.0) <= 0.2
     assert hits >= 18
-
-
-# ----------------------------------------------------------------------------------------- windows
-
-
-def test_add_completions_rejects_and_counts_invalid_samples() -> None:
-    window = LengthWindow(output_window=64, prompt_window=64)
-    outputs = np.array([10.0, *INVALID_LENGTHS, 20.0])
-    prompts = np.full(outputs.size, 5.0)
-    rejected = window.add_completions(prompts, outputs)
-    assert rejected == len(INVALID_LENGTHS)
-    assert window.num_rejected == len(INVALID_LENGTHS)
-    assert window.num_accepted == 2
-    assert window.output_lengths().tolist() == [10.0, 20.0]
-    assert window.prompt_lengths().tolist() == [5.0, 5.0]
-    # A pair is dropped when its prompt is invalid too, and counts accumulate.
-    assert window.add_completions(np.array([math.nan, 3.0]), np.array([7.0, 8.0])) == 1
-    assert window.num_rejected == len(INVALID_LENGTHS) + 1
-    assert window.output_lengths().tolist() == [10.0, 20.0, 8.0]
-    assert window.prompt_lengths().tolist() == [5.0, 5.0, 3.0]
-    assert len(window) == 3
-
-
-def test_mismatched_batch_is_rejected_whole() -> None:
-    window = LengthWindow(output_window=8, prompt_window=8)
-    assert window.add_completions(np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0])) == 3
-    assert window.num_rejected == 3
-    assert len(window) == 0
-
-
-def test_invalid_samples_do_not_change_the_fit() -> None:
-    rng = np.random.default_rng(11)
-    outputs = geometric_outputs(rng, 1.0 / 100.0, 1500)
-    prompts = rng.integers(1, 4000, size=1500).astype(np.float64)
-    clean, dirty = LengthWindow(), LengthWindow()
-    clean.add_completions(prompts, outputs)
-    for chunk in range(0, 1500, 100):
-        garbage = np.array(INVALID_LENGTHS)
-        dirty.add_completions(np.concatenate((prompts[chunk:chunk + 100], np.full(garbage.size, 9.0))),
-                              np.concatenate((outputs[chunk:chunk + 100], garbage)))
-    assert dirty.num_rejected == 15 * len(INVALID_LENGTHS)
-    assert dirty.num_accepted == clean.num_accepted == 1500
-    assert np.array_equal(dirty.output_lengths(), clean.output_lengths())
-    assert fit_hazard(dirty.output_lengths(), dirty.prompt_lengths()) == fit_hazard(
-        clean.output_lengths(), clean.prompt_lengths())
-
-
-def test_ring_window_wraps_around() -> None:
-    window = LengthWindow(output_window=5, prompt_window=3)
-    window.add_completions(np.array([1.0, 2.0, 3.0]), np.array([11.0, 12.0, 13.0]))
-    assert window.output_lengths().tolist() == [11.0, 12.0, 13.0]
-    window.add_completions(np.array([4.0, 5.0, 6.0, 7.0]), np.array([14.0, 15.0, 16.0, 17.0]))
-    assert window.output_lengths().tolist() == [13.0, 14.0, 15.0, 16.0, 17.0]  # oldest first
-    assert window.prompt_lengths().tolist() == [5.0, 6.0, 7.0]
-    assert len(window) == 5
-    # A batch larger than the window keeps only its own last W samples.
-    window.add_completions(np.arange(100.0, 112.0), np.arange(200.0, 212.0))
-    assert window.output_lengths().tolist() == [207.0, 208.0, 209.0, 210.0, 211.0]
-    assert window.prompt_lengths().tolist() == [109.0, 110.0, 111.0]
-    # Exactly W, then one more.
-    window.add_completions(np.full(5, 1.0), np.arange(300.0, 305.0))
-    window.add_completions(np.array([1.0]), np.array([305.0]))
-    assert window.output_lengths().tolist() == [301.0, 302.0, 303.0, 304.0, 305.0]
-
-
-@pytest.mark.parametrize("capacity", [0, -1])
-def test_window_capacity_must_be_positive(capacity: int) -> None:
-    with pytest.raises(ValueError, match="capacity"):
-        LengthWindow(output_window=capacity)
-
-
-batches = st.lists(
-    st.lists(st.one_of(st.integers(min_value=1, max_value=10**6).map(float), st.sampled_from(INVALID_LENGTHS)),
-             max_size=25),
-    max_size=12,
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(batches=batches, capacity=st.integers(min_value=1, max_value=16))
-def test_window_holds_the_last_w_valid_samples(batches: list[list[float]], capacity: int) -> None:
-    window = LengthWindow(output_window=capacity, prompt_window=capacity)
-    stream: list[float] = []
-    total_rejected = 0
-    for batch in batches:
-        values = np.array(batch, dtype=np.float64)
-        rejected = window.add_completions(np.ones(values.size), values)
-        valid = [v for v in batch if math.isfinite(v) and v >= 1.0 and v == math.floor(v)]
-        assert rejected == len(batch) - len(valid)
-        total_rejected += rejected
-        stream.extend(valid)
-    assert window.output_lengths().tolist() == stream[-capacity:]
-    assert window.num_rejected == total_rejected
-    assert window.num_accepted == len(stream)
-    assert len(window) == min(capacity, len(stream))
 
 
 def test_the_mean_of_a_censored_window_does_not_collapse_when_its_oldest_request_completes() -> None:

@@ -190,8 +190,7 @@ def test_a_decision_from_a_lognormal_tail_is_flagged_and_reads_its_mean() -> Non
     assert fit.lognormal_tail and fit.stats.mu_o_tokens > done.mean()
     limits = EngineLimits(kv_capacity_tokens=2_000_000, max_num_seqs=4096, max_num_batched_tokens=16384,
                           max_model_len_tokens=32768)
-    observations = Observations(output_lengths_tokens=np.zeros(0), prompt_lengths_tokens=np.zeros(0),
-                                costs=H200_QWEN3_8B, limits=limits, n_obs=512.0)
+    observations = Observations(costs=H200_QWEN3_8B, limits=limits, n_obs=512.0)
     config = PolicyConfig(min_samples=1, cooldown_s=0.0)
     decision, _ = decide(observations, PolicyState(), 0.0, config=config, fit=fit)
     assert Flag.HAZARD_LOGNORMAL_TAIL in decision.flags

@@ -13,9 +13,11 @@ from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.policy import decide
 from controlplane.core.survival import running_mean_lower_bound
 from controlplane.core.types import EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
+from controlplane.loop.buckets import MAX_STEPS_PER_BUCKET, BucketStats
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.pool_stats import MAX_STEPS_PER_BUCKET, BucketStats, PoolStatistics
+from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.sim.profiles import PROFILES
+from tests.unit.sample_fit import fit_from_samples
 
 COSTS = PROFILES["h200-qwen3-8b"].costs
 LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=1_500_000,
@@ -44,12 +46,10 @@ def test_histogram_decisions_equal_sample_window_decisions(seed: int, shape: str
     assert estimate.num_samples == outputs.size
     policy = PolicyConfig()
     n_obs = float(rng.integers(10, 1000))
-    raw = Observations(output_lengths_tokens=outputs, prompt_lengths_tokens=prompts, costs=COSTS, limits=LIMITS,
-                       n_obs=n_obs)
-    via_window, _ = decide(raw, PolicyState(), 0.0, intent=OperatorIntent(), config=policy)
-    empty = np.zeros(0)
-    pooled = Observations(output_lengths_tokens=empty, prompt_lengths_tokens=empty, costs=estimate.costs,
-                          limits=LIMITS, n_obs=n_obs)
+    raw = Observations(costs=COSTS, limits=LIMITS, n_obs=n_obs)
+    via_window, _ = decide(raw, PolicyState(), 0.0, intent=OperatorIntent(), config=policy,
+                           fit=fit_from_samples(outputs, prompts))
+    pooled = Observations(costs=estimate.costs, limits=LIMITS, n_obs=n_obs)
     via_pool, _ = decide(pooled, PolicyState(), 0.0, intent=OperatorIntent(), config=policy, fit=estimate.fit)
     assert (via_pool.mode, via_pool.k, via_pool.n) == (via_window.mode, via_window.k, via_window.n)
     assert via_pool.diagnostics.theta_star == pytest.approx(via_window.diagnostics.theta_star, abs=1e-6)

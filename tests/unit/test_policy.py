@@ -1,17 +1,20 @@
 """The decision policy: evaluate() against the hand-written pipeline, decide() reasons, pins, δ, budget,
-pool merging and the EMA."""
+the memory guard and the EMA. decide() gets the hazard fit of a window of sample lengths, fitted through the
+histogram path production uses (`tests.unit.sample_fit.fit_from_samples`)."""
 
 from __future__ import annotations
 
 import itertools
 import math
 from dataclasses import replace
+from functools import cache
 
 import numpy as np
 import pytest
 
 from controlplane.core.budget import SweepPoint
-from controlplane.core.policy import decide, ema_update, evaluate, merge_pool_observations, resolve_delta
+from controlplane.core.hazard import HazardFit
+from controlplane.core.policy import decide, evaluate, resolve_delta
 from controlplane.core.threshold import delta_theta_ifr, solve_theta0
 from controlplane.core.types import (
     CostModel,
@@ -27,7 +30,9 @@ from controlplane.core.types import (
     Reason,
     WorkloadStats,
 )
+from controlplane.loop.engine import ema_update
 from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
+from tests.unit.sample_fit import fit_from_samples
 
 # The EB paper's published profiles (examples/calibrations/), as the twin ships them.
 RTX_PRO_6000 = RTX_PRO_6000_QWEN3_8B
@@ -47,11 +52,15 @@ def linear_hazard_outputs(seed: int, n: int, *, p0: float = 1.0 / 256.0, eta: fl
     return rng.choice(t, size=n, p=pmf / pmf.sum()).astype(np.float64)
 
 
-def observations(*, n: int = 2000, n_obs: float = 512.0, costs: CostModel | None = RTX_PRO_6000,
-                 limits: EngineLimits = LIMITS, seed: int = 0, eta: float = 0.0, rejected: int = 0) -> Observations:
+@cache
+def window_fit(*, n: int = 2000, seed: int = 0, eta: float = 0.0) -> HazardFit | None:
+    """The fit of a window of n outputs (`linear_hazard_outputs`) behind 512-token prompts."""
+    return fit_from_samples(linear_hazard_outputs(seed, n, eta=eta), np.full(n, 512.0))
+
+
+def observations(*, n_obs: float = 512.0, costs: CostModel | None = RTX_PRO_6000, limits: EngineLimits = LIMITS,
+                 rejected: int = 0) -> Observations:
     return Observations(
-        output_lengths_tokens=linear_hazard_outputs(seed, n, eta=eta),
-        prompt_lengths_tokens=np.full(n, 512.0),
         costs=costs,
         limits=limits,
         n_obs=n_obs,
@@ -197,7 +206,7 @@ def test_resolve_delta(given: float | None, expected: tuple[float, bool]) -> Non
 def test_cold_start_is_mb_with_insufficient_data() -> None:
     # At 16 running requests some lengths make MB win (the cold-start rule: test_cold_start.py).
     config = PolicyConfig(min_samples=400)
-    decision, state = decide(observations(n=399, n_obs=16.0), PolicyState(), 0.0, config=config)
+    decision, state = decide(observations(n_obs=16.0), PolicyState(), 0.0, config=config, fit=window_fit(n=399))
     assert decision.mode == Mode.MB
     assert decision.reason == Reason.INSUFFICIENT_DATA
     assert decision.n == LIMITS.max_num_seqs
@@ -206,23 +215,21 @@ def test_cold_start_is_mb_with_insufficient_data() -> None:
     assert decision.diagnostics.theta0 == 0.0  # not computed
     assert state.mode == Mode.MB
     # One more completion leaves the cold start.
-    decision, _ = decide(observations(n=400, n_obs=16.0), PolicyState(), 0.0, config=config)
+    decision, _ = decide(observations(n_obs=16.0), PolicyState(), 0.0, config=config, fit=window_fit(n=400))
     assert decision.reason != Reason.INSUFFICIENT_DATA
     assert decision.diagnostics.theta0 > 0.0
 
 
 def test_cold_start_counts_only_valid_completions() -> None:
-    obs = observations(n=399, n_obs=16.0)
-    padded = Observations(
-        output_lengths_tokens=np.concatenate((obs.output_lengths_tokens, [math.nan, 0.0, -1.0, 2.5])),
-        prompt_lengths_tokens=obs.prompt_lengths_tokens, costs=obs.costs, limits=obs.limits, n_obs=obs.n_obs,
-    )
-    decision, _ = decide(padded, PolicyState(), 0.0, config=PolicyConfig(min_samples=400))
+    padded = fit_from_samples(np.concatenate((linear_hazard_outputs(0, 399), [math.nan, 0.0, -1.0, 2.5])),
+                              np.full(399, 512.0))
+    decision, _ = decide(observations(n_obs=16.0), PolicyState(), 0.0, config=PolicyConfig(min_samples=400),
+                         fit=padded)
     assert decision.reason == Reason.INSUFFICIENT_DATA
 
 
 def test_no_cost_model_is_mb() -> None:
-    decision, state = decide(observations(costs=None), PolicyState(mode=Mode.EB), 0.0)
+    decision, state = decide(observations(costs=None), PolicyState(mode=Mode.EB), 0.0, fit=window_fit())
     assert (decision.mode, decision.reason) == (Mode.MB, Reason.NO_COST_MODEL)
     assert decision.n == LIMITS.max_num_seqs
     assert state.mode == Mode.MB
@@ -236,21 +243,20 @@ def test_no_cost_model_is_mb() -> None:
                alpha_mb_s=1e-3), Flag.COST_NONPOSITIVE),
 ])
 def test_unusable_cost_model_is_flagged(costs: CostModel, flag: Flag) -> None:
-    decision, _ = decide(observations(costs=costs), PolicyState(), 0.0)
+    decision, _ = decide(observations(costs=costs), PolicyState(), 0.0, fit=window_fit())
     assert (decision.mode, decision.reason) == (Mode.MB, Reason.NO_COST_MODEL)
     assert flag in decision.flags
 
 
 def test_heavy_load_on_rtx_goes_eb_with_computed_k_and_n() -> None:
-    obs = observations(n_obs=512.0)
-    decision, state = decide(obs, PolicyState(), 100.0, config=NO_COOLDOWN)
+    decision, state = decide(observations(n_obs=512.0), PolicyState(), 100.0, config=NO_COOLDOWN, fit=window_fit())
     assert (decision.mode, decision.reason) == (Mode.EB, Reason.CROSSOVER_EB)
     diag = decision.diagnostics
     assert (decision.n, decision.k) == (diag.n_star, diag.k_star)
     assert 1 <= decision.k < decision.n <= LIMITS.max_num_seqs
     assert diag.lhs_s_per_token > diag.rhs_s_per_token
     # The diagnostics are evaluate() on the fitted workload.
-    mu_o = float(obs.output_lengths_tokens.mean())
+    mu_o = float(linear_hazard_outputs(0, 2000).mean())
     assert diag.mu_o_tokens == pytest.approx(mu_o, rel=1e-14)
     assert diag.mu_l_tokens == 512.0
     reference = evaluate(WorkloadStats(p0=diag.p0, eta=diag.eta, mu_l_tokens=diag.mu_l_tokens,
@@ -262,7 +268,7 @@ def test_heavy_load_on_rtx_goes_eb_with_computed_k_and_n() -> None:
 
 
 def test_light_load_stays_mb_with_all_slots() -> None:
-    decision, state = decide(observations(n_obs=4.0), PolicyState(), 100.0, config=NO_COOLDOWN)
+    decision, state = decide(observations(n_obs=4.0), PolicyState(), 100.0, config=NO_COOLDOWN, fit=window_fit())
     assert (decision.mode, decision.reason) == (Mode.MB, Reason.CROSSOVER_MB)
     assert decision.n == LIMITS.max_num_seqs
     assert decision.diagnostics.lhs_s_per_token < decision.diagnostics.rhs_s_per_token
@@ -274,35 +280,37 @@ def test_cooldown_holds_then_switches() -> None:
     config = PolicyConfig(cooldown_s=30.0)
     eb_favoured = observations(n_obs=512.0)
     state = PolicyState(n_prev=0, mode=Mode.MB, last_switch_s=1000.0)
-    held, held_state = decide(eb_favoured, state, 1029.0, config=config)
+    held, held_state = decide(eb_favoured, state, 1029.0, config=config, fit=window_fit())
     assert (held.mode, held.reason) == (Mode.MB, Reason.COOLDOWN_HOLD)
     assert held_state.last_switch_s == 1000.0
     assert held_state.mode == Mode.MB
-    switched, switched_state = decide(eb_favoured, held_state, 1030.0, config=config)
+    switched, switched_state = decide(eb_favoured, held_state, 1030.0, config=config, fit=window_fit())
     assert (switched.mode, switched.reason) == (Mode.EB, Reason.CROSSOVER_EB)
     assert switched_state.last_switch_s == 1030.0
     assert switched_state.mode == Mode.EB
     # Back to light load right away: the cooldown holds EB.
-    back, _ = decide(observations(n_obs=4.0), switched_state, 1031.0, config=config)
+    back, _ = decide(observations(n_obs=4.0), switched_state, 1031.0, config=config, fit=window_fit())
     assert (back.mode, back.reason) == (Mode.EB, Reason.COOLDOWN_HOLD)
 
 
 def test_hysteresis_band_holds_the_current_mode() -> None:
     wide = PolicyConfig(cooldown_s=0.0, hysteresis_rel=10.0)  # band = 10·(|LHS| + |RHS|)
-    decision, state = decide(observations(n_obs=512.0), PolicyState(mode=Mode.MB), 5.0, config=wide)
+    decision, state = decide(observations(n_obs=512.0), PolicyState(mode=Mode.MB), 5.0, config=wide,
+                             fit=window_fit())
     assert (decision.mode, decision.reason) == (Mode.MB, Reason.HYSTERESIS_HOLD)
     assert state.mode == Mode.MB
     narrow = PolicyConfig(cooldown_s=0.0, hysteresis_rel=0.0, hysteresis_abs_s_per_token=0.0)
-    assert decide(observations(n_obs=512.0), PolicyState(mode=Mode.MB), 5.0, config=narrow)[0].mode == Mode.EB
+    assert decide(observations(n_obs=512.0), PolicyState(mode=Mode.MB), 5.0, config=narrow,
+                  fit=window_fit())[0].mode == Mode.EB
 
 
 def test_policy_state_carries_n_prev_into_the_ifr_correction() -> None:
-    obs = observations(eta=2e-5, n=4096, seed=3)
-    first, state = decide(obs, PolicyState(), 0.0, config=NO_COOLDOWN)
+    obs, fit = observations(), window_fit(eta=2e-5, n=4096, seed=3)
+    first, state = decide(obs, PolicyState(), 0.0, config=NO_COOLDOWN, fit=fit)
     diag = first.diagnostics
     assert diag.eta > 0.0
     assert state.n_prev == diag.n_star
-    second, _ = decide(obs, PolicyState(n_prev=50, mode=state.mode), 1.0, config=NO_COOLDOWN)
+    second, _ = decide(obs, PolicyState(n_prev=50, mode=state.mode), 1.0, config=NO_COOLDOWN, fit=fit)
     rho = RTX_PRO_6000.beta_d_s_per_request * 50 / RTX_PRO_6000.alpha_d_s
     expected = delta_theta_ifr(theta0=second.diagnostics.theta0, p0=second.diagnostics.p0,
                                eta=second.diagnostics.eta, rho=rho)
@@ -312,19 +320,21 @@ def test_policy_state_carries_n_prev_into_the_ifr_correction() -> None:
 
 def test_operator_pin_overrides_the_mode() -> None:
     pin_eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
-    decision, state = decide(observations(n_obs=4.0), PolicyState(), 0.0, intent=pin_eb, config=NO_COOLDOWN)
+    decision, state = decide(observations(n_obs=4.0), PolicyState(), 0.0, intent=pin_eb, config=NO_COOLDOWN,
+                             fit=window_fit())
     assert (decision.mode, decision.reason) == (Mode.EB, Reason.OPERATOR_PIN)
     assert decision.n == decision.diagnostics.n_star
     assert state.mode == Mode.MB  # the online selector's own choice is kept underneath
     # Pinned while still in cold start.
-    cold, _ = decide(observations(n=10), PolicyState(), 0.0, intent=pin_eb)
+    cold, _ = decide(observations(), PolicyState(), 0.0, intent=pin_eb, fit=window_fit(n=10))
     assert (cold.mode, cold.reason) == (Mode.EB, Reason.OPERATOR_PIN)
     assert 1 <= cold.k <= cold.n <= LIMITS.max_num_seqs
 
 
 def test_passthrough_pin_leaves_the_engine_stock() -> None:
     intent = OperatorIntent(pin=ModePin(mode=Mode.PASSTHROUGH, advisory=True))
-    decision, _ = decide(observations(n_obs=512.0), PolicyState(), 0.0, intent=intent, config=NO_COOLDOWN)
+    decision, _ = decide(observations(n_obs=512.0), PolicyState(), 0.0, intent=intent, config=NO_COOLDOWN,
+                         fit=window_fit())
     assert (decision.mode, decision.reason) == (Mode.PASSTHROUGH, Reason.OPERATOR_PIN)
     assert decision.n == LIMITS.max_num_seqs
     assert decision.advisory
@@ -332,10 +342,11 @@ def test_passthrough_pin_leaves_the_engine_stock() -> None:
 
 def test_pinned_k_and_n_are_honoured_when_valid() -> None:
     intent = OperatorIntent(pin=ModePin(mode=Mode.EB, k=3, n=7))
-    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent)
+    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent, fit=window_fit())
     assert (decision.k, decision.n) == (3, 7)
     assert Flag.PIN_INVALID not in decision.flags
-    only_n = decide(observations(), PolicyState(), 0.0, intent=OperatorIntent(pin=ModePin(n=100)))[0]
+    only_n = decide(observations(), PolicyState(), 0.0, intent=OperatorIntent(pin=ModePin(n=100)),
+                    fit=window_fit())[0]
     assert only_n.n == 100
     assert only_n.k == max(1, math.floor(only_n.diagnostics.theta_star * 100))
 
@@ -343,115 +354,77 @@ def test_pinned_k_and_n_are_honoured_when_valid() -> None:
 @pytest.mark.parametrize(("k", "n"), [(0, None), (-2, 10), (5, 4), (None, 0), (None, 1025), (3, -1)])
 def test_invalid_pins_are_flagged_and_replaced(k: int | None, n: int | None) -> None:
     intent = OperatorIntent(pin=ModePin(mode=Mode.EB, k=k, n=n))
-    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent)
+    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent, fit=window_fit())
     assert Flag.PIN_INVALID in decision.flags
     assert 1 <= decision.k <= decision.n <= LIMITS.max_num_seqs
 
 
 def test_pinned_k_above_the_computed_n_is_clamped() -> None:
     intent = OperatorIntent(pin=ModePin(mode=Mode.EB, k=10**6))
-    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent)
+    decision, _ = decide(observations(), PolicyState(), 0.0, intent=intent, fit=window_fit())
     assert decision.k == decision.n == decision.diagnostics.n_star
     assert Flag.PIN_INVALID not in decision.flags
 
 
 def test_operator_delta_is_clipped_flagged_and_sourced() -> None:
     intent = OperatorIntent(delta_s_per_token=0.5, delta_source=DeltaSource.POOL)
-    decision, _ = decide(observations(n_obs=512.0), PolicyState(), 0.0, intent=intent, config=NO_COOLDOWN)
+    decision, _ = decide(observations(n_obs=512.0), PolicyState(), 0.0, intent=intent, config=NO_COOLDOWN,
+                         fit=window_fit())
     assert decision.delta_s_per_token == 1e-2
     assert Flag.DELTA_OUT_OF_RANGE in decision.flags
     assert decision.delta_source == DeltaSource.POOL
     assert decision.mode == Mode.MB  # a 10 ms/token margin pins MB
     default, _ = decide(observations(), PolicyState(), 0.0,
                         intent=OperatorIntent(delta_source=DeltaSource.ENGINE),
-                        config=PolicyConfig(default_delta_s_per_token=2e-6))
+                        config=PolicyConfig(default_delta_s_per_token=2e-6), fit=window_fit())
     assert default.delta_s_per_token == 2e-6
     assert default.delta_source == DeltaSource.DEFAULT
     assert Flag.DELTA_OUT_OF_RANGE not in default.flags
 
 
 def test_delta_sign_moves_the_decision() -> None:
-    light, heavy = observations(n_obs=4.0), observations(n_obs=512.0)
+    light, heavy, fit = observations(n_obs=4.0), observations(n_obs=512.0), window_fit()
     to_eb = OperatorIntent(delta_s_per_token=-1e-3, delta_source=DeltaSource.FLEET)
     to_mb = OperatorIntent(delta_s_per_token=1e-3, delta_source=DeltaSource.FLEET)
-    assert decide(light, PolicyState(), 0.0, config=NO_COOLDOWN)[0].mode == Mode.MB
-    assert decide(light, PolicyState(), 0.0, intent=to_eb, config=NO_COOLDOWN)[0].mode == Mode.EB
-    assert decide(heavy, PolicyState(), 0.0, config=NO_COOLDOWN)[0].mode == Mode.EB
-    assert decide(heavy, PolicyState(), 0.0, intent=to_mb, config=NO_COOLDOWN)[0].mode == Mode.MB
+    assert decide(light, PolicyState(), 0.0, config=NO_COOLDOWN, fit=fit)[0].mode == Mode.MB
+    assert decide(light, PolicyState(), 0.0, intent=to_eb, config=NO_COOLDOWN, fit=fit)[0].mode == Mode.EB
+    assert decide(heavy, PolicyState(), 0.0, config=NO_COOLDOWN, fit=fit)[0].mode == Mode.EB
+    assert decide(heavy, PolicyState(), 0.0, intent=to_mb, config=NO_COOLDOWN, fit=fit)[0].mode == Mode.MB
 
 
 def test_rejected_samples_are_reported() -> None:
-    decision, _ = decide(observations(rejected=7), PolicyState(), 0.0)
+    decision, _ = decide(observations(rejected=7), PolicyState(), 0.0, fit=window_fit())
     assert Flag.SAMPLES_REJECTED in decision.flags
     assert decision.diagnostics.num_rejected_samples == 7
-    clean, _ = decide(observations(rejected=-4), PolicyState(), 0.0)
+    clean, _ = decide(observations(rejected=-4), PolicyState(), 0.0, fit=window_fit())
     assert Flag.SAMPLES_REJECTED not in clean.flags
     assert clean.diagnostics.num_rejected_samples == 0
 
 
 def test_decide_budget_from_sweep_and_limits() -> None:
     sweep = [SweepPoint(1024, 3.1, 9.2), SweepPoint(2048, 2.9, 8.1), SweepPoint(4096, 2.7, 8.6)]
-    decision, _ = decide(observations(), PolicyState(), 0.0, budget_sweep=sweep)
+    decision, _ = decide(observations(), PolicyState(), 0.0, budget_sweep=sweep, fit=window_fit())
     assert (decision.budget.b_max_tokens, decision.budget.b_cap_tokens) == (4096, 2048)
     assert decision.budget.t_large_tokens == 16384  # max_model_len // 2
     assert Flag.BUDGET_CLAMPED not in decision.flags
     # Default endpoints 16384/2048 against an engine started with 8192 tokens: clamped, flagged.
-    default, _ = decide(observations(), PolicyState(), 0.0)
+    default, _ = decide(observations(), PolicyState(), 0.0, fit=window_fit())
     assert (default.budget.b_max_tokens, default.budget.b_cap_tokens) == (8192, 2048)
     assert Flag.BUDGET_CLAMPED in default.flags
     small = EngineLimits(max_num_seqs=8, max_num_batched_tokens=1000, kv_capacity_tokens=10**6)
-    tiny, _ = decide(observations(limits=small), PolicyState(), 0.0)
+    tiny, _ = decide(observations(limits=small), PolicyState(), 0.0, fit=window_fit())
     assert (tiny.budget.b_max_tokens, tiny.budget.b_cap_tokens) == (1000, 1000)
     assert tiny.budget.t_large_tokens == 0  # max_model_len unknown: P-PAS+ off
 
 
 def test_decide_is_pure() -> None:
     obs = observations(n_obs=512.0)
-    before = obs.output_lengths_tokens.copy()
-    first = decide(obs, PolicyState(), 10.0)
-    second = decide(obs, PolicyState(), 10.0)
+    first = decide(obs, PolicyState(), 10.0, fit=window_fit())
+    second = decide(obs, PolicyState(), 10.0, fit=window_fit())
     assert first == second
-    assert np.array_equal(obs.output_lengths_tokens, before)
 
 
-# ---------------------------------------------------------------------------------------- pools, EMA
-
-
-def test_merge_pool_observations() -> None:
-    a = Observations(output_lengths_tokens=np.array([1.0, 2.0]), prompt_lengths_tokens=np.array([10.0]),
-                     costs=None, limits=EngineLimits(256, 8192, 500_000, 32768), n_obs=100.0,
-                     num_rejected_samples=2)
-    b = Observations(output_lengths_tokens=np.array([3.0]), prompt_lengths_tokens=np.array([20.0, 30.0]),
-                     costs=H200, limits=EngineLimits(512, 4096, 700_000, 16384), n_obs=300.0,
-                     num_rejected_samples=-1)
-    c = Observations(output_lengths_tokens=np.array([], dtype=np.float64), prompt_lengths_tokens=np.array([]),
-                     costs=RTX_PRO_6000, limits=EngineLimits(1024, 16384, 400_000, 65536), n_obs=math.nan,
-                     num_rejected_samples=5)
-    merged = merge_pool_observations([a, b, c])
-    assert merged is not None
-    assert merged.output_lengths_tokens.tolist() == [1.0, 2.0, 3.0]
-    assert merged.prompt_lengths_tokens.tolist() == [10.0, 20.0, 30.0]
-    assert merged.limits == EngineLimits(256, 4096, 400_000, 16384)  # the most conservative of each
-    assert merged.n_obs == 200.0  # mean of the valid observations (NaN ignored)
-    assert merged.num_rejected_samples == 7
-    assert merged.costs is H200  # the first member that has one
-    assert merge_pool_observations([]) is None
-    unobserved = merge_pool_observations([c, Observations(np.array([1.0]), np.array([1.0]), None,
-                                                          EngineLimits(1, 1, 0), n_obs=0.5)])
-    assert unobserved is not None and unobserved.n_obs == 0.0
-
-
-def test_pool_decision_respects_the_smallest_member() -> None:
-    big = observations(n_obs=600.0, seed=1)
-    small_limits = EngineLimits(max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=2_000_000,
-                                max_model_len_tokens=32768)
-    small = observations(n_obs=400.0, seed=2, limits=small_limits)
-    merged = merge_pool_observations([big, small])
-    decision, _ = decide(merged, PolicyState(), 0.0, config=NO_COOLDOWN)
-    assert decision.diagnostics.num_samples == 4000
-    assert decision.n <= 64
-    assert decision.budget.b_max_tokens <= 2048
-    assert decision.diagnostics.n_obs == 500.0
+# ------------------------------------------------------------------------------------------------ EMA
 
 
 def test_ema_update_hand_value() -> None:
@@ -505,25 +478,27 @@ def test_batch_size_uses_the_geometric_rate_of_the_mean_when_the_intercept_is_lo
 
 
 def _guard_observations(preemptions: int, num_running: int = 0, limits: EngineLimits = LIMITS) -> Observations:
-    return Observations(output_lengths_tokens=linear_hazard_outputs(3, 2000),
-                        prompt_lengths_tokens=np.full(2000, 512.0), costs=H200, limits=limits,
-                        num_preemptions=preemptions, num_running=num_running)
+    return Observations(costs=H200, limits=limits, num_preemptions=preemptions, num_running=num_running)
+
+
+GUARD_FIT = window_fit(seed=3)
 
 
 def test_memory_guard_cuts_n_on_preemption_and_releases_it_gradually() -> None:
     """Preemptions under an EB decision cut N to 0.85·N in force; clean intervals grow the cap by 2% until N̂*."""
     eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
-    first, state = decide(_guard_observations(0), PolicyState(), 0.0, intent=eb, config=NO_COOLDOWN)
+    first, state = decide(_guard_observations(0), PolicyState(), 0.0, intent=eb, config=NO_COOLDOWN, fit=GUARD_FIT)
     n_star = first.diagnostics.n_star
     assert first.n == n_star and state.n_eb_in_force == n_star and Flag.MEMORY_GUARD not in first.flags
-    cut, state = decide(_guard_observations(7), state, 1.0, intent=eb, config=NO_COOLDOWN)
+    cut, state = decide(_guard_observations(7), state, 1.0, intent=eb, config=NO_COOLDOWN, fit=GUARD_FIT)
     assert cut.n == math.floor(0.85 * n_star) and Flag.MEMORY_GUARD in cut.flags
     assert cut.k == max(1, math.floor(cut.diagnostics.theta_star * cut.n))
-    again, state = decide(_guard_observations(1), state, 2.0, intent=eb, config=NO_COOLDOWN)
+    again, state = decide(_guard_observations(1), state, 2.0, intent=eb, config=NO_COOLDOWN, fit=GUARD_FIT)
     assert again.n == math.floor(0.85 * cut.n)  # the base is the N in force, not N̂*
     sizes = [again.n]
     for step in range(200):
-        decision, state = decide(_guard_observations(0), state, 3.0 + step, intent=eb, config=NO_COOLDOWN)
+        decision, state = decide(_guard_observations(0), state, 3.0 + step, intent=eb, config=NO_COOLDOWN,
+                                 fit=GUARD_FIT)
         sizes.append(decision.n)
         if state.n_guard == 0:
             break
@@ -537,12 +512,15 @@ def test_memory_guard_holds_its_cap_while_the_engine_runs_more_than_it() -> None
     already running as they grow (vLLM preempts those itself). The cap holds until the running count falls
     to it, then cuts again; without the hold, long outputs took N from 1,024 to 6–34 in the twin."""
     eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
-    first, state = decide(_guard_observations(0), PolicyState(), 0.0, intent=eb, config=NO_COOLDOWN)
-    cut, state = decide(_guard_observations(9, num_running=first.n), state, 1.0, intent=eb, config=NO_COOLDOWN)
+    first, state = decide(_guard_observations(0), PolicyState(), 0.0, intent=eb, config=NO_COOLDOWN, fit=GUARD_FIT)
+    cut, state = decide(_guard_observations(9, num_running=first.n), state, 1.0, intent=eb, config=NO_COOLDOWN,
+                        fit=GUARD_FIT)
     assert cut.n == math.floor(0.85 * first.n)
-    held, state = decide(_guard_observations(9, num_running=cut.n + 1), state, 2.0, intent=eb, config=NO_COOLDOWN)
+    held, state = decide(_guard_observations(9, num_running=cut.n + 1), state, 2.0, intent=eb, config=NO_COOLDOWN,
+                         fit=GUARD_FIT)
     assert held.n == cut.n and Flag.MEMORY_GUARD in held.flags
-    again, state = decide(_guard_observations(9, num_running=cut.n), state, 3.0, intent=eb, config=NO_COOLDOWN)
+    again, state = decide(_guard_observations(9, num_running=cut.n), state, 3.0, intent=eb, config=NO_COOLDOWN,
+                          fit=GUARD_FIT)
     assert again.n == math.floor(0.85 * cut.n)
 
 
@@ -556,35 +534,31 @@ def test_memory_guard_does_not_blame_a_lowered_n_for_requests_admitted_under_a_l
     eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
     limits = replace(LIMITS, kv_capacity_tokens=400_000)
     state = PolicyState(n_eb_in_force=limits.max_num_seqs)
-    first, state = decide(_guard_observations(0, limits=limits), state, 0.0, intent=eb, config=NO_COOLDOWN)
+    first, state = decide(_guard_observations(0, limits=limits), state, 0.0, intent=eb, config=NO_COOLDOWN,
+                          fit=GUARD_FIT)
     n_star = first.diagnostics.n_star
     assert n_star < limits.max_num_seqs and first.n == n_star and state.n_eb_in_force == n_star
     held, state = decide(_guard_observations(40, num_running=n_star + 1, limits=limits), state, 1.0, intent=eb,
-                         config=NO_COOLDOWN)
+                         config=NO_COOLDOWN, fit=GUARD_FIT)
     assert held.n == n_star and state.n_guard == 0 and Flag.MEMORY_GUARD not in held.flags
     cut, state = decide(_guard_observations(3, num_running=n_star, limits=limits), state, 2.0, intent=eb,
-                        config=NO_COOLDOWN)
+                        config=NO_COOLDOWN, fit=GUARD_FIT)
     assert cut.n == math.floor(0.85 * n_star) and Flag.MEMORY_GUARD in cut.flags
 
 
 def test_memory_guard_ignores_preemptions_outside_computed_eb_and_can_be_turned_off() -> None:
     mb, _ = decide(_guard_observations(50), PolicyState(n_eb_in_force=0), 0.0, config=NO_COOLDOWN,
-                   intent=OperatorIntent(pin=ModePin(mode=Mode.MB)))
+                   intent=OperatorIntent(pin=ModePin(mode=Mode.MB)), fit=GUARD_FIT)
     assert mb.n == LIMITS.max_num_seqs and Flag.MEMORY_GUARD not in mb.flags  # MB preempts as stock vLLM does
     pinned, state = decide(_guard_observations(50), PolicyState(n_eb_in_force=600), 0.0, config=NO_COOLDOWN,
-                           intent=OperatorIntent(pin=ModePin(mode=Mode.EB, n=700)))
+                           intent=OperatorIntent(pin=ModePin(mode=Mode.EB, n=700)), fit=GUARD_FIT)
     assert pinned.n == 700 and state.n_eb_in_force == 0  # an operator's N is not second-guessed
     off = PolicyConfig(cooldown_s=0.0, memory_guard=False)
     eb = OperatorIntent(pin=ModePin(mode=Mode.EB))
-    free, _ = decide(_guard_observations(50), PolicyState(n_eb_in_force=600), 0.0, intent=eb, config=off)
+    free, _ = decide(_guard_observations(50), PolicyState(n_eb_in_force=600), 0.0, intent=eb, config=off, fit=GUARD_FIT)
     assert free.n == free.diagnostics.n_star and Flag.MEMORY_GUARD not in free.flags
     with pytest.raises(ValueError, match="guard_decrease_factor"):
         PolicyConfig(guard_decrease_factor=1.0)
-
-
-def test_pool_observations_add_up_preemptions() -> None:
-    merged = merge_pool_observations([_guard_observations(3), _guard_observations(-1), _guard_observations(4)])
-    assert merged.num_preemptions == 7
 
 
 def test_long_outputs_behind_short_prompts_do_not_collapse_n_star() -> None:

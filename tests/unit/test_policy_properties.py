@@ -1,4 +1,5 @@
-"""Property tests of the policy: decide() and evaluate() keep their guarantees for any input whatsoever."""
+"""Property tests of the policy: decide() and evaluate() keep their guarantees for any input whatsoever (decide()
+on the hazard fit of arbitrary length arrays, fitted through the histogram path: `tests.unit.sample_fit`)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from controlplane.core.types import (
     WorkloadStats,
 )
 from controlplane.sim.profiles import H200_QWEN3_8B, RTX_PRO_6000_QWEN3_8B
+from tests.unit.sample_fit import fit_from_samples
 
 # numpy warns (and carries on) when absurd inputs such as 1e308-token outputs overflow a mean.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -147,10 +149,10 @@ def assert_decision_contract(decision: Decision, limits: EngineLimits, intent: O
 def test_decide_never_raises_and_keeps_its_guarantees(
     outputs, prompts, costs, limits, n_obs, rejected, preemptions, state, now_s, intent, config, sweep
 ) -> None:
-    observations = Observations(output_lengths_tokens=outputs, prompt_lengths_tokens=prompts, costs=costs,
-                                limits=limits, n_obs=n_obs, num_rejected_samples=rejected,
+    observations = Observations(costs=costs, limits=limits, n_obs=n_obs, num_rejected_samples=rejected,
                                 num_preemptions=preemptions)
-    decision, new_state = decide(observations, state, now_s, intent=intent, config=config, budget_sweep=sweep)
+    decision, new_state = decide(observations, state, now_s, intent=intent, config=config, budget_sweep=sweep,
+                                 fit=fit_from_samples(outputs, prompts))
     assert_decision_contract(decision, limits, intent or OperatorIntent())
     assert isinstance(new_state, PolicyState)
     assert new_state.mode in (Mode.MB, Mode.EB)
@@ -175,13 +177,11 @@ def test_decide_never_raises_and_keeps_its_guarantees(
 )
 def test_decide_on_real_windows_follows_the_evaluation(seed, p0, n, costs, limits, n_obs, state, now_s) -> None:
     rng = np.random.default_rng(seed)
-    observations = Observations(
-        output_lengths_tokens=rng.geometric(p0, size=n).astype(np.float64),
-        prompt_lengths_tokens=rng.integers(1, 4096, size=n).astype(np.float64),
-        costs=costs, limits=limits, n_obs=n_obs,
-    )
+    fit = fit_from_samples(rng.geometric(p0, size=n).astype(np.float64),
+                           rng.integers(1, 4096, size=n).astype(np.float64))
+    observations = Observations(costs=costs, limits=limits, n_obs=n_obs)
     config = PolicyConfig(min_samples=50)
-    decision, new_state = decide(observations, state, now_s, config=config)
+    decision, new_state = decide(observations, state, now_s, config=config, fit=fit)
     assert_decision_contract(decision, limits, OperatorIntent())
     diag = decision.diagnostics
     assert decision.reason in (Reason.CROSSOVER_EB, Reason.CROSSOVER_MB, Reason.HYSTERESIS_HOLD,

@@ -11,8 +11,9 @@ from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop
+from controlplane.loop.estimate import WINDOW_COHORT_FLAG, PoolEstimate
 from controlplane.loop.ingest import EngineHello
-from controlplane.loop.pool_stats import WINDOW_COHORT_FLAG, PoolEstimate, PoolStatistics
+from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.sim.profiles import PROFILES
 
 COSTS = PROFILES["h200-qwen3-8b"].costs

@@ -17,10 +17,12 @@ from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.survival import HazardComparison
 from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
+from controlplane.loop.buckets import SNAPSHOT_REPLICA, BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop
+from controlplane.loop.estimate import WINDOW_REBASED_FLAG
 from controlplane.loop.ingest import EngineHello
-from controlplane.loop.pool_stats import SNAPSHOT_REPLICA, WINDOW_REBASED_FLAG, BucketStats, PoolStatistics
+from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.loop.shift_tracker import MAX_SAMPLES_PER_BUCKET, PRE_BUCKETS, REWIND_BUCKETS, ShiftTracker
 from controlplane.sim.profiles import PROFILES
 

@@ -27,7 +27,8 @@ from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.policy import decide, evaluate
 from controlplane.core.types import EngineLimits, Evaluation, Observations, PolicyState
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.pool_stats import PoolEstimate, PoolStatistics
+from controlplane.loop.estimate import PoolEstimate
+from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.sim.profiles import H200_QWEN3_8B
 
 LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=700_000)
@@ -37,7 +38,6 @@ PRE_SHIFT = 5000
 POST_SHIFT = 2500
 SEEDS = 20
 CONFIG = DecisionLoopConfig(output_window=4096, prompt_window=4096)
-_EMPTY = np.zeros(0)
 
 
 def draw(rng: np.random.Generator, kind: str, mean: float, n: int) -> np.ndarray:
@@ -86,8 +86,7 @@ class _Decisions:
         self._events_before = 0
 
     def decide(self, estimate: PoolEstimate, *, now_s: float, done: int) -> None:
-        observations = Observations(output_lengths_tokens=_EMPTY, prompt_lengths_tokens=_EMPTY,
-                                    costs=H200_QWEN3_8B, limits=LIMITS, n_obs=float(SLOTS))
+        observations = Observations(costs=H200_QWEN3_8B, limits=LIMITS, n_obs=float(SLOTS))
         decision, self._state = decide(observations, self._state, now_s, fit=estimate.fit,
                                        established=estimate.window_rebased)
         if done < self._pre_shift:

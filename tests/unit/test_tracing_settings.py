@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -60,9 +59,8 @@ def test_the_console_exporter_prints_spans() -> None:
 def _decision():
     limits = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192, kv_capacity_tokens=10**6,
                           max_model_len_tokens=32768)
-    observations = Observations(output_lengths_tokens=np.zeros(0), prompt_lengths_tokens=np.zeros(0), costs=None,
-                                limits=limits, n_obs=10.0, num_rejected_samples=0, num_preemptions=0)
-    return decide(observations, PolicyState(), 0.0, intent=OperatorIntent(), config=PolicyConfig())[0]
+    observations = Observations(costs=None, limits=limits, n_obs=10.0, num_rejected_samples=0, num_preemptions=0)
+    return decide(observations, PolicyState(), 0.0, intent=OperatorIntent(), config=PolicyConfig(), fit=None)[0]
 
 
 def test_a_decision_span_carries_the_batch_trace_with_or_without_an_exporter() -> None:

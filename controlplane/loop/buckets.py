@@ -1,0 +1,209 @@
+"""One pool bucket: the open bucket batches are appended to, and the closed, immutable `BucketStats` with its
+wire format (what replicas publish and read, and what a warm start persists).
+
+A closed bucket holds a sparse histogram of output lengths, the count and sum of prompt lengths, the
+normal-equation sums of the step costs (`core.cost_sums.CostSums`), the histogram of the output lengths so
+far of the requests running when it closed, and both by the bucket each request was first scheduled in when
+the engines report it (`core.admitted_counts`). Formats v1 (no running requests) and v2 (no admissions) are
+still read; v3 is written.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from controlplane.core.admitted_counts import AdmittedCounts
+from controlplane.core.cost_sums import CostSums, StepColumns
+from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.types import CostModel
+
+# Replica id of a persisted window seeded at start (warm start).
+SNAPSHOT_REPLICA = "snapshot"
+# Steps of one batch that enter the cost sums (evenly spaced when a batch carries more).
+MAX_STEPS_PER_BATCH = 64
+# Steps of one bucket that enter the cost sums (evenly spaced over the bucket's batches when it holds more):
+# a window's cost fit needs a few thousand steps, and summing the 64,000 a second of 1,000 engines held the
+# event loop for 15-25 ms at every bucket close (5 ms with this cap).
+MAX_STEPS_PER_BUCKET = 4096
+# How many buckets back a bucket keeps its requests' admission exact (older ones sit at that bound): a window
+# is fitted on the requests admitted since its change point only while that point is at most this far back.
+MAX_ADMISSION_LAG_BUCKETS = 600
+# Bucket formats: v1 (no running requests) and v2 (no admissions) are still read; v3 is written.
+_MAGIC_V1 = b"CPB1"
+_HEADER_V1 = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
+_MAGIC_V2 = b"CPB2"
+# magic, prompt count, prompt sum, histogram byte length, running known (0/1), running histogram byte length
+_HEADER_V2 = struct.Struct("<4sqdIBI")
+_MAGIC = b"CPB3"
+# v2's, then for the completions' and the running requests' admissions: known (0/1), byte length
+_HEADER = struct.Struct("<4sqdIBIBIBI")
+
+
+@dataclass(slots=True)
+class BucketStats:
+    """What one bucket holds for one pool (from one replica, or merged).
+
+    running: output lengths so far of the requests running when the bucket closed (None: not known, as in
+    a bucket of the v1 format or a persisted window).
+    admitted_outputs: the completions by admission bucket (None: an engine did not report one of them).
+    admitted_running: `running` by admission bucket (None: an engine did not report its running requests'
+      admissions).
+    """
+
+    outputs: LengthHistogram
+    prompt_count: int
+    prompt_sum_tokens: float
+    costs: CostSums
+    running: LengthHistogram | None = None
+    admitted_outputs: AdmittedCounts | None = None
+    admitted_running: AdmittedCounts | None = None
+
+    @classmethod
+    def empty(cls) -> BucketStats:
+        return cls(outputs=LengthHistogram.empty(), prompt_count=0, prompt_sum_tokens=0.0,
+                   costs=CostSums())
+
+    def to_bytes(self) -> bytes:
+        hist = self.outputs.to_bytes()
+        running = self.running.to_bytes() if self.running is not None else b""
+        admitted = self.admitted_outputs.to_bytes() if self.admitted_outputs is not None else b""
+        admitted_running = self.admitted_running.to_bytes() if self.admitted_running is not None else b""
+        costs = self.costs.to_array().astype("<f8").tobytes()
+        header = _HEADER.pack(_MAGIC, self.prompt_count, self.prompt_sum_tokens, len(hist),
+                              int(self.running is not None), len(running), int(self.admitted_outputs is not None),
+                              len(admitted), int(self.admitted_running is not None), len(admitted_running))
+        return header + hist + running + admitted + admitted_running + costs
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> BucketStats:
+        """Any format (v1: running None; v1 and v2: admissions None). Raises ValueError for a payload that is
+        not a bucket."""
+        known_admitted = known_admitted_running = admitted_len = admitted_running_len = 0
+        if payload[:4] == _MAGIC_V1 and len(payload) >= _HEADER_V1.size:
+            _, count, total, hist_len = _HEADER_V1.unpack_from(payload)
+            known, running_len, offset = 0, 0, _HEADER_V1.size
+        elif payload[:4] == _MAGIC_V2 and len(payload) >= _HEADER_V2.size:
+            _, count, total, hist_len, known, running_len = _HEADER_V2.unpack_from(payload)
+            offset = _HEADER_V2.size
+        elif payload[:4] == _MAGIC and len(payload) >= _HEADER.size:
+            (_, count, total, hist_len, known, running_len, known_admitted, admitted_len, known_admitted_running,
+             admitted_running_len) = _HEADER.unpack_from(payload)
+            offset = _HEADER.size
+        else:
+            raise ValueError("not a pool-statistics bucket")
+        sections = (hist_len, running_len, admitted_len, admitted_running_len)
+        if (count < 0 or not math.isfinite(total) or max(known, known_admitted, known_admitted_running) > 1
+                or offset + sum(sections) > len(payload)):
+            raise ValueError("not a pool-statistics bucket")
+        parts = []
+        for size in sections:
+            parts.append(payload[offset:offset + size])
+            offset += size
+        costs = CostSums.from_array(np.frombuffer(payload[offset:], dtype="<f8"))
+        return cls(outputs=LengthHistogram.from_bytes(parts[0]), prompt_count=int(count),
+                   prompt_sum_tokens=float(total), costs=costs,
+                   running=LengthHistogram.from_bytes(parts[1]) if known else None,
+                   admitted_outputs=AdmittedCounts.from_bytes(parts[2]) if known_admitted else None,
+                   admitted_running=AdmittedCounts.from_bytes(parts[3]) if known_admitted_running else None)
+
+
+
+@lru_cache(maxsize=64)
+def evenly_spaced(size: int, count: int) -> np.ndarray:
+    """`count` evenly spaced indices into `size` items, first and last included (read-only; batches of one
+    size recur, so they are computed once)."""
+    keep = np.linspace(0, size - 1, count).astype(np.int64)
+    keep.flags.writeable = False
+    return keep
+
+
+class Columns:
+    """Rows appended to preallocated float64 columns that double when full (amortised O(1) per row): a
+    bucket close reads one slice instead of concatenating a thousand batches' arrays."""
+
+    __slots__ = ("_data", "size")
+
+    def __init__(self, num_columns: int) -> None:
+        self._data = np.empty((num_columns, 1024), dtype=np.float64)
+        self.size = 0
+
+    def append(self, *columns: np.ndarray) -> None:
+        rows = columns[0].size
+        end = self.size + rows
+        if end > self._data.shape[1]:
+            grown = np.empty((self._data.shape[0], max(end, 2 * self._data.shape[1])), dtype=np.float64)
+            grown[:, : self.size] = self._data[:, : self.size]
+            self._data = grown
+        for row, column in zip(self._data, columns, strict=True):
+            row[self.size : end] = column
+        self.size = end
+
+    def view(self) -> np.ndarray:
+        """The rows so far, shape (columns, size); valid until the next append."""
+        return self._data[:, : self.size]
+
+
+@dataclass(slots=True)
+class OpenBucket:
+    """The bucket being filled: batches are only appended (amortised O(batch)); the histogram and the cost
+    sums are computed once, vectorised over the whole bucket, when it closes."""
+
+    bucket_id: int
+    outputs: Columns = field(default_factory=lambda: Columns(1))
+    admitted: Columns = field(default_factory=lambda: Columns(1))  # admission bucket per output
+    admission_known: bool = True  # every output's admission was reported
+    prompt_count: int = 0
+    prompt_sum_tokens: float = 0.0
+    steps: Columns = field(default_factory=lambda: Columns(4))  # prefill, decode, requests, duration
+
+    def close(self, reference_costs: CostModel | None, running: LengthHistogram | None,
+              admitted_running: AdmittedCounts | None = None) -> BucketStats:
+        costs = CostSums()
+        if self.steps.size:
+            columns = self.steps.view()
+            if self.steps.size > MAX_STEPS_PER_BUCKET:
+                columns = columns[:, np.linspace(0, self.steps.size - 1, MAX_STEPS_PER_BUCKET).astype(np.int64)]
+            costs.add_steps(StepColumns(*columns), reference=reference_costs)
+        outputs = self.outputs.view()[0]
+        admitted = None
+        if self.admission_known:
+            admitted = AdmittedCounts.from_columns(self.admitted.view()[0], outputs).cap_admission(
+                self.bucket_id - MAX_ADMISSION_LAG_BUCKETS)
+        return BucketStats(outputs=LengthHistogram.from_samples(outputs), prompt_count=self.prompt_count,
+                           prompt_sum_tokens=self.prompt_sum_tokens, costs=costs, running=running,
+                           admitted_outputs=admitted, admitted_running=admitted_running)
+
+
+def running_sum(reports: list[tuple[np.ndarray, np.ndarray]]) -> LengthHistogram | None:
+    """The sum of the engines' latest running histograms, each (lengths, counts); None when one is malformed."""
+    if not reports:
+        return LengthHistogram.empty()
+    try:
+        return LengthHistogram.from_counts(np.concatenate([lengths for lengths, _ in reports]),
+                                           np.concatenate([counts for _, counts in reports]))
+    except ValueError:
+        return None
+
+
+def admitted_running_sum(reports: list[tuple[np.ndarray, np.ndarray]], admitted: list[np.ndarray | None],
+                         bucket_id: int) -> AdmittedCounts | None:
+    """The engines' latest running histograms by admission bucket (each report's admission buckets in
+    `admitted`, None: not known), as of bucket_id; None when one is not known or is malformed."""
+    if not reports:
+        return AdmittedCounts.empty()
+    if any(a is None for a in admitted):
+        return None
+    try:
+        counts = AdmittedCounts.from_columns(np.concatenate(admitted),  # type: ignore[arg-type]
+                                             np.concatenate([lengths for lengths, _ in reports]),
+                                             np.concatenate([counts for _, counts in reports]))
+    except ValueError:
+        return None
+    return counts.cap_admission(bucket_id - MAX_ADMISSION_LAG_BUCKETS)

@@ -1,0 +1,89 @@
+"""`PoolEstimate`: the pool terms every engine of a pool is decided from (`loop.pool_stats` fits it), and the
+flags a decision carries about the window it stands on, and the windows it is fitted from. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.core.cost_model import CostFit
+from controlplane.core.hazard import HazardFit
+from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.types import CostModel
+from controlplane.loop.buckets import BucketStats
+from controlplane.loop.shift_tracker import PoolShift
+
+# The decision flag of an estimate whose window starts at a detected shift's change point.
+WINDOW_REBASED_FLAG = "window_rebased_after_shift"
+# The decision flag of an estimate fitted on the requests admitted since the latest shift's law began.
+WINDOW_COHORT_FLAG = "window_admitted_since_shift"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEstimate:
+    """The pool terms every engine of the pool is decided from.
+
+    end_bucket: the newest bucket in the window. fit: the hazard fit (None without completions).
+    costs: the cost model in use (the pool's calibration when set, else the online fit; None when neither is
+    usable). cost_source: "calibration" | "online" | "none". contributors: replica ids whose buckets were summed.
+    window_first_bucket: the oldest bucket whose completions are in the window (None: no completion).
+    window_rebased: the window starts at the change point of a detected shift (it holds fewer completions
+      than output_window). window_cohort: re-based at a shift and fitted on the
+      requests admitted since its new law began alone (`PoolStatistics._cohort`). window_transient: re-based,
+      and the requests in flight at its opening still weigh on it (the fit keeps p0, with η = 0 and
+      μ_O = 1/p0). fit_held: the window was re-based (or is a cohort) but holds fewer than shift_min_samples
+      completions: `fit` is the previous estimate's.
+    num_censored / num_truncated: requests running at the window's close / opening used by the fit (0 when
+      either end is unknown). last_shift: the latest shift detected in the pool (None: none yet); num_shifts:
+      how many were detected (and confirmed); num_unconfirmed_shifts: the detector's alarms the hazard test
+      dropped (`loop.shift_tracker`). mu_o_lower_tokens: a lower confidence bound on μ_O: the fit's, or
+      before the pool's first completion the one its running requests alone prove
+      (`survival.running_mean_lower_bound`); 1 when nothing is proven.
+    """
+
+    pool_key: str
+    end_bucket: int
+    fit: HazardFit | None
+    num_samples: int
+    cost_fit: CostFit
+    costs: CostModel | None
+    cost_source: str
+    num_buckets: int
+    contributors: tuple[str, ...]
+    num_rejected_steps: int = 0
+    window_first_bucket: int | None = None
+    window_rebased: bool = False
+    window_cohort: bool = False
+    window_transient: bool = False
+    fit_held: bool = False
+    num_censored: int = 0
+    num_truncated: int = 0
+    last_shift: PoolShift | None = None
+    num_shifts: int = 0
+    num_unconfirmed_shifts: int = 0
+    mu_o_lower_tokens: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A window of buckets: the summed stats (running None) and what the fit needs to know about its ends."""
+
+    stats: BucketStats
+    num_buckets: int
+    contributors: tuple[str, ...]
+    first_output_bucket: int | None
+    censored: LengthHistogram | None
+    truncated: LengthHistogram | None
+    rebased: bool
+    keep_from: int | None = None  # the oldest bucket a later window can read (`PoolStatistics.prune`)
+    cohort: bool = False  # completions and censored requests are those admitted since the new law began
+
+
+@dataclass(frozen=True, slots=True)
+class Cohort:
+    """The window of the requests admitted since the latest shift's law began (`PoolStatistics._cohort`): their
+    completions in the buckets [first_bucket, the window's last], those running at its close and at its opening."""
+
+    completed: LengthHistogram
+    censored: LengthHistogram
+    truncated: LengthHistogram
+    first_bucket: int

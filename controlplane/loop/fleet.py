@@ -1,0 +1,494 @@
+"""The fleet state machine: every engine and pool one controller replica (or the twin) holds, and how events
+move them. The controller's service layer and the twin drive this same object, so they cannot disagree.
+
+Events, each with the time as an argument (`now_s`, controller seconds), each returning `Effects`:
+- `attach` (a hello whose stream won the engine id) and `first_decision` (once the pool is warm);
+- `batch` (a validated telemetry batch): engine loop → probation and outlier judging → pool buckets →
+  decide when due, in that order;
+- `detach` (the stream ended), `tick` (due decisions, keep-alives, bucket closes, forgetting disconnected
+  engines), `set_overrides`, `set_calibration`, and the pool exchange: `close_bucket`, `take_peer_bucket`,
+  `seed_pool`, `refresh_pool`.
+
+Effects are what the caller applies: decisions to trace and persist, messages to push to a stream and show
+to watchers, closed buckets to publish, engines and pools forgotten, pool membership changes, sequence gaps.
+A stream is an opaque handle the caller gives (`attach`): the machine only compares it, so a batch or a
+detach from a stream that no longer holds its engine id is ignored.
+
+A pool calibration takes precedence over the online cost fit: while a pool has one, an estimate fitted
+with other costs is not decided on (the engine is decided as with no estimate until the refresh).
+
+No I/O and no clock: `timer` (optional) only measures how long each decide() takes, for a metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.core.cost_sums import StepColumns
+from controlplane.core.types import CostModel, OperatorIntent, PolicyConfig
+from controlplane.loop.buckets import BucketStats
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.engine import EngineLoop, LoopOutcome
+from controlplane.loop.estimate import PoolEstimate
+from controlplane.loop.ingest import EngineHello, ValidatedBatch
+from controlplane.loop.judging import EngineJudge, HeldBatch, Released, Verdict, judge_block, pool_can_judge
+from controlplane.loop.overrides import resolve_intent
+from controlplane.loop.pool_stats import PoolStatistics
+
+_EMPTY = np.zeros(0)
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A computation whose instruction changed (a new version): trace it, count it, persist it."""
+
+    engine_id: str
+    pool_key: str
+    outcome: LoopOutcome
+    traceparent: str  # the engine's latest batch's trace context, which the decision continues
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A message for an engine: to its stream (None: no stream here), and to the watchers when `watch` (each
+    version is shown to watchers once; keep-alives and re-pushes go to the engine only)."""
+
+    engine_id: str
+    pool_key: str
+    decision: common_pb2.Decision
+    stream: object | None
+    watch: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipChange:
+    """An engine was kept out of (excluded) or readmitted to its pool's statistics; num_excluded: the pool's
+    engines kept out now."""
+
+    engine_id: str
+    pool_key: str
+    verdict: Verdict
+    num_excluded: int
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """A disconnected engine forgotten: reason "ttl" (engine_ttl_s) or "capacity" (its identity's
+    max_disconnected_engines); identity: whose; disconnected_for_s: how long it had been disconnected."""
+
+    engine_id: str
+    pool_key: str
+    reason: str
+    identity: str
+    disconnected_for_s: float
+
+
+@dataclass
+class Effects:
+    """What one event asks the caller to do, in order: decisions (trace first: the trace id goes into the
+    message), then pushes, then persist `decided`."""
+
+    decided: list[Decided] = field(default_factory=list)
+    pushes: list[Push] = field(default_factory=list)
+    buckets: list[tuple[str, int, BucketStats]] = field(default_factory=list)  # (pool, bucket id, stats) to publish
+    memberships: list[MembershipChange] = field(default_factory=list)
+    forgotten: list[Forgotten] = field(default_factory=list)
+    forgotten_pools: list[str] = field(default_factory=list)
+    decide_latencies_s: list[float] = field(default_factory=list)
+    num_computed: int = 0  # decisions computed, changed or not
+    sequence_gaps: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.decided or self.pushes or self.buckets or self.memberships or self.forgotten
+                    or self.forgotten_pools or self.sequence_gaps)
+
+
+@dataclass(eq=False)
+class EngineRecord:
+    """What the machine keeps per engine id: its decision loop, judging state and the stream holding it."""
+
+    loop: EngineLoop
+    identity: str = ""  # the agent identity that holds the engine id until the record is forgotten
+    stream: object | None = None
+    disconnected_at_s: float = 0.0
+    judge: EngineJudge = field(default_factory=EngineJudge)
+    watched_version: int = -1  # the last version shown to watchers
+
+    @property
+    def connected(self) -> bool:
+        return self.stream is not None
+
+
+@dataclass(eq=False)
+class PoolRecord:
+    stats: PoolStatistics
+    refreshed_bucket: int | None = None
+    num_connected: int = 0
+    num_records: int = 0  # engine records of the pool here, connected or not: the pool is forgotten at 0
+    num_excluded: int = 0
+
+
+class FleetState:
+    """Engines and pools of one replica (see the module docstring). default_intent: what an engine is decided
+    with where no override of a kind is in force (the twin's δ and pin; empty in the controller)."""
+
+    def __init__(self, loop_config: DecisionLoopConfig, policy: PolicyConfig, *, replica_id: str,
+                 budget_sweep=(), default_intent: OperatorIntent | None = None,
+                 timer: Callable[[], float] | None = None) -> None:
+        self.loop_config = loop_config
+        self.policy = policy
+        self.replica_id = replica_id
+        self._budget_sweep = budget_sweep
+        self._timer = timer
+        self._default_intent = default_intent or OperatorIntent()
+        self._engines: dict[str, EngineRecord] = {}
+        self._pools: dict[str, PoolRecord] = {}
+        # Per agent identity, its disconnected engine ids in the order they disconnected (the oldest first).
+        self._disconnected: dict[str, dict[str, None]] = {}
+        self._overrides: list[operator_pb2.OverrideRecord] = []
+        self._calibrations: dict[str, CostModel] = {}
+        self.restored: dict[str, tuple[str, common_pb2.Decision]] = {}  # engine id → (pool key, decision)
+        self._restored_at_s = 0.0
+        self.num_connected = 0
+
+    # ---- reads ----
+
+    def engine(self, engine_id: str) -> EngineRecord | None:
+        return self._engines.get(engine_id)
+
+    def engines(self) -> Iterator[tuple[str, EngineRecord]]:
+        return iter(list(self._engines.items()))
+
+    def pool(self, key: str) -> PoolRecord | None:
+        return self._pools.get(key)
+
+    def pool_keys(self) -> list[str]:
+        return list(self._pools)
+
+    def calibration(self, key: str) -> CostModel | None:
+        return self._calibrations.get(key)
+
+    @property
+    def override_records(self) -> list[operator_pb2.OverrideRecord]:
+        """Every override held, as last set (expired ones included: `overrides` filters them)."""
+        return list(self._overrides)
+
+    def overrides(self, now_s: float) -> list[operator_pb2.OverrideRecord]:
+        """The overrides in force (expired ones excluded)."""
+        return [r for r in self._overrides if not r.cleared and not (0 < r.expires_at_s <= now_s)]
+
+    def holds(self, engine_id: str, stream: object) -> EngineRecord | None:
+        """The engine's record when `stream` holds its id, else None."""
+        record = self._engines.get(engine_id)
+        return record if record is not None and record.stream is stream else None
+
+    # ---- state restored from the store ----
+
+    def restore_decisions(self, restored: dict[str, tuple[str, common_pb2.Decision]], now_s: float) -> None:
+        """Last decisions from the store (a restart): versions continue above them, views show them."""
+        self.restored, self._restored_at_s = restored, now_s
+
+    # ---- streams ----
+
+    def attach(self, hello: EngineHello, *, identity: str, epoch: int, stream: object, now_s: float) -> Effects:
+        """Bind `stream` to hello's engine id (the caller has checked identity and takeover: the previous
+        stream, if any, lost). A new engine, or one that moved pool, gets a new loop."""
+        effects = Effects()
+        record = self._engines.get(hello.engine_id)
+        if record is not None and not record.connected:
+            self._leave_disconnected_queue(hello.engine_id, record)
+        if record is None or record.loop.hello.pool_key != hello.pool_key:
+            if record is not None:  # the engine moved to another pool
+                old_key = record.loop.hello.pool_key
+                if record.connected:
+                    self._pools[old_key].num_connected -= 1
+                    self.num_connected -= 1
+                    self._pools[old_key].stats.forget_engine(hello.engine_id)
+                self._release_pool(old_key, effects)
+            loop = EngineLoop(hello=hello, config=self.loop_config, policy=self.policy,
+                              budget_sweep=self._budget_sweep)
+            restored = self.restored.pop(hello.engine_id, None)
+            if restored is not None:
+                loop.restore(restored[1])
+            record = EngineRecord(loop=loop, identity=identity)
+            self._engines[hello.engine_id] = record
+            self._pool_of(hello.pool_key).num_records += 1
+        loop = record.loop
+        loop.hello = hello
+        loop.last_seq = 0
+        loop.last_sent_s = float("-inf")
+        loop.begin_epoch(epoch)
+        pool = self._pool_of(hello.pool_key)
+        if not record.connected:
+            pool.num_connected += 1
+            self.num_connected += 1
+        record.stream = stream
+        return effects
+
+    def first_decision(self, engine_id: str, stream: object, now_s: float) -> Effects:
+        """The decision pushed when a stream opens (forced out even when unchanged)."""
+        effects = Effects()
+        record = self.holds(engine_id, stream)
+        if record is not None:
+            self._decide(record, now_s, effects, force_push=True)
+        return effects
+
+    def detach(self, engine_id: str, stream: object, now_s: float) -> Effects:
+        """The stream ended; its engine is remembered (disconnected) if the stream still held its id."""
+        effects = Effects()
+        record = self.holds(engine_id, stream)
+        if record is None:
+            return effects
+        record.stream = None
+        record.disconnected_at_s = now_s
+        pool = self._pools[record.loop.hello.pool_key]
+        pool.num_connected -= 1
+        self.num_connected -= 1
+        pool.stats.forget_engine(engine_id)
+        self._remember_disconnected(engine_id, record, now_s, effects)
+        return effects
+
+    def _remember_disconnected(self, engine_id: str, record: EngineRecord, now_s: float, effects: Effects) -> None:
+        """Queue a newly disconnected engine under its identity; past the identity's max_disconnected_engines
+        (unless 0), forget its longest-disconnected engines now (their TTL would let a client cycling through
+        engine ids hold memory in proportion to its rate)."""
+        queue = self._disconnected.setdefault(record.identity, {})
+        queue[engine_id] = None
+        limit = self.loop_config.max_disconnected_engines
+        while limit and len(queue) > limit:
+            oldest = next(iter(queue))
+            self._forget(oldest, self._engines[oldest], "capacity", now_s, effects)
+
+    def _leave_disconnected_queue(self, engine_id: str, record: EngineRecord) -> None:
+        queue = self._disconnected.get(record.identity)
+        if queue is None:
+            return
+        queue.pop(engine_id, None)
+        if not queue:
+            del self._disconnected[record.identity]
+
+    def ack(self, engine_id: str, stream: object, *, version: int, applied: bool) -> str | None:
+        """Record an ACK: "applied", "rejected" or "unknown_version"; None when the stream lost the id."""
+        record = self.holds(engine_id, stream)
+        return record.loop.ack(version, applied=applied) if record is not None else None
+
+    # ---- telemetry ----
+
+    def batch(self, engine_id: str, stream: object, batch: ValidatedBatch, now_s: float) -> Effects | None:
+        """One validated batch: the engine's loop, judging, the pool's buckets, then a decision if due. None
+        when the stream no longer holds the engine id (the batch is ignored)."""
+        record = self.holds(engine_id, stream)
+        if record is None:
+            return None
+        effects = Effects()
+        loop = record.loop
+        effects.sequence_gaps += int(loop.on_batch(batch, now_s=now_s))
+        pool = self._pools[loop.hello.pool_key]
+        prompts, outputs = batch.prompt_tokens, batch.output_tokens
+        admitted_age_s = batch.admitted_age_s if outputs.size else None
+        if outputs.size:
+            if record.judge.on_probation:
+                record.judge.hold(HeldBatch(prompts, outputs, admitted_age_s, now_s))
+                prompts = outputs = _EMPTY
+                admitted_age_s = None
+            self._judge(record, pool, batch.output_tokens, now_s, effects)
+        if not loop.excluded_from_pool:
+            self._add(pool, now_s, effects, prompts=prompts, outputs=outputs,
+                      steps=StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests,
+                                        batch.duration_s), engine_id=engine_id,
+                      running_lengths=batch.running_lengths, running_counts=batch.running_counts,
+                      admitted_age_s=admitted_age_s, running_admitted_age_s=batch.running_admitted_age_s)
+        if loop.is_due(now_s):
+            self._decide(record, now_s, effects, trigger_traceparent=batch.traceparent)
+        return effects
+
+    def _add(self, pool: PoolRecord, now_s: float, effects: Effects, **columns) -> None:
+        closed = pool.stats.add(now_s, **columns)
+        if closed is not None:
+            effects.buckets.append((pool.stats.pool_key, closed[1], closed[0]))
+
+    def _release(self, pool: PoolRecord, released: Released | None, now_s: float, effects: Effects) -> None:
+        if released is not None:
+            self._add(pool, now_s, effects, prompts=released.prompts, outputs=released.outputs, steps=None,
+                      admitted_age_s=released.admitted_age_s)
+
+    def _judge(self, record: EngineRecord, pool: PoolRecord, outputs: np.ndarray, now_s: float,
+               effects: Effects) -> None:
+        """Probation and outlier judging of one batch's outputs (`loop.judging`)."""
+        judge = record.judge
+        if judge.on_probation and not self._can_judge(pool):
+            self._release(pool, judge.end_probation(now_s, admit=True), now_s, effects)
+        block = judge.add_to_block(outputs)
+        if block is None or not self._can_judge(pool):
+            return
+        verdict = judge_block(*block, pool.stats.estimate)
+        if judge.on_probation:
+            self._release(pool, judge.end_probation(now_s, admit=not verdict.excluded), now_s, effects)
+        if verdict.excluded != record.loop.excluded_from_pool:
+            record.loop.excluded_from_pool = verdict.excluded
+            pool.stats.forget_engine(record.loop.hello.engine_id)  # its running requests leave (or rejoin) with it
+            pool.num_excluded += 1 if verdict.excluded else -1
+            effects.memberships.append(MembershipChange(record.loop.hello.engine_id, pool.stats.pool_key, verdict,
+                                                        pool.num_excluded))
+
+    def _can_judge(self, pool: PoolRecord) -> bool:
+        return pool_can_judge(pool.stats.estimate, num_connected=pool.num_connected,
+                              min_samples=self.policy.min_samples)
+
+    # ---- deciding ----
+
+    def _decide(self, record: EngineRecord, now_s: float, effects: Effects, *, force_push: bool = False,
+                trigger_traceparent: str = "") -> None:
+        loop = record.loop
+        hello = loop.hello
+        estimate = self._pools[hello.pool_key].stats.estimate
+        if (estimate is not None and hello.pool_key in self._calibrations
+                and estimate.cost_source != "calibration"):
+            estimate = None
+        intent = resolve_intent(self._overrides, engine_id=hello.engine_id, pool_key=hello.pool_key, now_s=now_s,
+                                default=self._default_intent)
+        self._decide_with(record, estimate, intent, now_s, effects, force_push=force_push,
+                          trigger_traceparent=trigger_traceparent)
+
+    def _decide_with(self, record: EngineRecord, estimate: PoolEstimate | None, intent: OperatorIntent,
+                     now_s: float, effects: Effects, *, force_push: bool, trigger_traceparent: str) -> None:
+        loop = record.loop
+        started = self._timer() if self._timer is not None else 0.0
+        outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
+                              trigger_traceparent=trigger_traceparent)
+        effects.num_computed += 1
+        if self._timer is not None:
+            effects.decide_latencies_s.append(self._timer() - started)
+        if outcome.changed and outcome.latest is not None:
+            effects.decided.append(Decided(loop.hello.engine_id, loop.hello.pool_key, outcome, loop.traceparent))
+        if outcome.push is not None:
+            self._push(record, outcome.push, now_s, effects)
+
+    def _push(self, record: EngineRecord, decision: common_pb2.Decision, now_s: float, effects: Effects) -> None:
+        loop = record.loop
+        if record.connected:
+            loop.mark_sent(decision, now_s=now_s)
+        watch = decision.version != record.watched_version
+        record.watched_version = decision.version
+        effects.pushes.append(Push(loop.hello.engine_id, loop.hello.pool_key, decision, record.stream, watch))
+
+    def redecide_all(self, now_s: float) -> Effects:
+        """Re-decide every connected engine now."""
+        effects = Effects()
+        for _, record in self.engines():
+            if record.connected:
+                self._decide(record, now_s, effects)
+        return effects
+
+    def set_overrides(self, records: list[operator_pb2.OverrideRecord], now_s: float) -> Effects:
+        """Replace the overrides held (every scope and kind) and re-decide every connected engine."""
+        self._overrides = list(records)
+        return self.redecide_all(now_s)
+
+    def set_calibration(self, key: str, costs: CostModel | None, now_s: float, *, refresh: bool = True) -> Effects:
+        """Put (or with None, drop) a pool's calibration; with refresh, refit the pool and re-decide."""
+        if costs is None:
+            self._calibrations.pop(key, None)
+        else:
+            self._calibrations[key] = costs
+        if not refresh:
+            return Effects()
+        pool = self._pools.get(key)
+        if pool is not None:
+            pool.stats.refresh(now_s, calibration=self._calibrations.get(key))
+        return self.redecide_all(now_s)
+
+    # ---- the scheduler's work ----
+
+    def tick(self, now_s: float, *, keepalive_lead_s: float = 0.0) -> Effects:
+        """Forget engines disconnected for engine_ttl_s, decide the due ones, send keep-alives falling due
+        within keepalive_lead_s, close the pools' due buckets, drop restored decisions nobody came back for."""
+        effects = Effects()
+        for engine_id, record in self.engines():
+            loop = record.loop
+            if not record.connected:
+                if now_s - record.disconnected_at_s >= self.loop_config.engine_ttl_s:
+                    self._forget(engine_id, record, "ttl", now_s, effects)
+                continue
+            if loop.is_due(now_s):
+                self._decide(record, now_s, effects)
+            elif loop.keepalive_due(now_s + keepalive_lead_s):
+                self._push(record, loop.current, now_s, effects)
+        if self.restored and now_s - self._restored_at_s >= self.loop_config.engine_ttl_s:
+            self.restored = {}
+        for key in list(self._pools):
+            closed = self.close_bucket(key, now_s)
+            if closed is not None:
+                effects.buckets.append((key, *closed))
+        return effects
+
+    def _forget(self, engine_id: str, record: EngineRecord, reason: str, now_s: float, effects: Effects) -> None:
+        del self._engines[engine_id]
+        self._leave_disconnected_queue(engine_id, record)
+        key = record.loop.hello.pool_key
+        effects.forgotten.append(Forgotten(engine_id, key, reason, record.identity, now_s - record.disconnected_at_s))
+        self._release_pool(key, effects)
+
+    def _pool_of(self, key: str) -> PoolRecord:
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = PoolRecord(PoolStatistics(key, self.loop_config, replica_id=self.replica_id))
+        return pool
+
+    def _release_pool(self, key: str, effects: Effects) -> None:
+        """One engine record of the pool is gone; when it was the last, forget the pool here (its buckets stay
+        in the store for the other replicas and for a warm start)."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return
+        pool.num_records -= 1
+        if pool.num_records <= 0:
+            del self._pools[key]
+            effects.forgotten_pools.append(key)
+
+    # ---- the pool exchange ----
+
+    def close_bucket(self, key: str, now_s: float) -> tuple[int, BucketStats] | None:
+        """Close the pool's open bucket when now_s is past it: (bucket id, stats) to publish, else None."""
+        pool = self._pools.get(key)
+        closed = pool.stats.close_due(now_s) if pool is not None else None
+        return (closed[1], closed[0]) if closed is not None else None
+
+    def refresh_due(self, key: str, now_s: float) -> int | None:
+        """The end bucket a refresh at now_s would fit through, when it is past the last refresh; else None."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return None
+        end_bucket = pool.stats.estimate_bucket(now_s)
+        return None if pool.refreshed_bucket is not None and end_bucket <= pool.refreshed_bucket else end_bucket
+
+    def take_peer_bucket(self, key: str, bucket_id: int, replica_id: str, stats: BucketStats) -> None:
+        """Another replica's closed bucket of the pool (or a re-read of one)."""
+        pool = self._pools.get(key)
+        if pool is not None:
+            pool.stats.put_remote(bucket_id, replica_id, stats)
+
+    def seed_pool(self, key: str, window: BucketStats | None, now_s: float) -> None:
+        """Warm start: the pool's persisted window (None: none found), for a pool new here; the next refresh
+        is due whatever the last one fitted."""
+        pool = self._pools.get(key)
+        if pool is not None:
+            if window is not None:
+                pool.stats.seed(window, now_s=now_s)
+            pool.refreshed_bucket = None
+
+    def refresh_pool(self, key: str, now_s: float) -> PoolEstimate | None:
+        """Refit the pool's estimate (its calibration, if any, as the costs) and drop buckets no later window
+        can use. The estimate, or None when the pool is not held."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return None
+        end_bucket = pool.stats.estimate_bucket(now_s)
+        estimate = pool.stats.refresh(now_s, calibration=self._calibrations.get(key))
+        pool.stats.prune(now_s)
+        pool.refreshed_bucket = end_bucket
+        return estimate
