@@ -197,7 +197,7 @@ def summarise(kind: str, before: float, after: float, *, censoring: bool = True,
     return summary
 
 
-# The measured figures (see docs/ARCHITECTURE.md) with some margin: these bounds catch regressions; the goal
+# The measured figures (see docs/BENCHMARKS.md) with some margin: these bounds catch regressions; the goal
 # of 300 / 600 completions is not reached for geometric workloads (the requests in flight at the shift).
 @pytest.mark.parametrize(
     ("kind", "before", "after", "settle_10", "settle_5", "error_600"),
@@ -218,7 +218,7 @@ def test_decisions_follow_a_shift(kind: str, before: float, after: float, settle
 # The i.i.d. stream (measured: geometric 128 → 1,024 within 10% / 5% after 230 / 1,005 completions, error 3.7% at
 # 300 and 2.6% at 600; 1,024 → 256: 195 / 310, 3.2%, 1.9%; uniform 512 → 1,024: 50 / 70, 1.3%, 0.6%). The error
 # at 300 and at 600 completions is within the goal's 10% and 5%; what stays above the goal for geometric
-# 128 → 1,024 when read as "stays within 5% from then on" is sampling (docs/ARCHITECTURE.md).
+# 128 → 1,024 when read as "stays within 5% from then on" is sampling (docs/BENCHMARKS.md).
 @pytest.mark.parametrize(
     ("kind", "before", "after", "settle_10", "settle_5"),
     [
