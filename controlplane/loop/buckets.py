@@ -32,6 +32,12 @@ MAX_STEPS_PER_BATCH = 64
 # a window's cost fit needs a few thousand steps, and summing the 64,000 a second of 1,000 engines held the
 # event loop for 15-25 ms at every bucket close (5 ms with this cap).
 MAX_STEPS_PER_BUCKET = 4096
+# An engine counts in a bucket for at most FAIR_SHARE_FACTOR times the lower median of the bucket's engines'
+# completions (never below MIN_FAIR_SHARE), once MIN_ACTIVE_ENGINES engines send MIN_FAIR_SHARE: however much
+# one engine sends, it weighs like at most two typical engines of its pool.
+FAIR_SHARE_FACTOR = 2.0
+MIN_FAIR_SHARE = 64
+MIN_ACTIVE_ENGINES = 3
 # How many buckets back a bucket keeps its requests' admission exact (older ones sit at that bound): a window
 # is fitted on the requests admitted since its change point only while that point is at most this far back.
 MAX_ADMISSION_LAG_BUCKETS = 600
@@ -162,19 +168,61 @@ class OpenBucket:
     prompt_count: int = 0
     prompt_sum_tokens: float = 0.0
     steps: Columns = field(default_factory=lambda: Columns(4))  # prefill, decode, requests, duration
+    # Per engine: its completions' row ranges in `outputs` and its prompts' count and sum (the fair share).
+    shares: dict[str, list[tuple[int, int, int, float]]] = field(default_factory=dict)
+
+    def add_completions(self, engine_id: str, prompts: np.ndarray, outputs: np.ndarray,
+                        admitted: np.ndarray) -> None:
+        """Append one engine's completions (`admitted`: their admission buckets, NaN where unknown)."""
+        start = self.outputs.size
+        self.outputs.append(outputs)
+        self.admitted.append(admitted)
+        count, total = int(prompts.size), float(prompts.sum())
+        self.prompt_count += count
+        self.prompt_sum_tokens += total
+        self.shares.setdefault(engine_id, []).append((start, self.outputs.size, count, total))
+
+    def _fair_share(self) -> np.ndarray | None:
+        """The rows kept when each engine counts for at most its fair share: FAIR_SHARE_FACTOR times the lower
+        median of the engines' completions in the bucket (at least MIN_FAIR_SHARE); an engine above it keeps
+        evenly spaced rows and its prompts scaled alike. Only once MIN_ACTIVE_ENGINES engines send at least
+        MIN_FAIR_SHARE each (one busy engine among idle ones is not outvoting anyone). None: every row kept."""
+        counts = {engine: sum(end - start for start, end, _, _ in parts) for engine, parts in self.shares.items()}
+        ordered = sorted(counts.values())
+        if len(ordered) < MIN_ACTIVE_ENGINES or ordered[-MIN_ACTIVE_ENGINES] < MIN_FAIR_SHARE:
+            return None  # fewer than MIN_ACTIVE_ENGINES engines busy: no typical engine to measure a share by
+        cap = max(MIN_FAIR_SHARE, math.ceil(FAIR_SHARE_FACTOR * ordered[(len(ordered) - 1) // 2]))
+        if ordered[-1] <= cap:
+            return None
+        keep = np.ones(self.outputs.size, dtype=bool)
+        for engine, parts in self.shares.items():
+            if counts[engine] <= cap:
+                continue
+            rows = np.concatenate([np.arange(start, end) for start, end, _, _ in parts])
+            keep[rows] = False
+            keep[rows[evenly_spaced(rows.size, cap)]] = True
+            fraction = cap / counts[engine]
+            prompt_count = sum(c for _, _, c, _ in parts)
+            self.prompt_count -= prompt_count - round(prompt_count * fraction)
+            self.prompt_sum_tokens -= sum(t for _, _, _, t in parts) * (1.0 - fraction)
+        return keep
 
     def close(self, reference_costs: CostModel | None, running: LengthHistogram | None,
               admitted_running: AdmittedCounts | None = None) -> BucketStats:
+        """The closed bucket, each engine's completions counted at most its fair share (`_fair_share`)."""
         costs = CostSums()
         if self.steps.size:
             columns = self.steps.view()
             if self.steps.size > MAX_STEPS_PER_BUCKET:
                 columns = columns[:, np.linspace(0, self.steps.size - 1, MAX_STEPS_PER_BUCKET).astype(np.int64)]
             costs.add_steps(StepColumns(*columns), reference=reference_costs)
-        outputs = self.outputs.view()[0]
+        outputs, admission = self.outputs.view()[0], self.admitted.view()[0]
+        keep = self._fair_share()
+        if keep is not None:
+            outputs, admission = outputs[keep], admission[keep]
         admitted = None
         if self.admission_known:
-            admitted = AdmittedCounts.from_columns(self.admitted.view()[0], outputs).cap_admission(
+            admitted = AdmittedCounts.from_columns(admission, outputs).cap_admission(
                 self.bucket_id - MAX_ADMISSION_LAG_BUCKETS)
         return BucketStats(outputs=LengthHistogram.from_samples(outputs), prompt_count=self.prompt_count,
                            prompt_sum_tokens=self.prompt_sum_tokens, costs=costs, running=running,

@@ -22,6 +22,7 @@ No I/O and no clock: `timer` (optional) only measures how long each decide() tak
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -35,7 +36,18 @@ from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop, LoopOutcome
 from controlplane.loop.estimate import PoolEstimate
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
-from controlplane.loop.judging import EngineJudge, HeldBatch, Released, Verdict, judge_block, pool_can_judge
+from controlplane.loop.judging import (
+    CONFIRM_BLOCKS,
+    MIN_POOL_ENGINES,
+    Block,
+    EngineJudge,
+    HeldBatch,
+    Reference,
+    Released,
+    Verdict,
+    judge_block,
+    reference_of,
+)
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics
 
@@ -117,6 +129,10 @@ class EngineRecord:
     disconnected_at_s: float = 0.0
     judge: EngineJudge = field(default_factory=EngineJudge)
     watched_version: int = -1  # the last version shown to watchers
+    # While the engine serves a distinct workload (`loop.judging`): its own statistics, which it is decided
+    # from once they hold min_samples completions (the pool's until then). None: it is part of its pool.
+    own: PoolStatistics | None = None
+    decided_from_own: bool = False  # its latest decision stood on its own statistics
 
     @property
     def connected(self) -> bool:
@@ -130,6 +146,8 @@ class PoolRecord:
     num_connected: int = 0
     num_records: int = 0  # engine records of the pool here, connected or not: the pool is forgotten at 0
     num_excluded: int = 0
+    blocks: dict[str, Block] = field(default_factory=dict)  # each connected engine's latest judged block
+    distinct: set[str] = field(default_factory=set)  # engines serving a distinct workload (not in the reference)
 
 
 class FleetState:
@@ -208,6 +226,7 @@ class FleetState:
                     self._pools[old_key].num_connected -= 1
                     self.num_connected -= 1
                     self._pools[old_key].stats.forget_engine(hello.engine_id)
+                self._pools[old_key].blocks.pop(hello.engine_id, None)
                 self._release_pool(old_key, effects)
             loop = EngineLoop(hello=hello, config=self.loop_config, policy=self.policy,
                               budget_sweep=self._budget_sweep)
@@ -249,6 +268,7 @@ class FleetState:
         pool.num_connected -= 1
         self.num_connected -= 1
         pool.stats.forget_engine(engine_id)
+        pool.blocks.pop(engine_id, None)
         self._remember_disconnected(engine_id, record, now_s, effects)
         return effects
 
@@ -295,49 +315,81 @@ class FleetState:
                 record.judge.hold(HeldBatch(prompts, outputs, admitted_age_s, now_s))
                 prompts = outputs = _EMPTY
                 admitted_age_s = None
-            self._judge(record, pool, batch.output_tokens, now_s, effects)
-        if not loop.excluded_from_pool:
-            self._add(pool, now_s, effects, prompts=prompts, outputs=outputs,
-                      steps=StepColumns(batch.prefill_tokens, batch.decode_tokens, batch.decode_requests,
-                                        batch.duration_s), engine_id=engine_id,
-                      running_lengths=batch.running_lengths, running_counts=batch.running_counts,
-                      admitted_age_s=admitted_age_s, running_admitted_age_s=batch.running_admitted_age_s)
+            self._judge(record, pool, batch.prompt_tokens, batch.output_tokens, now_s, effects)
+        # An engine on probation adds nothing to its pool: neither completions nor running requests nor steps.
+        held = record.judge.on_probation
+        self._add(record, pool, now_s, effects, prompts=prompts, outputs=outputs,
+                  steps=None if held else StepColumns(batch.prefill_tokens, batch.decode_tokens,
+                                                      batch.decode_requests, batch.duration_s),
+                  running_lengths=None if held else batch.running_lengths,
+                  running_counts=None if held else batch.running_counts,
+                  admitted_age_s=admitted_age_s, running_admitted_age_s=batch.running_admitted_age_s)
         if loop.is_due(now_s):
             self._decide(record, now_s, effects, trigger_traceparent=batch.traceparent)
         return effects
 
-    def _add(self, pool: PoolRecord, now_s: float, effects: Effects, **columns) -> None:
-        closed = pool.stats.add(now_s, **columns)
+    def _add(self, record: EngineRecord, pool: PoolRecord, now_s: float, effects: Effects, **columns) -> None:
+        """Add an engine's completions and steps to its pool's statistics, or, while it serves a distinct
+        workload, to its own (which are never published: only its own decisions read them)."""
+        engine_id = record.loop.hello.engine_id
+        if record.own is not None:
+            record.own.add(now_s, engine_id=engine_id, **columns)
+            return
+        closed = pool.stats.add(now_s, engine_id=engine_id, **columns)
         if closed is not None:
             effects.buckets.append((pool.stats.pool_key, closed[1], closed[0]))
 
-    def _release(self, pool: PoolRecord, released: Released | None, now_s: float, effects: Effects) -> None:
+    def _release(self, record: EngineRecord, pool: PoolRecord, released: Released | None, now_s: float,
+                 effects: Effects) -> None:
         if released is not None:
-            self._add(pool, now_s, effects, prompts=released.prompts, outputs=released.outputs, steps=None,
+            self._add(record, pool, now_s, effects, prompts=released.prompts, outputs=released.outputs, steps=None,
                       admitted_age_s=released.admitted_age_s)
 
-    def _judge(self, record: EngineRecord, pool: PoolRecord, outputs: np.ndarray, now_s: float,
+    def _judge(self, record: EngineRecord, pool: PoolRecord, prompts: np.ndarray, outputs: np.ndarray, now_s: float,
                effects: Effects) -> None:
-        """Probation and outlier judging of one batch's outputs (`loop.judging`)."""
+        """Probation and judging of one batch's completions against the pool's robust reference
+        (`loop.judging`): a distinct engine is kept out of the pool and decided from its own statistics."""
         judge = record.judge
-        if judge.on_probation and not self._can_judge(pool):
-            self._release(pool, judge.end_probation(now_s, admit=True), now_s, effects)
-        block = judge.add_to_block(outputs)
-        if block is None or not self._can_judge(pool):
+        engine_id = record.loop.hello.engine_id
+        if judge.on_probation and self._reference(pool, engine_id) is None:
+            self._release(record, pool, judge.end_probation(now_s, admit=True), now_s, effects)
+        previous = pool.blocks.get(engine_id)
+        block = judge.add_to_block(prompts, outputs, now_s)
+        if block is None:
             return
-        verdict = judge_block(*block, pool.stats.estimate)
-        if judge.on_probation:
-            self._release(pool, judge.end_probation(now_s, admit=not verdict.excluded), now_s, effects)
-        if verdict.excluded != record.loop.excluded_from_pool:
-            record.loop.excluded_from_pool = verdict.excluded
-            pool.stats.forget_engine(record.loop.hello.engine_id)  # its running requests leave (or rejoin) with it
-            pool.num_excluded += 1 if verdict.excluded else -1
-            effects.memberships.append(MembershipChange(record.loop.hello.engine_id, pool.stats.pool_key, verdict,
-                                                        pool.num_excluded))
+        # Compared with the blocks the others ended since this block began (like with like in time); a block of
+        # a single batch with those ended since this engine's previous block, a held block with the latest.
+        reference = self._reference(pool, engine_id, since_s=block.started_at_s)
+        if reference is None and block.started_at_s == block.ended_at_s:
+            reference = self._reference(pool, engine_id, since_s=previous.ended_at_s if previous else -math.inf)
+        if reference is None and judge.on_probation:  # a held block is judged against the latest there are
+            reference = self._reference(pool, engine_id)
+        pool.blocks[engine_id] = block
+        if reference is None:
+            return
+        verdict = judge_block(block, reference)
+        judge.distinct_blocks = judge.distinct_blocks + 1 if verdict.excluded else 0
+        distinct = judge.distinct_blocks >= CONFIRM_BLOCKS
+        if verdict.excluded and not distinct:
+            return  # one distinct block may be a pool-wide shift seen first: the next one decides
+        if distinct != record.loop.excluded_from_pool:
+            record.loop.excluded_from_pool = distinct
+            pool.stats.forget_engine(engine_id)  # its running requests leave (or rejoin) the pool with it
+            record.own = PoolStatistics(f"{pool.stats.pool_key}#{engine_id}", self.loop_config,
+                                        replica_id=self.replica_id) if distinct else None
+            pool.num_excluded += 1 if distinct else -1
+            (pool.distinct.add if distinct else pool.distinct.discard)(engine_id)
+            effects.memberships.append(MembershipChange(engine_id, pool.stats.pool_key, verdict, pool.num_excluded))
+        if judge.on_probation:  # into the pool, or a distinct engine's own statistics
+            self._release(record, pool, judge.end_probation(now_s, admit=True), now_s, effects)
 
-    def _can_judge(self, pool: PoolRecord) -> bool:
-        return pool_can_judge(pool.stats.estimate, num_connected=pool.num_connected,
-                              min_samples=self.policy.min_samples)
+    def _reference(self, pool: PoolRecord, engine_id: str, *, since_s: float = -math.inf) -> Reference | None:
+        """The pool's robust reference for judging engine_id: its other member engines' latest blocks (those
+        that ended at or after since_s)."""
+        if pool.num_connected < MIN_POOL_ENGINES:
+            return None
+        members = {e: b for e, b in pool.blocks.items() if e not in pool.distinct}
+        return reference_of(members, excluding=engine_id, since_s=since_s)
 
     # ---- deciding ----
 
@@ -345,7 +397,9 @@ class FleetState:
                 trigger_traceparent: str = "") -> None:
         loop = record.loop
         hello = loop.hello
-        estimate = self._pools[hello.pool_key].stats.estimate
+        own = self._own_estimate(record, now_s)
+        record.decided_from_own = own is not None
+        estimate = own or self._pools[hello.pool_key].stats.estimate
         if (estimate is not None and hello.pool_key in self._calibrations
                 and estimate.cost_source != "calibration"):
             estimate = None
@@ -353,6 +407,22 @@ class FleetState:
                                 default=self._default_intent)
         self._decide_with(record, estimate, intent, now_s, effects, force_push=force_push,
                           trigger_traceparent=trigger_traceparent)
+
+    def _own_estimate(self, record: EngineRecord, now_s: float) -> PoolEstimate | None:
+        """A distinct engine's own estimate (refreshed when its end bucket advanced), once it holds
+        min_samples completions or is re-based at a shift; None otherwise (decided from its pool's)."""
+        own = record.own
+        if own is None:
+            return None
+        if own.estimate is None or own.estimate_bucket(now_s) > own.estimate.end_bucket:
+            own.refresh(now_s, calibration=self._calibrations.get(record.loop.hello.pool_key))
+            own.prune(now_s)
+        estimate = own.estimate
+        if estimate is None or estimate.fit is None:
+            return None
+        # As the pool's: a re-based window is decided on whatever its size (a shift is not a cold start).
+        established = estimate.window_rebased or estimate.window_cohort
+        return estimate if established or estimate.num_samples >= self.policy.min_samples else None
 
     def _decide_with(self, record: EngineRecord, estimate: PoolEstimate | None, intent: OperatorIntent,
                      now_s: float, effects: Effects, *, force_push: bool, trigger_traceparent: str) -> None:
@@ -428,6 +498,9 @@ class FleetState:
 
     def _forget(self, engine_id: str, record: EngineRecord, reason: str, now_s: float, effects: Effects) -> None:
         del self._engines[engine_id]
+        pool = self._pools.get(record.loop.hello.pool_key)
+        if pool is not None:
+            pool.distinct.discard(engine_id)
         self._leave_disconnected_queue(engine_id, record)
         key = record.loop.hello.pool_key
         effects.forgotten.append(Forgotten(engine_id, key, reason, record.identity, now_s - record.disconnected_at_s))

@@ -164,16 +164,13 @@ class PoolStatistics:
         if bucket is None:
             bucket = self._open = OpenBucket(bucket_id=self.bucket_of(now_s))
         if outputs.size:
-            bucket.outputs.append(outputs)
             if admitted_age_s is not None and admitted_age_s.size == outputs.size:
                 admitted = self._admission_buckets(now_s, admitted_age_s)
                 bucket.admission_known &= bool(np.isfinite(admitted).all())
-                bucket.admitted.append(admitted)
             else:
                 bucket.admission_known = False
-                bucket.admitted.append(np.zeros(outputs.size))
-            bucket.prompt_count += int(prompts.size)
-            bucket.prompt_sum_tokens += float(prompts.sum())
+                admitted = np.zeros(outputs.size)
+            bucket.add_completions(engine_id, prompts, outputs, admitted)
         if steps is not None and steps.duration_s.size:
             size = steps.duration_s.size
             if size > MAX_STEPS_PER_BATCH:

@@ -67,9 +67,8 @@ class ControllerMetrics:
         self.pool_mu_l = Gauge("cp_pool_mu_l_tokens", "Mean prompt length of the pool's window, tokens", ["pool"],
                                registry=r)
         self.pool_samples = Gauge("cp_pool_samples", "Completions in the pool's window", ["pool"], registry=r)
-        self.pool_excluded_engines = Gauge("cp_pool_excluded_engines",
-                                           "Engines kept out of the pool statistics as outliers", ["pool"],
-                                           registry=r)
+        self.pool_excluded_engines = Gauge("cp_pool_excluded_engines", "Engines kept out of the pool statistics "
+                                           "(a distinct workload, decided from their own)", ["pool"], registry=r)
         self.pool_shifts = Counter("cp_pool_workload_shifts_total", "Workload shifts detected per pool", ["pool"],
                                    registry=r)
         self.pool_buckets_unreadable = Counter(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.loop.fleet import EngineRecord, FleetState
 from controlplane.protocol import pool_key_of
+from controlplane.store.cooperative import map_yielding
 
 _LIMITS = ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size_tokens", "max_model_len_tokens")
 _COUNTS = ("decision_version", "acked_version", "num_completions", "num_rejected_events", "num_sequence_gaps")
@@ -79,15 +80,36 @@ def merge_engine_infos(local: Iterable[operator_pb2.EngineInfo], registry: Mappi
     entries (the local ones are filtered by the caller).
     """
     merged = {info.engine_id: info for info in local}
+    for engine_id, fields in _from_registry(merged, registry, controller_id=controller_id, pool_key=pool_key):
+        merged[engine_id] = engine_info_from_registry(engine_id, fields, now_s=now_s)
+    return [merged[engine_id] for engine_id in sorted(merged)]
+
+
+async def merge_engine_infos_yielding(local: Iterable[operator_pb2.EngineInfo],
+                                      registry: Mapping[str, Mapping[str, str]], *, controller_id: str,
+                                      now_s: float, pool_key: str | None = None) -> list[operator_pb2.EngineInfo]:
+    """`merge_engine_infos`, letting the event loop run every few hundred entries (a fleet of thousands)."""
+    merged = {info.engine_id: info for info in local}
+    wanted = _from_registry(merged, registry, controller_id=controller_id, pool_key=pool_key)
+    infos = await map_yielding(lambda item: engine_info_from_registry(item[0], item[1], now_s=now_s), wanted)
+    merged.update((info.engine_id, info) for info in infos)
+    return [merged[engine_id] for engine_id in sorted(merged)]
+
+
+def _from_registry(merged: Mapping[str, operator_pb2.EngineInfo], registry: Mapping[str, Mapping[str, str]], *,
+                   controller_id: str, pool_key: str | None) -> list[tuple[str, Mapping[str, str]]]:
+    """The registry entries to show: other replicas' (this one's memory is fresher), of pool_key when given,
+    for engines not connected here."""
+    wanted = []
     for engine_id, fields in registry.items():
         if fields.get("controller_id", "") == controller_id:
-            continue  # this replica's own entries: its memory is fresher
+            continue
         if pool_key is not None and fields.get("pool") != pool_key:
             continue
         mine = merged.get(engine_id)
         if mine is None or not mine.connected:
-            merged[engine_id] = engine_info_from_registry(engine_id, fields, now_s=now_s)
-    return [merged[engine_id] for engine_id in sorted(merged)]
+            wanted.append((engine_id, fields))
+    return wanted
 
 
 def stored_decision_view(engine_id: str, pool_key: str, decision: common_pb2.Decision) -> operator_pb2.DecisionView:
@@ -110,6 +132,8 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
             view.latest.CopyFrom(loop.latest)
             if loop.excluded_from_pool:
                 view.latest.flags.append("engine_excluded_from_pool")
+            if record.decided_from_own:
+                view.latest.flags.append("engine_decided_from_own_statistics")
         return view
     restored = fleet.restored.get(engine_id)
     if restored is not None:
@@ -141,7 +165,17 @@ def engine_info(fleet: FleetState, engine_id: str, record: EngineRecord, *, now_
 
 def engine_infos(fleet: FleetState, *, now_s: float, pool_key: str | None = None) -> list[operator_pb2.EngineInfo]:
     """The engines held here (connected or remembered), by id; only `pool_key`'s when given."""
-    return [engine_info(fleet, engine_id, record, now_s=now_s) for engine_id, record in sorted(fleet.engines())
+    return [engine_info(fleet, engine_id, record, now_s=now_s) for engine_id, record in _held(fleet, pool_key)]
+
+
+async def engine_infos_yielding(fleet: FleetState, *, now_s: float,
+                                pool_key: str | None = None) -> list[operator_pb2.EngineInfo]:
+    """`engine_infos`, letting the event loop run every few hundred engines."""
+    return await map_yielding(lambda item: engine_info(fleet, item[0], item[1], now_s=now_s), _held(fleet, pool_key))
+
+
+def _held(fleet: FleetState, pool_key: str | None) -> list[tuple[str, EngineRecord]]:
+    return [(engine_id, record) for engine_id, record in sorted(fleet.engines(), key=lambda item: item[0])
             if pool_key is None or record.loop.hello.pool_key == pool_key]
 
 

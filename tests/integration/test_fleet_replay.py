@@ -1,7 +1,11 @@
-"""The recorded fleet (`fleet_replay`) replayed through the controller gives the decision sequence recorded
-before the controller became a shell around the fleet state machine: every version, mode, k, N, budget, δ,
-reason, flag and diagnostic, and every pool membership change (probation, outlier judging, the calibration's
-precedence, a δ override, a pin and its clear, a reconnect)."""
+"""The recorded fleet (`fleet_replay`) replayed through the controller gives the golden decision sequence: every
+version, mode, k, N, budget, δ, reason, flag and diagnostic, and every pool membership change (probation,
+judging, the calibration's precedence, a δ override, a pin and its clear, a reconnect).
+
+The golden rows were recorded on the controller before it became a shell around the fleet state machine, and
+re-recorded once since, when judging changed (`loop.judging`): the outlier engine a3's running requests no
+longer reach the pool while it is on probation (4 decisions of each other engine of its pool changed, μ̂_O
+126.8 instead of 140.5 against a true 128), and a3, kept out, is decided from its own statistics."""
 
 from __future__ import annotations
 

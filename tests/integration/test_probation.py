@@ -8,7 +8,7 @@ import numpy as np
 
 from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.core.types import EngineLimits, PolicyConfig
-from controlplane.loop.buckets import BucketStats
+from controlplane.loop.buckets import FAIR_SHARE_FACTOR, BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.ingest import EngineHello, validate_batch
 from controlplane.observability.metrics import ControllerMetrics
@@ -72,6 +72,8 @@ async def test_completions_released_from_probation_keep_their_admissions(redis_u
     released = BucketStats.from_bytes(next(iter(contributions[1_013].values())))
     await store.close()
     assert held.outputs.count == 2 * PER_BATCH  # the third engine's batches wait on probation...
-    assert released.outputs.count == 5 * PER_BATCH  # ...and enter with the batch that completed the block
+    # ...and enter with the batch that completed the block, counted as at most the fair share of one engine
+    # (FAIR_SHARE_FACTOR × the other engines' PER_BATCH), like any engine's completions in one bucket.
+    assert released.outputs.count == 2 * PER_BATCH + min(3 * PER_BATCH, int(FAIR_SHARE_FACTOR * PER_BATCH))
     assert released.admitted_outputs is not None, "the released completions came without their admissions"
     assert released.admitted_outputs.count == released.outputs.count

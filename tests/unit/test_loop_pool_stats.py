@@ -13,7 +13,7 @@ from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.policy import decide
 from controlplane.core.survival import running_mean_lower_bound
 from controlplane.core.types import EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
-from controlplane.loop.buckets import MAX_STEPS_PER_BUCKET, BucketStats
+from controlplane.loop.buckets import FAIR_SHARE_FACTOR, MAX_STEPS_PER_BUCKET, MIN_FAIR_SHARE, BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.sim.profiles import PROFILES
@@ -135,14 +135,41 @@ def test_a_seeded_window_warm_starts_a_pool_and_newer_buckets_take_over() -> Non
     assert later.num_samples == 4400  # the four new buckets alone: the snapshot no longer counts
 
 
+def test_an_engine_counts_in_a_bucket_for_at_most_its_fair_share() -> None:
+    """20 engines send 100 completions each in one second and one engine 100,000 (long prompts, long outputs):
+    the bucket keeps the 20 engines' completions whole and FAIR_SHARE_FACTOR × 100 evenly spaced ones of the
+    loud engine, with its prompts scaled alike; its volume is not its vote."""
+    rng = np.random.default_rng(8)
+    pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
+    honest_outputs, honest_prompts = [], []
+    for engine in range(20):
+        outputs = rng.geometric(1 / 256, 100).astype(np.float64)
+        prompts = rng.integers(256, 768, 100).astype(np.float64)
+        pool.add(0.1 + engine / 100, prompts=prompts, outputs=outputs, steps=None, engine_id=f"honest-{engine}")
+        honest_outputs.append(outputs)
+        honest_prompts.append(prompts)
+    loud_outputs = np.full(100_000, 480.0)
+    pool.add(0.5, prompts=np.full(100_000, 7000.0), outputs=loud_outputs, steps=None, engine_id="loud")
+    stats, _ = pool.close_due(1.0)
+    share = int(FAIR_SHARE_FACTOR * 100)
+    assert stats.outputs.count == 20 * 100 + share
+    kept = np.repeat(stats.outputs.lengths, stats.outputs.counts)
+    assert int((kept == 480).sum()) == share + int((np.concatenate(honest_outputs) == 480).sum())
+    assert stats.prompt_count == 20 * 100 + share
+    assert stats.prompt_sum_tokens == pytest.approx(float(np.concatenate(honest_prompts).sum()) + share * 7000.0)
+    # Without the loud engine's excess, the bucket's mean prompt is within 3× of the honest one (not 13×).
+    assert stats.prompt_sum_tokens / stats.prompt_count < 3 * float(np.concatenate(honest_prompts).mean())
+
+
 def test_a_bucket_closes_over_every_batch_added_to_it() -> None:
-    """A thousand engines' batches of one second: the closed bucket holds every completion and prompt, and
-    the cost sums the bucket's steps evenly thinned to MAX_STEPS_PER_BUCKET, first and last included."""
+    """A thousand engines' batches of one second, each within its fair share: the closed bucket holds every
+    completion and prompt, and the cost sums the bucket's steps evenly thinned to MAX_STEPS_PER_BUCKET, first
+    and last included."""
     rng = np.random.default_rng(4)
     pool = PoolStatistics("m|a", CONFIG, replica_id="r0")
     outputs, prompts, steps = [], [], []
     for engine in range(1000):
-        size = int(rng.integers(0, 70))
+        size = int(rng.integers(0, MIN_FAIR_SHARE + 1))
         batch_outputs = rng.geometric(1 / 300, size).astype(np.float64)
         batch_prompts = rng.integers(16, 2048, size).astype(np.float64)
         num_steps = int(rng.integers(1, 64))
