@@ -65,9 +65,10 @@ from testbench.fuzz_messages import (  # noqa: E402
     non_finite_doubles,
     pool_names,
     run_script,
+    stream_telemetry,
     telemetry_payload,
 )
-from testbench.messages import LIMITS, geometric_batch  # noqa: E402
+from testbench.messages import LIMITS  # noqa: E402
 from testbench.serve_process import ServeProcess  # noqa: E402
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
@@ -179,15 +180,6 @@ async def _run_jobs(channels: list[grpc.aio.Channel], jobs: list[tuple[StreamScr
     await asyncio.gather(*(worker(channels[i % len(channels)]) for i in range(concurrency)))
 
 
-async def _telemetry(agent: LiveAgent, seed: int, stop: asyncio.Event) -> None:
-    rng = np.random.default_rng(seed)
-    seq = 1
-    while not stop.is_set():
-        await agent.send_batch(geometric_batch(seq, rng, num=40))
-        seq += 1
-        await asyncio.sleep(0.2)
-
-
 async def _known_engines(channel: grpc.aio.Channel) -> list[operator_pb2.EngineInfo]:
     stub = operator_pb2_grpc.OperatorServiceStub(channel)
     return list((await stub.ListEngines(operator_pb2.ListEnginesRequest(), timeout=30)).engines)
@@ -224,7 +216,7 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
         await agent.decision(timeout_s=30)
         good.append(agent)
     stop = asyncio.Event()
-    streamers = [asyncio.create_task(_telemetry(agent, i, stop)) for i, agent in enumerate(good)]
+    streamers = [asyncio.create_task(stream_telemetry(agent, i, stop)) for i, agent in enumerate(good)]
 
     async def evicted(timeout_s: float) -> tuple[int, float]:
         deadline = loop.time() + timeout_s

@@ -149,7 +149,7 @@ def decode_split(eb: RunResult, v1: RunResult) -> str:
 def queue_wait(eb: RunResult, v1: RunResult) -> str:
     """The mean wait in the queue by Little's law (time-weighted mean of waiting requests / request rate; needs
     the step log): at c = 2,048 it is most of TTFT, so the faster scheduler has the lower TTFT (as in the
-    paper's own Table 3 at c = 2,048: EB 70.8 s, v1 83.8 s)."""
+    paper's own [EB] Table 3 at c = 2,048: EB 70.8 s, v1 83.8 s)."""
     waits = [time_mean(result, "num_waiting") / rps(result) for result in (eb, v1)]
     return f"queue wait (Little's law) EB {waits[0]:.0f} / v1 {waits[1]:.0f} s"
 

@@ -1,16 +1,16 @@
-"""The papers' published figures that `benchmarks/twin_vs_papers.py` sets the twin against: the EB paper's
-Tables 2, 4 and 6, §4.2 and §4.3.3, and the P-PAS paper's Tables 1, 3, 9 and 10 (its Table 2 and the EB paper's
-Table 3 and App. A figures are written beside the rows that use them)."""
+"""The papers' published figures that `benchmarks/twin_vs_papers.py` sets the twin against: [EB] Tables
+2, 4 and 6, [EB] §4.2 and [EB] §4.3.3, and [PPAS] Tables 1, 3, 9 and 10 ([PPAS] Table 2, [EB] Table 3 and the
+[EB] App. A figures are written beside the rows that use them)."""
 
 from __future__ import annotations
 
 # ------------------------------------------------------------------------------------------------ EB paper
 
-TABLE2_RPS = {  # (profile, workload) → (v1 req/s, EB(k̂*) req/s), EB paper Table 2 (RTX PRO 6000, Qwen3-8B)
+TABLE2_RPS = {  # (profile, workload) → (v1 req/s, EB(k̂*) req/s), [EB] Table 2 (RTX PRO 6000, Qwen3-8B)
     ("rtx-pro-6000-qwen3-8b", "sharegpt"): (17.07, 19.68), ("rtx-pro-6000-qwen3-8b", "wildchat"): (12.75, 14.19),
     ("rtx-pro-6000-qwen3-8b", "longbench"): (8.35, 8.66), ("rtx-pro-6000-qwen3-8b", "numinamath"): (0.73, 0.74),
 }
-TABLE2_CHANGE = {  # EB(k̂*) over v1 in %, Table 2 and §4.3.2
+TABLE2_CHANGE = {  # EB(k̂*) over v1 in %, [EB] Table 2 and [EB] §4.3.2
     ("rtx-pro-6000-qwen3-8b", "sharegpt"): 15.3, ("rtx-pro-6000-qwen3-8b", "wildchat"): 11.3,
     ("rtx-pro-6000-qwen3-8b", "longbench"): 3.7, ("rtx-pro-6000-qwen3-8b", "numinamath"): 1.4,
     ("rtx-pro-6000-qwen3-30b-a3b", "sharegpt"): -3.1, ("rtx-pro-6000-qwen3-30b-a3b", "wildchat"): 11.6,
@@ -18,12 +18,12 @@ TABLE2_CHANGE = {  # EB(k̂*) over v1 in %, Table 2 and §4.3.2
 }
 TABLE2_AVERAGE = {"rtx-pro-6000-qwen3-8b": 7.9, "rtx-pro-6000-qwen3-30b-a3b": 1.4, "h200-qwen3-8b": 1.5,
                   "h200-qwen3-30b-a3b": -2.9}
-TPOT_MS = {  # (profile, workload) → (v1 ms, EB ms), EB paper §4.3.3
+TPOT_MS = {  # (profile, workload) → (v1 ms, EB ms), [EB] §4.3.3
     ("rtx-pro-6000-qwen3-8b", "sharegpt"): (268.97, 93.68), ("rtx-pro-6000-qwen3-8b", "wildchat"): (173.33, 113.22),
     ("rtx-pro-6000-qwen3-8b", "numinamath"): (81.75, 65.22), ("h200-qwen3-8b", "wildchat"): (122.97, 79.04),
     ("h200-qwen3-8b", "numinamath"): (31.03, 26.87),
 }
-TTFT_S = {("rtx-pro-6000-qwen3-8b", "longbench"): (175.56, 169.64)}  # (v1 s, EB s), §4.3.3
+TTFT_S = {("rtx-pro-6000-qwen3-8b", "longbench"): (175.56, 169.64)}  # (v1 s, EB s), [EB] §4.3.3
 
 
 ORACLE_PAPER = {"decode-heavy": 8.0, "balanced": 3.6, "prefill-heavy": 0.6}
@@ -39,7 +39,7 @@ TABLE6_RANGE = (1.4, 4.0)  # EB(k̂*) over v1, tok/s, 128K input / 64 output: th
 
 PPAS_TABLE1 = {"avg latency": (8.5, 11.3), "p95 latency": (3.0, 10.0), "avg TTFT": (11.8, -18.5),
                "avg TPOT": (3.4, 36.3), "makespan": (1.0, -3.9)}
-PPAS_TABLE9 = {  # burst rate → scheduler → (E2E, P95, TTFT, TPOT, makespan), P-PAS paper Table 9
+PPAS_TABLE9 = {  # burst rate → scheduler → (E2E, P95, TTFT, TPOT, makespan), [PPAS] Table 9
     0.4: {"mbt:2048": (3.348, 5.168, 2.079, 0.0409, 39.226), "mbt:16384": (2.761, 4.502, 1.695, 0.0344, 39.000),
           "ppas:16384:2048": (2.735, 4.672, 1.678, 0.0341, 38.970)},
     0.6: {"mbt:2048": (4.399, 7.057, 2.551, 0.0596, 39.661), "mbt:16384": (3.678, 6.854, 2.039, 0.0529, 38.982),

@@ -11,23 +11,23 @@ percent. `ok` when |diff| ≤ 5 and, for a TTFT/TPOT change, the sign agrees; ot
 anyway with a note naming what the twin measured there. Rows marked `sign` have only a published direction.
 
 Sections (the profiles: controlplane/sim/profiles.py; the workloads: controlplane/sim/data/workloads.json):
-  table2   EB paper Table 2 and §4.3.3: EB(k̂*) vs v1 on ShareGPT, WildChat, LongBench, NuminaMath (c = 2048), RTX
+  table2   [EB] Table 2 and [EB] §4.3.3: EB(k̂*) vs v1 on ShareGPT, WildChat, LongBench, NuminaMath (c = 2048), RTX
            PRO 6000 and H200, Qwen3-8B and Qwen3-30B-A3B: requests/s, the change, TTFT and TPOT changes; 4,000
            requests each (NuminaMath too: with fewer than 2,048 the closed loop is one batch in flight at t = 0
            and the run its drain, never a steady state)
-  table3   EB paper Table 3 and §4.4: EB+ vs v1 and EB(k̂*) at c = 32 / 512 / 2048 (μ_L 512, μ_O 256), the
+  table3   [EB] Table 3 and [EB] §4.4: EB+ vs v1 and EB(k̂*) at c = 32 / 512 / 2048 (μ_L 512, μ_O 256), the
            distribution and concurrency shifts; goodput at c = 512 (TTFT < 10 s, TPOT < 100 ms); per cell also
            EB+ warm-started from the pool snapshot an earlier run (seed 1) left, against the better of v1
            and EB(k̂*) (a pool with history skips the 400-completion cold start)
-  oracle   EB paper §4.2: EB(k̂*) over the best fixed k at N = 1024, H200, geometric outputs
-  table4   EB paper Table 4: WildChat on L40S and B300
-  table6   EB paper Table 6: EB(k̂*) vs v1 at 128K input / 64 output on the RTX PRO 6000 (Qwen3 with YaRN's
+  oracle   [EB] §4.2: EB(k̂*) over the best fixed k at N = 1024, H200, geometric outputs
+  table4   [EB] Table 4: WildChat on L40S and B300
+  table6   [EB] Table 6: EB(k̂*) vs v1 at 128K input / 64 output on the RTX PRO 6000 (Qwen3 with YaRN's
            131,072-token context), as many concurrent requests as the KV cache holds; the paper publishes the
            range over its seven models, +1.4 to +4.0%
-  kernel   EB paper §1 and App. A.1: the mixed-batch crossover decode ratio; the linear prefill model's R²
-  ppas     P-PAS paper Tables 1, 2, 3, 9, 10: P-PAS vs fixed MBT 2k / 16k on the bursty long-context trace,
+  kernel   [EB] §1 and [EB] App. A.1: the mixed-batch crossover decode ratio; the linear prefill model's R²
+  ppas     [PPAS] Tables 1, 2, 3, 9, 10: P-PAS vs fixed MBT 2k / 16k on the bursty long-context trace,
            Qwen2.5-3B on the RTX 5090: the twin's mean over 40 seeds (traces) against the paper's five-seed
-           means, each Table 9 row noting how many standard errors of a five-seed mean apart they are
+           means, each [PPAS] Table 9 row noting how many standard errors of a five-seed mean apart they are
 Deterministic (fixed seeds); one process.
 """
 
@@ -106,7 +106,7 @@ WORKLOADS = ("sharegpt", "wildchat", "longbench", "numinamath")
 
 def section_table2(requests: int, long_requests: int) -> None:
     title = "table2"
-    print(f"\n[{title}] EB paper Table 2 / §4.3.3 — EB(k̂*) vs v1 (best of N ∈ {V1_GRID_N}), c = 2048, "
+    print(f"\n[{title}] [EB] Table 2 / [EB] §4.3.3 — EB(k̂*) vs v1 (best of N ∈ {V1_GRID_N}), c = 2048, "
           f"{requests} requests ({long_requests} for NuminaMath)")
     for name in ("rtx-pro-6000-qwen3-8b", "h200-qwen3-8b", "rtx-pro-6000-qwen3-30b-a3b", "h200-qwen3-30b-a3b"):
         profile = get_profile(name)
@@ -163,7 +163,8 @@ def section_table2(requests: int, long_requests: int) -> None:
                     add(title, f"{name} {workload_name}: {who} TPOT", paper_ms, result.metrics.tpot_mean_s * 1e3,
                         kind="abs", unit="ms", note=f"{implied}twin {step_profile(result)}")
             elif workload_name == "longbench" and name.endswith("qwen3-8b"):
-                add(title, f"{name} longbench: TPOT change (v1 lower, §4.3.3)", 1.0, tpot, kind="sign", note=latency)
+                add(title, f"{name} longbench: TPOT change (v1 lower, [EB] §4.3.3)", 1.0, tpot, kind="sign",
+                    note=latency)
             if workload_name == "longbench":
                 footnote(title, f"{name} longbench: {decode_split(eb, v1)}")
             if workload_name == "longbench" and name.endswith("qwen3-8b"):
@@ -177,7 +178,7 @@ def section_table2(requests: int, long_requests: int) -> None:
                     add(title, f"{name} longbench: v1 TTFT", paper_v1, v1.metrics.ttft_mean_s, kind="abs", unit="s",
                         note=f"{wait}; v1 {rps(v1):.2f} req/s (paper {TABLE2_RPS[key][0]})")
                 else:
-                    add(title, f"{name} longbench: TTFT change (EB lower, §4.3.3)", -1.0, ttft, kind="sign",
+                    add(title, f"{name} longbench: TTFT change (EB lower, [EB] §4.3.3)", -1.0, ttft, kind="sign",
                         note=latency)
             elif name.endswith("qwen3-8b"):
                 add(title, f"{name} {workload_name}: TTFT change (v1 generally lower)", 1.0, ttft, kind="sign",
@@ -199,7 +200,7 @@ def section_table2(requests: int, long_requests: int) -> None:
 
 def section_table3(requests: int, quick: bool, small_requests: int = 300) -> None:
     title = "table3"
-    print(f"\n[{title}] EB paper Table 3 / §4.4 — EB+ (δ = 0) vs v1 and EB(k̂*), Qwen3-8B, μ_L 512 / μ_O 256, "
+    print(f"\n[{title}] [EB] Table 3 / [EB] §4.4 — EB+ (δ = 0) vs v1 and EB(k̂*), Qwen3-8B, μ_L 512 / μ_O 256, "
           f"N ≤ 1024, {requests} requests")
     shape = synthetic_shape(512, 256)
     for name in ("rtx-pro-6000-qwen3-8b", "h200-qwen3-8b"):
@@ -296,7 +297,7 @@ ORACLE_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768)
 
 def section_oracle(requests: int) -> None:
     title = "oracle"
-    print(f"\n[{title}] EB paper §4.2 — EB(k̂*) over the best fixed k at N = 1024 (H200, Qwen3-8B, geometric outputs, "
+    print(f"\n[{title}] [EB] §4.2 — EB(k̂*) over the best fixed k at N = 1024 (H200, Qwen3-8B, geometric outputs, "
           f"c = 2048, {requests} requests)")
     profile = get_profile("h200-qwen3-8b")
     for name, paper in ORACLE_PAPER.items():
@@ -313,7 +314,7 @@ def section_oracle(requests: int) -> None:
 
 def section_table4(requests: int) -> None:
     title = "table4"
-    print(f"\n[{title}] EB paper Table 4 — WildChat, Qwen3-8B, c = 2048, {requests} requests")
+    print(f"\n[{title}] [EB] Table 4 — WildChat, Qwen3-8B, c = 2048, {requests} requests")
     for name, (paper_v1, paper_eb) in TABLE4.items():
         profile = get_profile(name)
         workload = closed_loop(DATASET_SHAPES["wildchat"], concurrency=2048, num_requests=requests)
@@ -351,10 +352,10 @@ LONG_OUTPUT_TOKENS = 64
 
 def section_table6(cycles: int) -> None:
     title = "table6"
-    print(f"\n[{title}] EB paper Table 6 — 128K input / 64 output, RTX PRO 6000, B = 8192, the most concurrent "
+    print(f"\n[{title}] [EB] Table 6 — 128K input / 64 output, RTX PRO 6000, B = 8192, the most concurrent "
           f"requests the KV cache holds, {cycles} rounds of them")
     shape = LengthShape("long-context-128k", FixedLengths(LONG_CONTEXT_TOKENS - LONG_OUTPUT_TOKENS),
-                        FixedLengths(LONG_OUTPUT_TOKENS), "EB paper Table 6: 128K input, 64 output tokens")
+                        FixedLengths(LONG_OUTPUT_TOKENS), "[EB] Table 6: 128K input, 64 output tokens")
     for name in ("rtx-pro-6000-qwen3-8b", "rtx-pro-6000-qwen3-30b-a3b"):
         base = get_profile(name)
         profile = replace(base, shape=replace(base.shape, max_model_len_tokens=LONG_CONTEXT_TOKENS))
@@ -380,11 +381,11 @@ def section_table6(cycles: int) -> None:
 
 def section_kernel() -> None:
     title = "kernel"
-    print(f"\n[{title}] EB paper §1 / App. A.1 — step-level shape of the cost (roofline, no run)")
+    print(f"\n[{title}] [EB] §1 / [EB] App. A.1 — step-level shape of the cost (roofline, no run)")
     for name, paper in (("rtx-pro-6000-qwen3-8b", 20.0), ("h200-qwen3-8b", 80.0)):
         r = mixed_crossover_ratio(RooflineStepModel(get_profile(name).roofline))
         add(title, f"{name.split('-qwen')[0]}: mixed > decode marginal cost above r (%)", paper, r * 100.0,
-            note="calibration target (κ is set from it); paper: Qwen3-4B, ctx 16, App. A.2: same for Qwen3-8B")
+            note="calibration target (κ is set from it); paper: Qwen3-4B, ctx 16, [EB] App. A.2: same for Qwen3-8B")
     for name in ("l40s-qwen3-8b", "b300-qwen3-8b"):
         r = mixed_crossover_ratio(RooflineStepModel(get_profile(name).roofline))
         add(title, f"{name.split('-qwen')[0]}: mixed > decode marginal cost above r (%)", None, r * 100.0,
@@ -394,7 +395,7 @@ def section_kernel() -> None:
         for top, paper in ((8192, 98.6), (16384, 97.9), (131072, 94.3)):
             value = prefill_r2(profile, top) * 100.0
             add(title, f"{name}: linear prefill R² ×100 up to {top} tokens (≥)", paper, value, kind="min",
-                note="paper: every model at or above the bound (Tables 5 and 7)")
+                note="paper: every model at or above the bound ([EB] Tables 5 and 7)")
     print_rows(title)
 
 
@@ -413,11 +414,11 @@ def section_ppas(seeds: int, quick: bool) -> None:
              for s in SCHEDULER_NAMES}
     for metric, (vs_2k, vs_16k) in PPAS_TABLE1.items():
         for name, baseline, paper in (("2k", "mbt:2048", vs_2k), ("16k", "mbt:16384", vs_16k)):
-            add(title, f"Table 1 {metric}: P-PAS improvement vs MBT {name}", paper,
+            add(title, f"[PPAS] Table 1 {metric}: P-PAS improvement vs MBT {name}", paper,
                 improvement(means, rates, metric, baseline),
                 note=improvement_sampling_note(per_seed, rates, metric, baseline, paper))
     for name, baseline, paper in (("2k", "mbt:2048", 12.2), ("16k", "mbt:16384", 9.0)):
-        add(title, f"Table 2 Qwen2.5-3B avg latency vs MBT {name} (0.4, 1.0)", paper,
+        add(title, f"[PPAS] Table 2 Qwen2.5-3B avg latency vs MBT {name} (0.4, 1.0)", paper,
             improvement(means, (0.4, 1.0), "avg latency", baseline),
             note=improvement_sampling_note(per_seed, (0.4, 1.0), "avg latency", baseline, paper))
     explained, off_rows = 0, 0
@@ -427,14 +428,14 @@ def section_ppas(seeds: int, quick: bool) -> None:
             for (metric, _), paper in zip(PPAS_METRICS.items(), values, strict=True):
                 unit = "s/tok" if metric == "avg TPOT" else "s"
                 note, within = paper_sampling_note(per_seed[scheduler][rate][metric], paper)
-                row = add(title, f"Table 9 λ={rate} {SCHEDULER_NAMES[scheduler]} {metric}", paper, twin[metric],
+                row = add(title, f"[PPAS] Table 9 λ={rate} {SCHEDULER_NAMES[scheduler]} {metric}", paper, twin[metric],
                           kind="abs", unit=unit, note=note)
                 if not row.ok:
                     off_rows += 1
                     explained += int(within)
-    footnote(title, f"Table 9: {explained} of the {off_rows} rows off by more than 5% have the paper's value within "
-                    f"two standard errors of a {PAPER_SEEDS}-seed mean of the twin's own traces ({seeds} seeds; the "
-                    f"paper's realized traces are not published), i.e. within what drawing five traces moves a "
+    footnote(title, f"[PPAS] Table 9: {explained} of the {off_rows} rows off by more than 5% have the paper's value "
+                    f"within two standard errors of a {PAPER_SEEDS}-seed mean of the twin's own traces ({seeds} seeds; "
+                    f"the paper's realized traces are not published), i.e. within what drawing five traces moves a "
                     f"mean; the rest name their distance in the note")
     counts = [materialized_requests(shape, rate, seeds) for rate in rates]
     footnote(title, "calibration targets: the two λ = 0.4 TTFT rows (MBT 2k and 16k) set the profile's prefill "
@@ -447,11 +448,12 @@ def section_ppas(seeds: int, quick: bool) -> None:
         for scheduler, (e2e, p95, makespan) in PPAS_TABLE10.items():
             values = ppas_runs(shape, 1.6, scheduler, profile, seeds)
             for metric, paper in (("avg latency", e2e), ("p95 latency", p95), ("makespan", makespan)):
-                add(title, f"Table 10 λ=1.6 {SCHEDULER_NAMES[scheduler]} {metric}", paper, float(values[metric].mean()),
-                    kind="abs", unit="s", note=paper_sampling_note(values[metric], paper)[0])
+                add(title, f"[PPAS] Table 10 λ=1.6 {SCHEDULER_NAMES[scheduler]} {metric}", paper,
+                    float(values[metric].mean()), kind="abs", unit="s",
+                    note=paper_sampling_note(values[metric], paper)[0])
         for (prompt, output), papers in PPAS_TABLE3.items():
             variant = LengthShape(f"ppas-{prompt}-{output}", FixedLengths(prompt), FixedLengths(output),
-                                  "P-PAS Table 3")
+                                  "[PPAS] Table 3")
             sub_seeds = {s: {r: ppas_runs(variant, r, s, profile, seeds) for r in (0.8, 1.2)} for s in SCHEDULER_NAMES}
             sub = {s: {r: {k: float(v.mean()) for k, v in by_rate.items()} for r, by_rate in by_seed.items()}
                    for s, by_seed in sub_seeds.items()}
@@ -459,7 +461,7 @@ def section_ppas(seeds: int, quick: bool) -> None:
             metrics = ("avg latency", "p95 latency", "avg latency", "p95 latency")
             baselines = ("mbt:2048", "mbt:2048", "mbt:16384", "mbt:16384")
             for label, metric, baseline, paper in zip(labels, metrics, baselines, papers, strict=True):
-                add(title, f"Table 3 {prompt // 1000}k/{output}: P-PAS {label}", paper,
+                add(title, f"[PPAS] Table 3 {prompt // 1000}k/{output}: P-PAS {label}", paper,
                     improvement(sub, (0.8, 1.2), metric, baseline),
                     note=improvement_sampling_note(sub_seeds, (0.8, 1.2), metric, baseline, paper))
     print_rows(title)

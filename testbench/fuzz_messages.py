@@ -14,8 +14,8 @@ exception (`determinable` False): their outcome is only known once sent.
 
 Drivers send scripts over a real channel as raw bytes (`request_serializer=None`), so undecodable bytes
 reach the server as they are: `run_script` (one stream, start to finish) and `LiveAgent` (a long-lived
-engine that ACKs what it gets and records when each decision came). `non_finite_doubles` walks every
-double of a message and names the non-finite ones.
+engine that ACKs what it gets and records when each decision came; `stream_telemetry` sends a well-behaved
+engine's telemetry on one). `non_finite_doubles` walks every double of a message and names the non-finite ones.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, Phase, given, settings
@@ -47,6 +48,7 @@ from controlplane.loop.ingest import (
     MAX_TEXT_CHARS,
 )
 from controlplane.protocol import MAX_POOL_NAME_CHARS, UINT32_MAX, UINT64_MAX
+from testbench.messages import geometric_batch
 
 CONNECT_METHOD = "/controlplane.v1.AgentService/Connect"
 # Every `cp_rejections_total` cause and the status a stream rejected for it ends with ("refused" is
@@ -904,3 +906,14 @@ class LiveAgent:
         first decision after it, between consecutive decisions, and from the last one to `until`."""
         times = [since, *(t for t, _ in self.received if since < t <= until), until]
         return max(b - a for a, b in itertools.pairwise(times))
+
+
+async def stream_telemetry(agent: LiveAgent, seed: int, stop: asyncio.Event, *, period_s: float = 0.2) -> None:
+    """A well-behaved engine's telemetry on `agent`: a batch of 40 geometric completions every period_s, numbered
+    from 1, until `stop` is set."""
+    rng = np.random.default_rng(seed)
+    seq = 1
+    while not stop.is_set():
+        await agent.send_batch(geometric_batch(seq, rng, num=40))
+        seq += 1
+        await asyncio.sleep(period_s)

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from controlplane.store.embedded import stop_process
+
 CONTROLPLANE = Path(sys.executable).with_name("controlplane")
 _LISTENING = re.compile(r"listening on [^\s:]+:(\d+)")
 
@@ -104,10 +106,5 @@ class ServeProcess:
         """SIGTERM (SIGCONT first, in case it was stopped), then SIGKILL after timeout_s; the exit code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout_s=timeout_s)
         return self.process.returncode

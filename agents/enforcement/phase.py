@@ -4,7 +4,7 @@ Responsibility: given counts the engine already has at a step boundary, decide w
 decode-only or prefill-only, its token budget and its admission limit. It must not read a clock, do I/O,
 or allocate anything proportional to the batch; one call per engine step, before the engine schedules.
 
-Model (EB paper §3.1): N slots; a decode phase runs decode-only steps while slots go idle as requests finish;
+Model ([EB] §3.1): N slots; a decode phase runs decode-only steps while slots go idle as requests finish;
 when k slots are idle the engine switches to a prefill phase that loads up to k waiting requests (chunked
 within the token budget), then decodes again with the refilled batch.
 
@@ -37,7 +37,7 @@ Choices and why:
   does not degrade to switching on every finish (EB(k=1), which the paper shows wastes α_p). Slots freed by
   preemption count as freed (the request returns to the waiting queue). Deriving this from `num_running`
   each step needs no finish events, so a missed event cannot wedge the machine.
-- KV-aware gate (EB paper §3.4, Appendix D.6): the decode→prefill switch is deferred while free KV is below
+- KV-aware gate ([EB] §3.4, [EB] App. D.6): the decode→prefill switch is deferred while free KV is below
   `kv_tokens_per_new_request` (the headroom one new request needs, chosen by the adapter, e.g. the mean or
   a high quantile of prompt + a few decode blocks); admission is min(k_left, fits in KV, idle slots), never
   all-or-nothing. `kv_tokens_per_new_request = 0` disables the gate.

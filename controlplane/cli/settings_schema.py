@@ -196,7 +196,7 @@ class ControllerSettings(BaseSettings):
     cooldown_s: float = _setting(_POLICY.cooldown_s, section="policy", ge=0.0,
                                  doc="EB+ minimum time between switches, s")
     cold_start_crossover: bool = _setting(_POLICY.cold_start_crossover, section="policy",
-                                          doc="before min_samples completions, run EB when rule (8) picks it at "
+                                          doc="before min_samples completions, run EB when [EB] eq. (8) picks it at "
                                           "every length the engine serves")
     memory_guard: bool = _setting(_POLICY.memory_guard, section="policy",
                                   doc="lower N when an engine preempts under EB")

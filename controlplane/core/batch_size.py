@@ -1,4 +1,4 @@
-"""Memory-safe batch size N̂* (EB paper Proposition 3.3) and the threshold k̂* = ⌊θ̂*·N̂*⌋.
+"""Memory-safe batch size N̂* ([EB] Prop. 3.3) and the threshold k̂* = ⌊θ̂*·N̂*⌋.
 
 Pure functions, no I/O; every input gives a value in the documented range, never an exception.
 """
@@ -26,7 +26,7 @@ class BatchSize:
 
 
 def tokens_per_slot(*, theta: float, p0: float, mu_l_tokens: float) -> float:
-    """Denominator of Prop. 3.3: mean KV tokens one slot holds, μ_L + (1−θ)/(θ·p0)·ln(1/(1−θ))."""
+    """Denominator of [EB] Prop. 3.3: mean KV tokens one slot holds, μ_L + (1−θ)/(θ·p0)·ln(1/(1−θ))."""
     zeta = -math.log1p(-theta)
     return mu_l_tokens + (1.0 - theta) * zeta / theta / p0
 
@@ -72,7 +72,7 @@ def memory_safe_batch_size(
 
 
 def reserve_tokens(*, p0: float, mu_l_tokens: float, oom_tolerance: float) -> float:
-    """Prop. 3.3's OOM reserve ln(1/ε)/(p0²·μ_L), tokens (inf when p0²·μ_L underflows; inputs assumed in
+    """[EB] Prop. 3.3's OOM reserve ln(1/ε)/(p0²·μ_L), tokens (inf when p0²·μ_L underflows; inputs assumed in
     their domains)."""
     return math.log(1.0 / oom_tolerance) / p0 / p0 / mu_l_tokens
 
@@ -95,7 +95,7 @@ def occupancy_batch_size(
     A slot refilled as its request finishes holds a prompt and the age of an output drawn length-biased:
     mean m = μ_L + E[O²]/(2·μ_O). Its spread is taken as s = E[O²]/(2·μ_O), the age's mean: an age's
     standard deviation is at most its mean for outputs of increasing hazard (their age law has increasing
-    hazard too, hence a coefficient of variation ≤ 1), so the bound is conservative exactly where Prop. 3.3
+    hazard too, hence a coefficient of variation ≤ 1), so the bound is conservative exactly where [EB] Prop. 3.3
     is not usable. The sum of N independent slots, taken as normal: N·m + z_{1−ε}·√N·s ≤ C, solved for √N.
     σ_O ≤ 0 (unknown) is taken as σ_O = μ_O (geometric).
 

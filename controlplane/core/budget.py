@@ -1,6 +1,6 @@
 """P-PAS and P-PAS+ token budget: the per-step rule and the choice of its two endpoints.
 
-P-PAS paper §3 (count-based pressure), §3.1 (endpoint selection) and §7 (the large-residual-prefill
+[PPAS] §3 (count-based pressure), [PPAS] §3.1 (endpoint selection) and [PPAS] §7 (the large-residual-prefill
 condition of P-PAS+). Pure functions, no I/O.
 """
 
@@ -69,8 +69,8 @@ def select_budget_policy(
     with floor = `controlplane.protocol.min_budget_tokens` (the smallest budget an agent accepts)
     (the agent can only lower the engine's start-up budget), and B_cap ≤ B_max is enforced (a sweep
     whose high-pressure optimum is the larger budget yields B_cap = B_max: no cap helps).
-    T_large defaults to half of max_model_len (P-PAS paper §7: half the largest prompt), 0 (P-PAS+ off)
-    when max_model_len is unknown.
+    T_large defaults to half of max_model_len, 0 (P-PAS+ off) when max_model_len is unknown: an adaptation of
+    [PPAS] §7, which sets it to half the largest prompt length used in each experiment.
 
     Returns:
         (policy, clamped) where clamped says an endpoint was moved to fit the engine or the floor.

@@ -2,7 +2,7 @@
 
 Why: a new pool has no completions for a while. At high load that while is long (the twin at c = 2,048 on
 the RTX PRO 6000: 102 s of a 325 s run before 400 completions), and stock MB batching there costs EB+ 10%
-of the whole run against EB. The rule (8) itself needs the cost model, N_obs and the workload terms
+of the whole run against EB. The rule ([EB] eq. (8)) itself needs the cost model, N_obs and the workload terms
 (μ_L, μ_O and p0 through θ0); at cold start the first two are known (a calibration, the engine's
 occupancy) and the workload is not. The rule's verdict often does not depend on it: on a
 bandwidth-constrained accelerator EB wins at every length once N_obs is past about a hundred requests
@@ -50,7 +50,7 @@ P0_POINTS = 3
 
 @dataclass(frozen=True, slots=True)
 class ColdStartPoint:
-    """The grid point least favourable to EB for one N_obs: its terms of rule (8), seconds per token."""
+    """The grid point least favourable to EB for one N_obs: its terms of [EB] eq. (8), seconds per token."""
 
     lhs_s_per_token: float
     rhs_s_per_token: float
@@ -96,7 +96,7 @@ def _grid(costs: CostModel, max_model_len_tokens: int) -> _Grid | None:
 
 def least_favourable_to_eb(costs: CostModel, *, max_model_len_tokens: int, n_obs: float,
                            delta_s_per_token: float, mu_o_floor_tokens: float = 1.0) -> ColdStartPoint | None:
-    """The grid point where EB's margin under rule (8) is smallest, for an engine at occupancy n_obs.
+    """The grid point where EB's margin under [EB] eq. (8) is smallest, for an engine at occupancy n_obs.
 
     Args:
         costs: the pool's cost model (a calibration, or the online fit), seconds.

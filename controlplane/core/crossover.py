@@ -1,4 +1,4 @@
-"""EB/MB crossover (EB paper Proposition 3.4, rule (8)) and the online EB+ mode selector.
+"""EB/MB crossover ([EB] Prop. 3.4, [EB] eq. (8)) and the online EB+ mode selector.
 
 LHS = β_MB^e(r̂) − β_EB^w, the marginal cost of co-locating prefill and decode tokens.
 RHS = [(α_p + α_d·ζ·μ_O)/(θ0·N_obs) − α_MB·(1 + μ_O)/N_obs] / (μ_L + μ_O), MB's amortised fixed-cost
@@ -28,7 +28,7 @@ class CrossoverTerms:
 def crossover_terms(
     *, costs: CostModel, theta0: float, mu_l_tokens: float, mu_o_tokens: float, n_obs: float
 ) -> CrossoverTerms | None:
-    """Evaluate LHS and RHS of rule (8) with k0* = θ0·N_obs.
+    """Evaluate LHS and RHS of [EB] eq. (8) with k0* = θ0·N_obs.
 
     Args:
         costs: the cost model (seconds). theta0: CFR threshold in (0, 1). mu_l_tokens, mu_o_tokens: mean
@@ -65,7 +65,7 @@ def crossover_terms(
 
 
 def instantaneous_mode(*, lhs_s_per_token: float, rhs_s_per_token: float, delta_s_per_token: float) -> Mode:
-    """Rule (8) without memory: MB when LHS < RHS + δ, else EB."""
+    """[EB] eq. (8) without memory: MB when LHS < RHS + δ, else EB."""
     return Mode.MB if lhs_s_per_token < rhs_s_per_token + delta_s_per_token else Mode.EB
 
 
@@ -90,7 +90,7 @@ def select_mode(
     hysteresis_abs_s_per_token: float,
     cooldown_s: float,
 ) -> ModeChoice:
-    """EB+ online mode selection: rule (8) with a hysteresis band and a cooldown.
+    """EB+ online mode selection: [EB] eq. (8) with a hysteresis band and a cooldown.
 
     The margin m = (RHS + δ) − LHS favours MB when positive. Leaving the current mode needs the margin
     past the band b = hysteresis_rel·(|LHS| + |RHS|) + hysteresis_abs (m > b to go to MB, m < −b to go

@@ -1,4 +1,4 @@
-"""Output-length hazard estimation (EB paper §3.4, online estimation).
+"""Output-length hazard estimation ([EB] §3.4, online estimation).
 
 `fit_hazard_histogram` estimates ĥ(t) = #{O = t} / #{O ≥ t} over a `LengthHistogram` of the output lengths
 of finished, non-aborted requests (what the decision loop keeps per pool and time bucket) and fits

@@ -1,6 +1,6 @@
 """Memory guard: closes the loop on N̂* with the engine's preemption counter.
 
-N̂* (Proposition 3.3) is open loop: it is memory-safe only as far as the estimates behind it are right. They
+N̂* ([EB] Prop. 3.3) is open loop: it is memory-safe only as far as the estimates behind it are right. They
 are biased whenever the completion window lags the requests in flight, most of all after a start or a shift
 towards longer outputs: the first completions are the short ones, μ̂_O comes out low, N̂* high, and the
 KV cache overflows into preemptions (each one recomputes a request's whole context) until long
@@ -25,14 +25,14 @@ every decision took N from 1,024 to 34 (RTX PRO 6000, Qwen3-30B-A3B) and to 6 (Q
 increase took minutes to come back to the ~120–360 that fit. Holding while the engine runs more than the cap,
 the cap follows the running count down (cut once it is reached). Over 4,000 requests at c = 2,048 its lowest
 went from 6 / 34 / 74 / 169 to 142 / 68 / 213 / 192 (RTX PRO 6000 8B / 30B, H200 8B / 30B), and EB against
-v1 from −1.0 / −7.8 / +0.3 / −1.9% to +2.3 / −6.7 / +3.9 / −1.6% (twin_vs_papers.py, Table 2).
+v1 from −1.0 / −7.8 / +0.3 / −1.9% to +2.3 / −6.7 / +3.9 / −1.6% (twin_vs_papers.py, [EB] Table 2).
 
 The same holds without a cap when the rule itself lowered N: a cold start admits max_num_seqs, the first
 fit asks for fewer, and the requests admitted before still run and preempt. They say nothing about the new
 N, so while the engine runs more than the N in force the guard sets no cap. Cut on them, it had set one at
 0.85 times a first, low N̂* (ShareGPT on the RTX PRO 6000 with Qwen3-30B-A3B: N̂* 206 at the first decision,
 632 from the fifth), and 2% a decision took N from 175 to 336 over the whole run: EB −10.7% against v1,
-+39.1% with N at N̂* (twin_vs_papers.py, Table 2; the paper's −3.1% is another matter, see its note). Pure;
++39.1% with N at N̂* (twin_vs_papers.py, [EB] Table 2; the paper's −3.1% is another matter, see its note). Pure;
 O(1).
 """
 

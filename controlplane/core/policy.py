@@ -51,7 +51,7 @@ from controlplane.core.types import (
 _solve_theta0 = lru_cache(maxsize=4096)(solve_theta0)
 _batch_size = lru_cache(maxsize=4096)(memory_safe_batch_size)
 _occupancy_batch_size = lru_cache(maxsize=4096)(occupancy_batch_size)
-# The share of the KV cache Prop. 3.3's reserve takes where the moment bound starts to count, and where it
+# The share of the KV cache [EB] Prop. 3.3's reserve takes where the moment bound starts to count, and where it
 # counts in full (see evaluate()).
 _OCCUPANCY_FROM_SHARE = 0.10
 _OCCUPANCY_FULL_SHARE = 0.40
@@ -127,11 +127,11 @@ def evaluate(
         flags.append(Flag.GAMMA_NONFINITE)
     theta0 = _solve_theta0(gamma)
 
-    # Proposition 3.3 is derived for geometric outputs. A strongly IFR window (or a mixture after a
+    # [EB] Prop. 3.3 is derived for geometric outputs. A strongly IFR window (or a mixture after a
     # shift) fits a hazard intercept far below 1/μ_O, and the reserve ln(1/ε)/(p0²μ_L) then exceeds the
     # whole KV cache: N̂* collapses to 1 and, completions becoming rare, never recovers (measured in the
     # twin's distribution shift). The geometric law with the observed mean bounds the peak memory of IFR
-    # outputs (the paper's own argument for using (6) under IFR), so the memory formula uses
+    # outputs (the paper's own argument for using [EB] eq. (6) under IFR), so the memory formula uses
     # p_mem = max(p̂0, 1/μ̂_O); θ0 and Δθ keep p̂0.
     p_mem = max(p0, 1.0 / mu_o) if mu_o > 0.0 else p0
     if p_mem > p0 * 1.01:
@@ -161,7 +161,7 @@ def evaluate(
         theta=theta_star, p0=p_mem, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
         oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
     )
-    # Prop. 3.3 is the geometric law's bound, conservative for IFR outputs, and by far when outputs are long
+    # [EB] Prop. 3.3 is the geometric law's bound, conservative for IFR outputs, and by far when outputs are long
     # behind short prompts: its reserve ln(1/ε)/(p0²·μ_L) grows as μ_O²/μ_L, and at NuminaMath's shape
     # (122-token prompts, uniform 800–4,000 outputs) it is the whole KV cache (N̂* 1 on 217k tokens, EB −74%
     # against v1 in the twin) or half of it (N̂* 88 where 263 fit). Where the window's σ_O ≤ μ_O (the
@@ -262,7 +262,7 @@ def decide(
     (`core.hazard.fit_hazard_histogram`); None when there is none (no completion yet): too little data, below.
 
     Cold start: until the fit holds config.min_samples completions, mode MB (stock
-    behaviour) with reason insufficient_data, unless rule (8) picks EB at every workload the engine can
+    behaviour) with reason insufficient_data, unless [EB] eq. (8) picks EB at every workload the engine can
     serve (`controlplane.core.cold_start`; the cost model and the occupancy are known, the lengths are not,
     but for the lower bound on μ_O the completions and running requests so far prove: the fit's, or without
     a fit `Observations.mu_o_lower_tokens`. The occupancy is N_obs or, when more, `Observations.n_offered`;
@@ -273,7 +273,7 @@ def decide(
     `established`: the workload is not new although the fit holds fewer than min_samples completions (a
     window re-based at a detected shift: the completions before the change point located it); the fit is
     then used whatever its size, and diagnostics.num_samples still counts the completions it holds.
-    Otherwise EB+ chooses by rule (8) with hysteresis and cooldown (reasons crossover_eb, crossover_mb,
+    Otherwise EB+ chooses by [EB] eq. (8) with hysteresis and cooldown (reasons crossover_eb, crossover_mb,
     hysteresis_hold, cooldown_hold). An operator pin overrides the mode (reason operator_pin);
     PASSTHROUGH pins leave the engine untouched.
 

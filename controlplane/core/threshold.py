@@ -1,6 +1,6 @@
 """Phase-switch threshold of exclusive batching: θ0 (CFR), the IFR correction Δθ, and θ̂*.
 
-EB paper §3.2 (Proposition 3.1, Theorem 3.2). Pure functions, no I/O. Every function returns a finite
+[EB] §3.2 ([EB] Prop. 3.1, [EB] Theorem 3.2). Pure functions, no I/O. Every function returns a finite
 value for every input; degenerate input is handled by the documented fallback, never by raising.
 """
 
@@ -67,7 +67,7 @@ def theta0_residual(theta: float, gamma: float) -> float:
 
 
 def delta_theta_ifr(*, theta0: float, p0: float, eta: float, rho: float) -> float:
-    """IFR correction of Theorem 3.2 for the linear hazard h(t) = p0 + η·t.
+    """IFR correction of [EB] Theorem 3.2 ([EB] eq. (5)) for the linear hazard h(t) = p0 + η·t.
 
     Δθ = η(1−θ0)²/(p0²θ0) · [ζ(θ0/(1−θ0) − ζ/2) + ρ(ζ − θ0)], ζ = −ln(1−θ0), ρ = β_d·N/α_d.
 
@@ -101,9 +101,9 @@ MAX_IFR_STRENGTH = 1.0
 
 
 def bound_delta_theta(delta_theta: float, *, theta0: float, p0: float, eta: float) -> tuple[float, bool]:
-    """The IFR correction of Theorem 3.2, bounded where its expansion is out of its range.
+    """The IFR correction of [EB] Theorem 3.2, bounded where its expansion is out of its range.
 
-    Theorem 3.2 is the first-order term of an expansion of θ* in the IFR strength ε = η/p0² (in units of
+    [EB] Theorem 3.2 is the first-order term of an expansion of θ* in the IFR strength ε = η/p0² (in units of
     the mean lifetime 1/p0 the hazard reads h/p0 = 1 + ε·p0·t): Δθ = ε·G(θ0, ρ), θ* = θ0 + Δθ + O(ε²).
     It is trusted when either
     - ε ≤ MAX_IFR_STRENGTH (1): the hazard grows by at most p0 over one mean lifetime, the regime of the

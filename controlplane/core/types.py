@@ -20,7 +20,7 @@ class Reason(enum.StrEnum):
     NO_COST_MODEL = "no_cost_model"
     CROSSOVER_EB = "crossover_eb"
     CROSSOVER_MB = "crossover_mb"
-    # Cold start, and rule (8) picks EB at every length the engine serves (controlplane.core.cold_start).
+    # Cold start, and [EB] eq. (8) picks EB at every length the engine serves (controlplane.core.cold_start).
     COLD_START_EB = "cold_start_eb"
     HYSTERESIS_HOLD = "hysteresis_hold"
     COOLDOWN_HOLD = "cooldown_hold"
@@ -50,7 +50,7 @@ class Flag(enum.StrEnum):
     KV_BELOW_ONE_REQUEST = "kv_below_one_request"
     N_CAPPED_BY_MAX_NUM_SEQS = "n_capped_by_max_num_seqs"
     MEMORY_RATE_FROM_MEAN = "memory_rate_from_mean"
-    # Prop. 3.3's reserve takes over 10% of C and σ_O ≤ μ_O: N̂* lifted towards the moment bound (policy.py).
+    # [EB] Prop. 3.3's reserve takes over 10% of C and σ_O ≤ μ_O: N̂* lifted towards the moment bound (policy.py).
     MEMORY_BOUND_FROM_OCCUPANCY = "memory_bound_from_occupancy"
     N_OBS_INVALID = "n_obs_invalid"
     DELTA_OUT_OF_RANGE = "delta_out_of_range"
@@ -257,7 +257,7 @@ class Diagnostics:
     # 0.0: not computed).
     mu_o_lower_tokens: float = 0.0
     # The cold-start rule's least favourable workload (0.0 when the rule did not run): LHS and RHS above are
-    # its terms of rule (8).
+    # its terms of [EB] eq. (8).
     cold_start_mu_l_tokens: float = 0.0
     cold_start_mu_o_tokens: float = 0.0
     cold_start_p0: float = 0.0
@@ -312,10 +312,10 @@ class PolicyConfig:
     min_samples: completions needed before leaving the cold-start MB mode. 400 makes the geometric
       estimate of p0 accurate to about 5% (relative standard error √((1−p0)/n)).
     theta_min / theta_max: clip range of θ̂*.
-    oom_tolerance: ε of Proposition 3.3, the tolerated probability of exceeding the KV capacity.
+    oom_tolerance: ε of [EB] Prop. 3.3, the tolerated probability of exceeding the KV capacity.
     default_delta_s_per_token: δ when no operator override applies.
     hysteresis_rel / hysteresis_abs_s_per_token / cooldown_s: EB+ anti-flap band and minimum dwell time.
-    cold_start_crossover: before min_samples completions, evaluate rule (8) over every length the engine
+    cold_start_crossover: before min_samples completions, evaluate [EB] eq. (8) over every length the engine
       serves (`controlplane.core.cold_start`) and run EB when it wins at all of them (reason cold_start_eb);
       False: MB until min_samples, whatever the rule.
     memory_guard: cap the computed EB batch size when the engine preempts (`controlplane.core.memory_guard`);

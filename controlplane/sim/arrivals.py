@@ -96,7 +96,8 @@ def poisson(shape: LengthShape, *, rate_per_s: float, duration_s: float, name: s
 
 def bursty(shape: LengthShape, *, burst_rate_per_s: float, steady_rate_per_s: float = 0.2,
            phase_s: float = 10.0, num_phases: int = 5) -> Workload:
-    """The P-PAS trace (§4.1): `num_phases` phases of `phase_s` seconds, steady first, alternating with bursts."""
+    """The P-PAS trace ([PPAS] §4.1): `num_phases` phases of `phase_s` seconds, steady first, alternating with
+    bursts."""
     phases = tuple(Phase(shape, rate_per_s=burst_rate_per_s if i % 2 else steady_rate_per_s, duration_s=phase_s)
                    for i in range(num_phases))
     return Workload(f"{shape.name}/bursty:{burst_rate_per_s:g}", phases)

@@ -10,17 +10,17 @@ are silent, priors, transfer rules), data/models.json, data/accelerators.json. S
    and decode compute efficiencies and per-step overheads minimise the squared relative error of the roofline
    against α_p + β_p·n over the assumed prefill sizes and α_d + β_d·n over the assumed decode counts (at the
    assumed short context); the memory efficiencies are priors (data/calibrations.json says why).
-2. The mixed-batch interference κ is the value that puts the roofline's mixed/decode crossover decode ratio (the
-   EB paper's Fig. 1: above it a mixed batch's marginal cost per token exceeds a decode batch's) where the paper
+2. The mixed-batch interference κ is the value that puts the roofline's mixed/decode crossover decode ratio (see
+   [EB] Fig. 1: above it a mixed batch's marginal cost per token exceeds a decode batch's) where the paper
    measured it (bisection). The published run-level β_MB^e(r) (the authors' fit of whole-engine v1
    1/throughput at r = 0.111, 0.5, 0.889) is then the check: the twin's stock-v1 throughput on those three
    workloads against 1/β_MB^e(r) is reported, not fitted.
 3. RTX 5090 / Qwen2.5-3B: the prefill efficiency and the overhead of steps that carry prefill reproduce the
-   P-PAS paper's wall-clock TTFT at its lowest burst rate under MBT 2k and 16k (Table 9) over 40 seeds of the
+   P-PAS paper's wall-clock TTFT at its lowest burst rate under MBT 2k and 16k ([PPAS] Table 9) over 40 seeds of the
    bursty trace: the paper's five realized traces are not published, so the fit is to the trace's
    expectation. Five particular seeds (0–4) drew 11.0 requests on average at 0.4 req/s against 14 expected;
-   fitted to them, the prefill efficiency came out 10% lower, and on the expected trace Table 10's mean
-   latencies were 22–23% high (within 2.2% with the fit to 40 seeds). Table 5's kernel-time prefills are
+   fitted to them, the prefill efficiency came out 10% lower, and on the expected trace [PPAS] Table 10's mean
+   latencies were 22–23% high (within 2.2% with the fit to 40 seeds). [PPAS] Table 5's kernel-time prefills are
    reported against the result (the served wall clock is about twice the kernel time there). The rest
    transfers from the RTX PRO 6000 (same GB202 die).
 4. Transfers (no published calibration): the factors of the nearest calibrated pair; κ scaled by bandwidth
@@ -58,6 +58,7 @@ from controlplane.sim.roofline import (
     RooflineParams,
     RooflineSpec,
     RooflineStepModel,
+    bisect_boundary,
     mixed_crossover_ratio,
     prefill_pairs_from_scratch,
 )
@@ -145,7 +146,7 @@ def fit_served_ttft(profile: SimProfile, published: dict[str, Any], *, seeds: in
                     log=print) -> tuple[RooflineParams, dict[int, float], dict[int, float]]:
     """Fit (e_prefill, o_p: the overhead of a step carrying prefill; decode-only steps keep theirs) so that the
     twin's mean TTFT on the P-PAS bursty trace at the published burst rate matches the published TTFT per budget
-    (step 3). Returns the factors, the TTFT residuals by budget and the kernel-time residuals of Table 5's
+    (step 3). Returns the factors, the TTFT residuals by budget and the kernel-time residuals of [PPAS] Table 5's
     chunked prefills."""
     assert profile.roofline is not None
     spec = profile.roofline
@@ -202,14 +203,7 @@ def interference_for_crossover(model_key: str, accelerator_key: str, params: Roo
 
     if crossover(0.0) <= crossover_ratio:
         return 0.0
-    low, high = 0.0, high_s
-    for _ in range(40):
-        mid = 0.5 * (low + high)
-        if crossover(mid) > crossover_ratio:
-            low = mid
-        else:
-            high = mid
-    return 0.5 * (low + high)
+    return bisect_boundary(lambda kappa_s: crossover(kappa_s) > crossover_ratio, 0.0, high_s)
 
 
 def v1_check(profile: SimProfile, beta_mb_coeffs: tuple[float, float, float]) -> dict[float, float]:
@@ -340,7 +334,7 @@ def calibrate(*, log=print) -> dict[str, Any]:
                 note["wall_clock_fitted_to"] = published[pair]["source"]
                 note["ttft_residuals_by_budget_tokens"] = _rounded(ttft)
                 note["kernel_time_residuals_by_chunk_tokens"] = _rounded(kernel)
-                log(f"   TTFT residuals {_rounded(ttft)}; Table 5 kernel-time residuals {_rounded(kernel)}")
+                log(f"   TTFT residuals {_rounded(ttft)}; [PPAS] Table 5 kernel-time residuals {_rounded(kernel)}")
         profile = roofline_profile(name, model=model_key, accelerator=acc_key, params=params,
                                    costs=CostModel(0.0, 0.0, 0.0, 0.0, 0.0), max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=budget)

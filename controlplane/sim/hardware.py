@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 DATA_PACKAGE = "controlplane.sim.data"
+T = TypeVar("T")
 
 
 def read_data_file(name: str) -> dict[str, Any]:
@@ -169,36 +171,33 @@ class Accelerator:
                 raise ValueError(f"accelerator {self.key}: {name} must be finite and > 0, got {value}")
 
 
-def _entries(data: dict[str, Any], section: str, file: str) -> dict[str, dict[str, Any]]:
+def _parse_section(data: dict[str, Any], section: str, file: str, build: Callable[..., T]) -> dict[str, T]:
+    """`build(key=key, **entry)` for every entry of the object `data[section]`, by key. Raises ValueError naming
+    the file and the entry: the section missing or empty, an entry without a source (all entries are checked
+    for that first), or a missing or unknown field."""
     entries = data.get(section)
     if not isinstance(entries, dict) or not entries:
         raise ValueError(f"{file}: expected a non-empty object {section!r}")
     for key, entry in entries.items():
         if not isinstance(entry, dict) or not str(entry.get("source", "")).strip():
             raise ValueError(f"{file}: {section}.{key} must be an object with a non-empty 'source'")
-    return entries
+    parsed: dict[str, T] = {}
+    for key, entry in entries.items():
+        try:
+            parsed[key] = build(key=key, **entry)
+        except TypeError as exc:
+            raise ValueError(f"{file}: {section}.{key}: {exc}") from None
+    return parsed
 
 
 def models_from_json(data: dict[str, Any], *, file: str = "models.json") -> dict[str, ModelArchitecture]:
     """Parse a models.json document. Raises ValueError naming the entry with a missing source or field."""
-    models: dict[str, ModelArchitecture] = {}
-    for key, entry in _entries(data, "models", file).items():
-        try:
-            models[key] = ModelArchitecture(key=key, **entry)
-        except TypeError as exc:
-            raise ValueError(f"{file}: models.{key}: {exc}") from None
-    return models
+    return _parse_section(data, "models", file, ModelArchitecture)
 
 
 def accelerators_from_json(data: dict[str, Any], *, file: str = "accelerators.json") -> dict[str, Accelerator]:
     """Parse an accelerators.json document. Raises ValueError naming the entry with a missing source or field."""
-    accelerators: dict[str, Accelerator] = {}
-    for key, entry in _entries(data, "accelerators", file).items():
-        try:
-            accelerators[key] = Accelerator(key=key, **entry)
-        except TypeError as exc:
-            raise ValueError(f"{file}: accelerators.{key}: {exc}") from None
-    return accelerators
+    return _parse_section(data, "accelerators", file, Accelerator)
 
 
 @cache

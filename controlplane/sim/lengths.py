@@ -6,11 +6,11 @@ tokens, integers ≥ 1.
 
 Distributions (compact spelling in brackets, as `parse_length_distribution` reads it):
   GeometricLengths      [geometric:256 | geometric:p0=0.004]  P(O=t) = p0·(1−p0)^(t−1), mean 1/p0;
-                        the constant hazard h(t) = p0 of the EB paper's CFR case.
+                        the constant hazard h(t) = p0 of the CFR case ([EB] §3.2.1).
   UniformLengths        [uniform:512]  integers uniform on [round(0.5·mean), round(1.5·mean)].
   FixedLengths          [fixed:128]    always the same length.
   LinearHazardLengths   [hazard:p0=0.002,eta=1e-6]  discrete hazard h(t) = min(1, p0 + η·t)
-                        (the EB paper's IFR case), sampled exactly by inversion of the cumulative hazard.
+                        (the IFR case, [EB] §3.2.2), sampled exactly by inversion of the cumulative hazard.
 
   ClippedLogNormalLengths [lognormal:mean=800,sigma=1.0,min=1,max=4096]  a log-normal clipped to
                         [min, max]; the shapes matching published dataset statistics are built from it
@@ -94,8 +94,23 @@ class GeometricLengths:
         return f"geometric:p0={self.p0!r}"
 
 
+class _UniformIntegers:
+    """Integers uniform on [low_tokens, high_tokens] (inclusive): the mean and the sampler of the uniform
+    distributions below, which give the two bounds (as fields or derived from a mean)."""
+
+    low_tokens: int
+    high_tokens: int
+
+    @property
+    def mean_tokens(self) -> float:
+        return 0.5 * (self.low_tokens + self.high_tokens)
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.integers(self.low_tokens, self.high_tokens + 1, size=size, dtype=np.int64)
+
+
 @dataclass(frozen=True)
-class UniformLengths:
+class UniformLengths(_UniformIntegers):
     """Integers uniform on [max(1, round(0.5·mean)), round(1.5·mean)] (inclusive)."""
 
     nominal_mean_tokens: float
@@ -111,13 +126,6 @@ class UniformLengths:
     @property
     def high_tokens(self) -> int:
         return max(self.low_tokens, round(1.5 * self.nominal_mean_tokens))
-
-    @property
-    def mean_tokens(self) -> float:
-        return 0.5 * (self.low_tokens + self.high_tokens)
-
-    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        return rng.integers(self.low_tokens, self.high_tokens + 1, size=size, dtype=np.int64)
 
     def __str__(self) -> str:
         return f"uniform:{self.nominal_mean_tokens:.17g}"
@@ -312,7 +320,7 @@ class ClippedLogNormalLengths:
 
 
 @dataclass(frozen=True)
-class UniformRangeLengths:
+class UniformRangeLengths(_UniformIntegers):
     """Integers uniform on [low_tokens, high_tokens] (inclusive), e.g. LongBench's 1,000–4,000 prompts."""
 
     low_tokens: int
@@ -321,13 +329,6 @@ class UniformRangeLengths:
     def __post_init__(self) -> None:
         if not 1 <= self.low_tokens <= self.high_tokens:
             raise ValueError(f"range: need 1 ≤ low ≤ high, got {self.low_tokens}..{self.high_tokens}")
-
-    @property
-    def mean_tokens(self) -> float:
-        return 0.5 * (self.low_tokens + self.high_tokens)
-
-    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        return rng.integers(self.low_tokens, self.high_tokens + 1, size=size, dtype=np.int64)
 
     def __str__(self) -> str:
         return f"range:{self.low_tokens}-{self.high_tokens}"
@@ -404,9 +405,7 @@ def upper_bound_tokens(distribution: LengthDistribution, *, tail: float = 1e-9) 
     know."""
     if isinstance(distribution, FixedLengths):
         return distribution.tokens
-    if isinstance(distribution, UniformLengths):
-        return distribution.high_tokens
-    if isinstance(distribution, UniformRangeLengths):
+    if isinstance(distribution, _UniformIntegers):
         return distribution.high_tokens
     if isinstance(distribution, (ClippedLogNormalLengths, ConversationHistoryLengths)):
         return distribution.max_tokens
@@ -449,23 +448,24 @@ class LengthShape:
 
 
 def synthetic_shape(mean_prompt_tokens: int, mean_output_tokens: int) -> LengthShape:
-    """The EB paper's synthetic workloads: both lengths uniform on 0.5–1.5× their means (§4.1)."""
+    """The EB paper's synthetic workloads: both lengths uniform on 0.5–1.5× their means ([EB] §4.1)."""
     return LengthShape(
         name=f"uniform-{mean_prompt_tokens}-{mean_output_tokens}",
         prompt=UniformLengths(nominal_mean_tokens=mean_prompt_tokens),
         output=UniformLengths(nominal_mean_tokens=mean_output_tokens),
-        source="EB paper §4.1: per-request lengths uniform between 0.5× and 1.5× the mean",
+        source="[EB] §4.1: per-request lengths uniform between 0.5× and 1.5× the mean",
     )
 
 
 def synthetic_geometric_shape(mean_prompt_tokens: int, mean_output_tokens: int) -> LengthShape:
-    """The EB paper's model-validation workloads (§4.2): prompts uniform on 0.5–1.5× their mean, outputs
-    geometric with the given mean (constant hazard, the case the threshold k̂* is derived for)."""
+    """The EB paper's model-validation workloads ([EB] §4.2: "synthetic geometric output workloads"): outputs
+    geometric with the given mean (constant hazard, the case the threshold k̂* is derived for), prompts uniform on
+    0.5–1.5× their mean (the rule of the synthetic workloads, [EB] §4.1; [EB] §4.2 does not restate it)."""
     return LengthShape(
         name=f"geometric-{mean_prompt_tokens}-{mean_output_tokens}",
         prompt=UniformLengths(nominal_mean_tokens=mean_prompt_tokens),
         output=GeometricLengths.from_mean(mean_output_tokens),
-        source="EB paper §4.2: synthetic geometric output workloads (prompt uniform 0.5–1.5× the mean)",
+        source="[EB] §4.2: synthetic geometric output workloads (prompt uniform 0.5–1.5× the mean as in [EB] §4.1)",
     )
 
 
@@ -531,5 +531,5 @@ DATASET_SHAPES: dict[str, LengthShape] = {
     **load_dataset_shapes(),
     "ppas-long-context": LengthShape(
         "ppas-long-context", FixedLengths(25_000), FixedLengths(32),
-        "P-PAS paper §4.1: 25k-token prompts, 32-token outputs (RAG / agentic)"),
+        "[PPAS] §4.1: 25k-token prompts, 32-token outputs (RAG / agentic)"),
 }

@@ -1,6 +1,6 @@
 """Run metrics of the twin, from per-request times.
 
-Throughput counts prompt and output tokens (the EB paper's "TP in tok/s"); output tokens/s is reported too.
+Throughput counts prompt and output tokens ("TP in tok/s", [EB] Table 3 caption); output tokens/s is reported too.
 TTFT = first token − arrival; TPOT = (finish − first token) / (output − 1) over requests with > 1 output token;
 E2E = finish − arrival; makespan = last finish − first arrival. Means and p95 are over completed requests.
 Pure functions; no I/O.
@@ -70,6 +70,6 @@ def summarize(requests: dict[str, np.ndarray], *, num_preemptions: int = 0, num_
 
 
 def geometric_mean_ratio(numerators: list[float], denominators: list[float]) -> float:
-    """(Π a_i / b_i)^(1/K): the P-PAS paper's aggregate over burst rates."""
+    """(Π a_i / b_i)^(1/K): the aggregate over burst rates of [PPAS] §5.1."""
     logs = [math.log(a / b) for a, b in zip(numerators, denominators, strict=True)]
     return math.exp(sum(logs) / len(logs))

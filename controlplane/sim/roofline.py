@@ -26,12 +26,14 @@ weights a step touches (every expert a mixture of experts routes its tokens to, 
 prefill chunk reads its prefix once per 128-query tile (pairs / 128 · KV bytes per token).
 
 κ (`mixed_interference_s_per_token`) is the measured cost of mixing P prefill tokens and D decodes in one step:
-the EB paper's kernel breakdowns (§1, App. A.2) put it in attention, where co-located prefill and decode
-contend, and its convexity analysis (App. A.3) gives it the form κ·n·r(1 − r) for n = P + D tokens at decode
-ratio r = D / n, i.e. κ·P·D / (P + D): nothing when either side is absent, most at r = ½. It does not grow
-with context (App. A.2: context lifts the mixed and decode curves alike). The crossover it implies, the decode
-ratio above which a mixed step's marginal cost per token exceeds a decode step's, is what the paper publishes
-(§1, Fig. 1) and what calibrates it (`mixed_crossover_ratio`). Two other forms were tried against the
+the EB paper's kernel breakdowns ([EB] §1, [EB] App. A.2) put it in attention, where co-located prefill and
+decode contend, and its convexity analysis ([EB] App. A.3, [EB] eq. (10)) gives it the form κ·n·r(1 − r) for
+n = P + D tokens at decode ratio r = D / n, i.e. κ·P·D / (P + D): nothing when either side is absent, most at
+r = ½. Only the r(1 − r) factor is the paper's: its κ is a dimensionless convexity index of the kernel-time
+curve, negative where interference exists, not this cost in seconds per token. It does not grow with context
+([EB] App. A.2: context lifts the mixed and decode curves alike). The crossover it implies, the decode ratio
+above which a mixed step's marginal cost per token exceeds a decode step's, is what the paper publishes
+([EB] §1, [EB] Fig. 1) and what calibrates it (`mixed_crossover_ratio`). Two other forms were tried against the
 published figures and dropped: a constant cost per decoding request of a mixed step (the crossover then asks for
 a cost that makes v1 on ShareGPT, whose mixed steps carry few prefill tokens, a quarter too slow), and the
 decodes' KV reads slowed in mixed steps (it slows the prefill-heavy workload, whose contexts are longest,
@@ -43,6 +45,7 @@ Pure arithmetic on frozen data; no I/O. Negative counts are the caller's bug.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.sim.hardware import Accelerator, ModelArchitecture
@@ -145,8 +148,8 @@ class RooflineStepModel:
 
 
 def mixed_crossover_ratio(model: RooflineStepModel, *, context_tokens: int = 16, tokens: int = 4096) -> float:
-    """The decode ratio r above which a mixed step's marginal cost per token exceeds a decode-only step's (the EB
-    paper's Fig. 1 quantity: execution time against batch tokens at fixed r, decodes at `context_tokens` of
+    """The decode ratio r above which a mixed step's marginal cost per token exceeds a decode-only step's ([EB] Fig. 1's
+    quantity: execution time against batch tokens at fixed r, decodes at `context_tokens` of
     context). Slopes between batches of `tokens` / 2 and `tokens` tokens; bisection on r in (0, 1); 1.0 when
     mixing never costs more."""
 
@@ -164,12 +167,18 @@ def mixed_crossover_ratio(model: RooflineStepModel, *, context_tokens: int = 16,
         return 1.0
     if slope(low) > decode:
         return 0.0
-    for _ in range(40):
+    return bisect_boundary(lambda r: slope(r) <= decode, low, high)
+
+
+def bisect_boundary(below: Callable[[float], bool], low: float, high: float, *, steps: int = 40) -> float:
+    """Where `below` turns from True to False between `low` (below) and `high` (not below): the midpoint of the
+    bracket after `steps` halvings."""
+    for _ in range(steps):
         mid = 0.5 * (low + high)
-        if slope(mid) > decode:
-            high = mid
-        else:
+        if below(mid):
             low = mid
+        else:
+            high = mid
     return 0.5 * (low + high)
 
 

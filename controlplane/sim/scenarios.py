@@ -4,9 +4,10 @@ Spellings (`parse_scenario`):
   closed:<shape>:c=<C>[:n=<N>]         closed loop, concurrency C, N requests (default 4000)
   poisson:<shape>:rate=<R>:for=<S>     open-loop Poisson, R req/s for S seconds
   bursty:<shape>:burst=<R>             the P-PAS trace: 10 s phases, steady 0.2 req/s, bursts at R req/s
-  dist-shift                           EB paper Table 3: μ_L 1024→512→128, μ_O 128→512→1024, 2k requests
+  dist-shift                           [EB] Table 3: μ_L 1024→512→128, μ_O 128→512→1024, 2k requests
                                        per phase, c = 2048
-  conc-shift                           EB paper Table 3: μ_L 512, μ_O 256, c 32→512→1024→256→2048,
+  conc-shift                           [EB] §4.4: c 32→512→1024→256→2048; μ_L 512, μ_O 256 taken from
+                                       [EB] Table 3's stationary blocks (the shift's lengths are not given),
                                        1,500 requests per phase (the paper does not give the phase sizes)
 <shape> is a key of `controlplane.sim.lengths.DATASET_SHAPES` (decode-heavy, balanced, prefill-heavy, their
 geometric-output forms geometric-decode-heavy etc., sharegpt, longbench, numinamath, wildchat,

@@ -188,17 +188,22 @@ def _spawn_tied(argv: list[str], *, cwd: Path, log_fd: int) -> tuple[subprocess.
     return result, release
 
 
+def stop_process(process: subprocess.Popen[bytes], *, timeout_s: float) -> None:
+    """SIGTERM `process` if it still runs (redis-server handles it like SHUTDOWN), SIGKILL when it has not
+    exited after timeout_s; reaped either way."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def _terminate(process: subprocess.Popen[bytes], release: threading.Event, *, timeout_s: float) -> None:
-    """Stop `process` if it still runs (SIGTERM, which redis-server handles like SHUTDOWN, then SIGKILL
-    after timeout_s), reap it and end its keeper thread. The finalizer of an EmbeddedRedis."""
+    """Stop `process` (`stop_process`) and end its keeper thread. The finalizer of an EmbeddedRedis."""
     try:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, timeout_s=timeout_s)
     finally:
         release.set()
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from controlplane.store.embedded import stop_process
 from tests.deploy.paths import DASHBOARD, RULES
 from tests.deploy.processes import free_port, health_check, http_text, prometheus_api, require_binary, wait_for
 from tests.deploy.test_metric_names import dashboard_exprs
@@ -38,13 +39,7 @@ def _process(args: list[str], *, log: Path, cwd: Path) -> Iterator[subprocess.Po
         try:
             yield process
         finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=10)
+            stop_process(process, timeout_s=10.0)
 
 
 def _test_rules(tmp_path: Path) -> Path:

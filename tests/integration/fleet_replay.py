@@ -22,7 +22,7 @@ from controlplane.core.types import EngineLimits, PolicyConfig
 from controlplane.loop.codec import calibration_to_cost_model
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.fleet import Effects, FleetState
-from controlplane.loop.ingest import EngineHello, validate_batch
+from controlplane.loop.ingest import EngineHello, ValidatedBatch, validate_batch
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer, TracingSettings, create_tracer_provider
 from controlplane.service.controller import Controller
@@ -90,6 +90,28 @@ def batch_of(engine: Engine, seq: int, t: int, rng: np.random.Generator) -> agen
     )
 
 
+def joining(t: int) -> list[Engine]:
+    """The engines that connect at second t: those that join then, and a2 again when it returns."""
+    return [engine for engine in ENGINES if engine.joins_s == t or (engine.engine_id == "a2" and t == A2_RETURNS_S)]
+
+
+class Telemetry:
+    """Every engine's seeded telemetry stream, the same in both replays: one validated batch per connected
+    engine and second, numbered from 1 again after each connect."""
+
+    def __init__(self) -> None:
+        self._seqs = {engine.engine_id: 0 for engine in ENGINES}
+        self._rngs = {engine.engine_id: np.random.default_rng(i + 11) for i, engine in enumerate(ENGINES)}
+
+    def connected(self, engine_id: str) -> None:
+        self._seqs[engine_id] = 0
+
+    def next_batch(self, engine: Engine, t: int) -> ValidatedBatch:
+        self._seqs[engine.engine_id] += 1
+        batch = batch_of(engine, self._seqs[engine.engine_id], t, self._rngs[engine.engine_id])
+        return validate_batch(batch, ENGINE_LIMITS)
+
+
 def decision_row(t: int, engine_id: str, d: common_pb2.Decision) -> list:
     g = d.diagnostics
     return ["decision", t, engine_id, d.version, common_pb2.Mode.Name(d.mode), d.k, d.n, d.budget.b_max_tokens,
@@ -108,8 +130,7 @@ async def replay(redis_url: str, *, prefix: str = "replay") -> list[list]:
                             metrics=ControllerMetrics(), clock=lambda: clock[0])
     rows: list[list] = []
     sessions: dict[str, object] = {}
-    seqs = {engine.engine_id: 0 for engine in ENGINES}
-    rngs = {engine.engine_id: np.random.default_rng(i + 11) for i, engine in enumerate(ENGINES)}
+    telemetry = Telemetry()
     excluded = {engine.engine_id: False for engine in ENGINES}
 
     async def drain(t: int) -> None:
@@ -119,13 +140,12 @@ async def replay(redis_url: str, *, prefix: str = "replay") -> list[list]:
 
     async def connect(engine: Engine, t: int) -> None:
         sessions[engine.engine_id] = await controller.open_stream(hello_of(engine), identity="replay")
-        seqs[engine.engine_id] = 0
+        telemetry.connected(engine.engine_id)
         await drain(t)
 
     try:
-        for engine in ENGINES:
-            if engine.joins_s == 0:
-                await connect(engine, 0)
+        for engine in joining(0):
+            await connect(engine, 0)
         for t in range(1, DURATION_S + 1):
             clock[0] = now_s = START_S + t
             await controller.sync_pools(now_s)
@@ -145,16 +165,12 @@ async def replay(redis_url: str, *, prefix: str = "replay") -> list[list]:
                                                 operator_pb2.OVERRIDE_KIND_PIN, actor="replay", reason="replay")
             if t == A2_LEAVES_S:
                 controller.close_stream(sessions.pop("a2"))
-            for engine in ENGINES:
-                if engine.joins_s == t or (engine.engine_id == "a2" and t == A2_RETURNS_S):
-                    await connect(engine, t)
+            for engine in joining(t):
+                await connect(engine, t)
             for engine in ENGINES:
                 session = sessions.get(engine.engine_id)
-                if session is None:
-                    continue
-                seqs[engine.engine_id] += 1
-                batch = batch_of(engine, seqs[engine.engine_id], t, rngs[engine.engine_id])
-                controller.ingest(session, validate_batch(batch, ENGINE_LIMITS))
+                if session is not None:
+                    controller.ingest(session, telemetry.next_batch(engine, t))
             controller.tick(now_s)
             await drain(t)
             for info in controller.engine_infos():
@@ -177,8 +193,7 @@ def replay_machine() -> list[list]:
     rows: list[list] = []
     streams: dict[str, object] = {}
     epochs = {engine.engine_id: 0 for engine in ENGINES}
-    seqs = {engine.engine_id: 0 for engine in ENGINES}
-    rngs = {engine.engine_id: np.random.default_rng(i + 11) for i, engine in enumerate(ENGINES)}
+    telemetry = Telemetry()
     excluded = {engine.engine_id: False for engine in ENGINES}
     overrides: list[operator_pb2.OverrideRecord] = []
 
@@ -197,7 +212,7 @@ def replay_machine() -> list[list]:
     def connect(engine: Engine, t: int, now_s: float) -> None:
         stream = streams[engine.engine_id] = object()
         epochs[engine.engine_id] += 1
-        seqs[engine.engine_id] = 0
+        telemetry.connected(engine.engine_id)
         hello = hello_of(engine)
         record(t, fleet.attach(hello, identity="replay", epoch=epochs[engine.engine_id], stream=stream, now_s=now_s))
         if fleet.pool(hello.pool_key).stats.estimate is None:
@@ -205,9 +220,8 @@ def replay_machine() -> list[list]:
             refresh(now_s, only=hello.pool_key)
         record(t, fleet.first_decision(engine.engine_id, stream, now_s))
 
-    for engine in ENGINES:
-        if engine.joins_s == 0:
-            connect(engine, 0, START_S)
+    for engine in joining(0):
+        connect(engine, 0, START_S)
     for t in range(1, DURATION_S + 1):
         now_s = START_S + t
         refresh(now_s)
@@ -228,16 +242,12 @@ def replay_machine() -> list[list]:
             record(t, fleet.set_overrides(overrides, now_s))
         if t == A2_LEAVES_S:
             record(t, fleet.detach("a2", streams.pop("a2"), now_s))
-        for engine in ENGINES:
-            if engine.joins_s == t or (engine.engine_id == "a2" and t == A2_RETURNS_S):
-                connect(engine, t, now_s)
+        for engine in joining(t):
+            connect(engine, t, now_s)
         for engine in ENGINES:
             stream = streams.get(engine.engine_id)
-            if stream is None:
-                continue
-            seqs[engine.engine_id] += 1
-            batch = batch_of(engine, seqs[engine.engine_id], t, rngs[engine.engine_id])
-            record(t, fleet.batch(engine.engine_id, stream, validate_batch(batch, ENGINE_LIMITS), now_s))
+            if stream is not None:
+                record(t, fleet.batch(engine.engine_id, stream, telemetry.next_batch(engine, t), now_s))
         record(t, fleet.tick(now_s))
         for engine_id, held in sorted(fleet.engines()):
             if held.loop.excluded_from_pool != excluded[engine_id]:

@@ -38,6 +38,7 @@ from testbench.fuzz_messages import (  # noqa: F401
     printable_text,
     raw_connect,
     run_script,
+    stream_telemetry,
     telemetry_payload,
     traceparents,
     uint32s,

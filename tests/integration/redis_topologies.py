@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from controlplane.store.embedded import bundled_redis_executable
+from controlplane.store.embedded import bundled_redis_executable, stop_process
 
 SENTINEL_SERVICE = "cp-test"
 _CLUSTER_BUS_PORT_OFFSET = 10_000
@@ -78,16 +78,6 @@ def _wait_until(check: Callable[[], bool], *, what: str, timeout_s: float = _STA
         time.sleep(_POLL_S)
 
 
-def _stop_process(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @dataclass
 class ServerProcess:
     """One redis-server (or sentinel) child process on 127.0.0.1:port."""
@@ -127,7 +117,7 @@ class ServerProcess:
     def stop(self) -> None:
         """Terminate the process (SIGTERM, then SIGKILL) and reap it. Idempotent."""
         if self.process is not None:
-            _stop_process(self.process)
+            stop_process(self.process, timeout_s=5.0)
 
     def kill(self) -> None:
         """SIGKILL the process (a crash: no shutdown, no goodbye to clients) and reap it."""
@@ -189,7 +179,7 @@ class Topology:
 
 def _stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
     for process in processes:
-        _stop_process(process)
+        stop_process(process, timeout_s=5.0)
 
 
 def start_single(directory: Path) -> Topology:

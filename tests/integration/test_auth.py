@@ -57,6 +57,13 @@ def _hello(engine_id: str, *, instance_id: str = "", started_at_s: float = 0.0) 
                            instance_id=instance_id, instance_started_at_s=started_at_s)
 
 
+async def _connect(channel: grpc.aio.Channel, token: str, engine_id: str, *, instance_id: str = "",
+                   started_at_s: float = 0.0) -> LiveAgent:
+    """An agent stream with `token`'s identity whose Hello claims `engine_id` (sent)."""
+    return await LiveAgent(channel, _hello(engine_id, instance_id=instance_id, started_at_s=started_at_s),
+                           metadata=_bearer(token)).open()
+
+
 def _rejections(ctl, cause: str) -> float:
     return ctl.app.metrics.registry.get_sample_value("cp_rejections_total", {"cause": cause}) or 0.0
 
@@ -135,7 +142,7 @@ async def _drain(call) -> grpc.StatusCode | str:
 
 async def test_every_rpc_refuses_missing_bad_and_foreign_tokens(redis_url: str) -> None:
     async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
-        engine = await LiveAgent(channel, _hello(_AUTH_ENGINE), metadata=_bearer(AGENT_A)).open()
+        engine = await _connect(channel, AGENT_A, _AUTH_ENGINE)
         await engine.decision()
         assert len(RPCS) >= 12 and {m.name for m in RPCS} >= set(VALID_REQUESTS)
         table: list[tuple[str, str, object, str]] = []
@@ -195,15 +202,12 @@ async def _listed(channel: grpc.aio.Channel, engine_id: str) -> operator_pb2.Eng
 
 async def test_another_identity_cannot_take_a_live_engine_id(redis_url: str) -> None:
     async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
-        real = await LiveAgent(channel, _hello("engine-1", instance_id="a-1", started_at_s=100.0),
-                               metadata=_bearer(AGENT_A)).open()
+        real = await _connect(channel, AGENT_A, "engine-1", instance_id="a-1", started_at_s=100.0)
         await real.decision()
         refused_before = _rejections(ctl, "refused")
         # Newer, same instance id, no instance id: another identity never gets the engine id.
-        for hello in (_hello("engine-1", instance_id="b-1", started_at_s=200.0),
-                      _hello("engine-1", instance_id="a-1", started_at_s=100.0),
-                      _hello("engine-1")):
-            intruder = await LiveAgent(channel, hello, metadata=_bearer(AGENT_B)).open()
+        for instance_id, started_at_s in (("b-1", 200.0), ("a-1", 100.0), ("", 0.0)):
+            intruder = await _connect(channel, AGENT_B, "engine-1", instance_id=instance_id, started_at_s=started_at_s)
             assert await intruder.finished() == grpc.StatusCode.PERMISSION_DENIED
             assert "another identity" in intruder.details and not intruder.received
         assert _rejections(ctl, "refused") - refused_before == 3
@@ -218,18 +222,15 @@ async def test_another_identity_cannot_claim_a_recently_disconnected_engine_id(r
     another identity cannot slip into its id between the agent's disconnect and its reconnect (and so lock
     the real agent out with PERMISSION_DENIED)."""
     async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
-        real = await LiveAgent(channel, _hello("engine-r", instance_id="a-1", started_at_s=100.0),
-                               metadata=_bearer(AGENT_A)).open()
+        real = await _connect(channel, AGENT_A, "engine-r", instance_id="a-1", started_at_s=100.0)
         await real.decision()
         await real.close()
-        squatter = await LiveAgent(channel, _hello("engine-r", instance_id="b-1", started_at_s=200.0),
-                                   metadata=_bearer(AGENT_B)).open()
+        squatter = await _connect(channel, AGENT_B, "engine-r", instance_id="b-1", started_at_s=200.0)
         try:
             squatted = await squatter.decision(timeout_s=2.0)
         except TimeoutError:
             squatted = None
-        again = await LiveAgent(channel, _hello("engine-r", instance_id="a-2", started_at_s=300.0),
-                                metadata=_bearer(AGENT_A)).open()
+        again = await _connect(channel, AGENT_A, "engine-r", instance_id="a-2", started_at_s=300.0)
         try:
             back = await again.decision(timeout_s=2.0)
         except TimeoutError:
@@ -244,11 +245,9 @@ async def test_another_identity_cannot_claim_a_recently_disconnected_engine_id(r
 
 async def test_newer_instance_takes_over_and_the_older_stream_is_aborted(redis_url: str) -> None:
     async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
-        old = await LiveAgent(channel, _hello("engine-2", instance_id="i-old", started_at_s=100.0),
-                              metadata=_bearer(AGENT_A)).open()
+        old = await _connect(channel, AGENT_A, "engine-2", instance_id="i-old", started_at_s=100.0)
         last_old = await old.decision()
-        new = await LiveAgent(channel, _hello("engine-2", instance_id="i-new", started_at_s=200.0),
-                              metadata=_bearer(AGENT_A)).open()
+        new = await _connect(channel, AGENT_A, "engine-2", instance_id="i-new", started_at_s=200.0)
         first_new = await new.decision()
         assert await old.finished() == grpc.StatusCode.ABORTED
         assert "taken over" in old.details and "i-new" in old.details
@@ -260,12 +259,10 @@ async def test_newer_instance_takes_over_and_the_older_stream_is_aborted(redis_u
 
 async def test_older_instance_is_refused_with_already_exists(redis_url: str) -> None:
     async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
-        holder = await LiveAgent(channel, _hello("engine-3", instance_id="i-2", started_at_s=200.0),
-                                 metadata=_bearer(AGENT_A)).open()
+        holder = await _connect(channel, AGENT_A, "engine-3", instance_id="i-2", started_at_s=200.0)
         await holder.decision()
         refused_before = _rejections(ctl, "refused")
-        older = await LiveAgent(channel, _hello("engine-3", instance_id="i-1", started_at_s=199.5),
-                                metadata=_bearer(AGENT_A)).open()
+        older = await _connect(channel, AGENT_A, "engine-3", instance_id="i-1", started_at_s=199.5)
         assert await older.finished() == grpc.StatusCode.ALREADY_EXISTS
         assert "i-2" in older.details and len(older.details) <= 300
         assert _rejections(ctl, "refused") - refused_before == 1
@@ -276,12 +273,10 @@ async def test_older_instance_is_refused_with_already_exists(redis_url: str) -> 
 
 async def test_same_instance_reconnecting_replaces_its_own_stream(redis_url: str) -> None:
     async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
-        first = await LiveAgent(channel, _hello("engine-4", instance_id="i-1", started_at_s=100.0),
-                                metadata=_bearer(AGENT_A)).open()
+        first = await _connect(channel, AGENT_A, "engine-4", instance_id="i-1", started_at_s=100.0)
         before = await first.decision()
         # The same instance (a reconnect after a half-open connection), even with an older start time stamp.
-        second = await LiveAgent(channel, _hello("engine-4", instance_id="i-1", started_at_s=100.0),
-                                 metadata=_bearer(AGENT_A)).open()
+        second = await _connect(channel, AGENT_A, "engine-4", instance_id="i-1", started_at_s=100.0)
         after = await second.decision()
         assert await first.finished() == grpc.StatusCode.ABORTED
         assert after.version > before.version
@@ -295,17 +290,17 @@ async def test_agent_scopes_confine_an_identity_to_its_engine_ids(redis_url: str
     async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
         refused_before = _rejections(ctl, "refused")
         for engine_id in ("x-1", "s", "shared-10", "S-1"):
-            outside = await LiveAgent(channel, _hello(engine_id), metadata=_bearer(AGENT_SCOPED)).open()
+            outside = await _connect(channel, AGENT_SCOPED, engine_id)
             assert await outside.finished() == grpc.StatusCode.PERMISSION_DENIED, engine_id
             assert "team-s" in outside.details and engine_id in outside.details
         assert _rejections(ctl, "refused") - refused_before == 4
         inside = []
         for engine_id in ("s-1", "shared-1"):
-            agent = await LiveAgent(channel, _hello(engine_id), metadata=_bearer(AGENT_SCOPED)).open()
+            agent = await _connect(channel, AGENT_SCOPED, engine_id)
             await agent.decision()
             inside.append(agent)
         # An identity without patterns may serve any engine id not held by another identity.
-        free = await LiveAgent(channel, _hello("s-2"), metadata=_bearer(AGENT_A)).open()
+        free = await _connect(channel, AGENT_A, "s-2")
         await free.decision()
         for agent in (*inside, free):
             await agent.close()
@@ -317,7 +312,7 @@ async def test_refused_streams_leave_no_trace_in_the_store(redis_url: str) -> No
 
     keys = KeySpace()
     async with running_controller(_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
-        outside = await LiveAgent(channel, _hello("x-9"), metadata=_bearer(AGENT_SCOPED)).open()
+        outside = await _connect(channel, AGENT_SCOPED, "x-9")
         assert await outside.finished() == grpc.StatusCode.PERMISSION_DENIED
         client = aioredis.Redis.from_url(redis_url)
         try:

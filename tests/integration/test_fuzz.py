@@ -24,14 +24,13 @@ import math
 from collections import Counter
 
 import grpc
-import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import strategies as st
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.service.config import DecisionLoopConfig
-from tests.integration.controller_harness import LIMITS, geometric_batch, make_config, operator_stub, running_controller
+from tests.integration.controller_harness import LIMITS, make_config, operator_stub, running_controller
 from tests.integration.fuzz_messages import (
     CAUSES,
     TARGET_STARTED_AT_S,
@@ -44,6 +43,7 @@ from tests.integration.fuzz_messages import (
     non_finite_doubles,
     pool_names,
     run_script,
+    stream_telemetry,
 )
 
 GOOD_POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
@@ -57,7 +57,6 @@ TTL_S = 3.0
 # period, makes the gap two periods or more. The soak (benchmarks/fuzz_soak.py, the clients in their own
 # processes) measures the gap against one period.
 MAX_GAP_PERIODS = 2.0
-TELEMETRY_PERIOD_S = 0.2
 
 
 def _sample(ctl, name: str, labels: dict[str, str] | None = None) -> float:
@@ -72,15 +71,6 @@ def _loop_restarts(ctl) -> float:
     return sum(sample.value for family in ctl.app.metrics.registry.collect()
                if family.name == "cp_background_loop_restarts" for sample in family.samples
                if sample.name.endswith("_total"))
-
-
-async def _stream_telemetry(agent: LiveAgent, seed: int, stop: asyncio.Event) -> None:
-    rng = np.random.default_rng(seed)
-    seq = 1
-    while not stop.is_set():
-        await agent.send_batch(geometric_batch(seq, rng, num=40))
-        seq += 1
-        await asyncio.sleep(TELEMETRY_PERIOD_S)
 
 
 async def _run_all(channel: grpc.aio.Channel, scripts: list[StreamScript],
@@ -131,7 +121,7 @@ async def test_fuzzed_streams_never_break_the_controller(redis_url: str, caplog:
             good.append(agent)
         before = _rejections(ctl)
         stop = asyncio.Event()
-        streamers = [asyncio.create_task(_stream_telemetry(agent, i, stop)) for i, agent in enumerate(good)]
+        streamers = [asyncio.create_task(stream_telemetry(agent, i, stop)) for i, agent in enumerate(good)]
         loop = asyncio.get_running_loop()
         started_s = loop.time()
         outcomes = await _run_all(channel, scripts, encoded)

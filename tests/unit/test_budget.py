@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -19,41 +18,20 @@ from controlplane.core.budget import (
 )
 from controlplane.core.types import BudgetPolicy, SchedulerSnapshot
 from controlplane.protocol import min_budget_tokens
+from tests.unit.ppas_rule import NAMED_CASES, PARAMETERS, TRUTH_TABLE, paper_budget, paper_pressure
 
-POLICY = BudgetPolicy(b_max_tokens=16384, b_cap_tokens=2048, n_th=2, t_large_tokens=32768, n_d_large=2)
-
-
-def paper_rule(n_p: int, n_d: int, r_p: int, *, n_th: int, n_d_large: int, t_large: int) -> bool:
-    """P_count ∨ P_large, written out from the papers (T_large = 0 turns P-PAS+ off)."""
-    p_count = n_p >= n_th and n_d > 0
-    p_large = t_large > 0 and n_p == 1 and n_d >= n_d_large and r_p >= t_large
-    return p_count or p_large
+POLICY = BudgetPolicy(**PARAMETERS)
 
 
-@pytest.mark.parametrize(
-    ("n_p", "n_d", "r_p"),
-    list(itertools.product([0, 1, 2, 3, 17], [0, 1, 2, 3, 100], [0, 32767, 32768, 131072])),
-)
+@pytest.mark.parametrize(("n_p", "n_d", "r_p"), TRUTH_TABLE)
 def test_budget_truth_table(n_p: int, n_d: int, r_p: int) -> None:
     state = SchedulerSnapshot(num_running_prefills=n_p, num_running_decodes=n_d,
                               largest_remaining_prefill_tokens=r_p)
-    pressure = paper_rule(n_p, n_d, r_p, n_th=2, n_d_large=2, t_large=32768)
-    assert under_pressure(state, POLICY) is pressure
-    assert step_budget_tokens(state, POLICY) == (2048 if pressure else 16384)
+    assert under_pressure(state, POLICY) is paper_pressure(n_p, n_d, r_p)
+    assert step_budget_tokens(state, POLICY) == paper_budget(n_p, n_d, r_p)
 
 
-@pytest.mark.parametrize(
-    ("n_p", "n_d", "r_p", "expected"),
-    [
-        (2, 1, 0, 2048),  # two prefills compete with one decode: P_count
-        (2, 0, 0, 16384),  # no decode to protect
-        (1, 5, 0, 16384),  # one small prefill
-        (1, 2, 32768, 2048),  # one large residual prefill with two decodes: P_large
-        (1, 1, 10**6, 16384),  # ... but only one decode (< N_d,large)
-        (0, 50, 10**6, 16384),  # no running prefill at all
-        (2, 1, 10**6, 2048),
-    ],
-)
+@pytest.mark.parametrize(("n_p", "n_d", "r_p", "expected"), NAMED_CASES)
 def test_budget_named_cases(n_p: int, n_d: int, r_p: int, expected: int) -> None:
     state = SchedulerSnapshot(n_p, n_d, r_p)
     assert step_budget_tokens(state, POLICY) == expected

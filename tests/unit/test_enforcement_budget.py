@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,38 +9,18 @@ from hypothesis import strategies as st
 from agents.enforcement.budget import BudgetRule, step_budget_tokens, under_pressure
 from controlplane.core import budget as core_budget
 from controlplane.core.types import BudgetPolicy, SchedulerSnapshot
+from tests.unit.ppas_rule import NAMED_CASES, PARAMETERS, TRUTH_TABLE, paper_budget, paper_pressure
 
-RULE = BudgetRule(b_max_tokens=16384, b_cap_tokens=2048, n_th=2, t_large_tokens=32768, n_d_large=2)
-
-
-def paper_rule(n_p: int, n_d: int, r_p: int, *, n_th: int, n_d_large: int, t_large: int) -> bool:
-    """P_count ∨ P_large, written out from the P-PAS paper (§3 and §7; T_large = 0 turns P-PAS+ off)."""
-    p_count = n_p >= n_th and n_d > 0
-    p_large = t_large > 0 and n_p == 1 and n_d >= n_d_large and r_p >= t_large
-    return p_count or p_large
+RULE = BudgetRule(**PARAMETERS)
 
 
-@pytest.mark.parametrize(
-    ("n_p", "n_d", "r_p"),
-    list(itertools.product([0, 1, 2, 3, 17], [0, 1, 2, 3, 100], [0, 32767, 32768, 131072])),
-)
+@pytest.mark.parametrize(("n_p", "n_d", "r_p"), TRUTH_TABLE)
 def test_truth_table(n_p: int, n_d: int, r_p: int) -> None:
-    pressure = paper_rule(n_p, n_d, r_p, n_th=2, n_d_large=2, t_large=32768)
-    assert under_pressure(RULE, n_p, n_d, r_p) is pressure
-    assert step_budget_tokens(RULE, n_p, n_d, r_p) == (2048 if pressure else 16384)
+    assert under_pressure(RULE, n_p, n_d, r_p) is paper_pressure(n_p, n_d, r_p)
+    assert step_budget_tokens(RULE, n_p, n_d, r_p) == paper_budget(n_p, n_d, r_p)
 
 
-@pytest.mark.parametrize(
-    ("n_p", "n_d", "r_p", "expected"),
-    [
-        (2, 1, 0, 2048),  # two prefills compete with one decode: P_count
-        (2, 0, 0, 16384),  # no decode to protect
-        (1, 5, 0, 16384),  # one small prefill
-        (1, 2, 32768, 2048),  # one large residual prefill with two decodes: P_large
-        (1, 1, 32768, 16384),  # P_large needs n_d_large decodes
-        (0, 9, 99999, 16384),  # no prefill at all
-    ],
-)
+@pytest.mark.parametrize(("n_p", "n_d", "r_p", "expected"), NAMED_CASES)
 def test_named_cases(n_p: int, n_d: int, r_p: int, expected: int) -> None:
     assert step_budget_tokens(RULE, n_p, n_d, r_p) == expected
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -10,19 +11,11 @@ from hypothesis import strategies as st
 
 from agents.enforcement import Enforcer, Mode, Phase, StepKind, StepPlan
 from controlplane.api.v1 import common_pb2
+from tests.unit import agent_decisions
 
 MAX_NUM_SEQS = 32
 STARTUP_BUDGET = 2048
-
-
-def decision(mode: int = common_pb2.MODE_EB, *, version: int = 1, k: int = 4, n: int = 16, b_max: int = 1024,
-             b_cap: int = 256, n_th: int = 2, t_large: int = 0, n_d_large: int = 2, ttl_s: float = 10.0,
-             advisory: bool = False) -> common_pb2.Decision:
-    return common_pb2.Decision(
-        version=version, mode=mode, k=k, n=n, ttl_s=ttl_s, advisory=advisory,
-        budget=common_pb2.BudgetPolicy(b_max_tokens=b_max, b_cap_tokens=b_cap, n_th=n_th, t_large_tokens=t_large,
-                                       n_d_large=n_d_large),
-    )
+decision = functools.partial(agent_decisions.decision, b_max=1024, ttl_s=10.0)
 
 
 def enforcer() -> Enforcer:
