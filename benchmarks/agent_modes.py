@@ -41,8 +41,10 @@ CONFIGS = {  # name -> pin (None: no pin, the controller decides; "stock": no ag
     "eb_kstar": operator_pb2.PINNED_MODE_EB,
     "eb_plus": None,
 }
-# --smoke: (num_requests, prompt_tokens, output_tokens); every configuration still runs in its own engine
+# --smoke: (num_requests, prompt_tokens, output_tokens), and unless --configs says otherwise the baseline and
+# EB+ alone (each configuration starts an engine of its own: about a minute on 2 cores)
 SMOKE = (4, "16,64", "4,16")
+SMOKE_CONFIGS = "stock,eb_plus"
 
 
 def free_port() -> int:
@@ -113,13 +115,15 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
+    parser.add_argument("--configs", default=None, help=f"subset of {','.join(CONFIGS)} (default: all)")
     parser.add_argument("--smoke", action="store_true",
-                        help="{} requests, prompts {}, outputs {}, every configuration: the same code "
-                             "paths".format(*SMOKE))
+                        help="{} requests, prompts {}, outputs {}, configurations {} unless --configs: the "
+                             "same code paths".format(*SMOKE, SMOKE_CONFIGS))
     args = parser.parse_args()
     if args.smoke:
         args.num_requests, args.prompt_tokens, args.output_tokens = SMOKE
+    if args.configs is None:
+        args.configs = SMOKE_CONFIGS if args.smoke else ",".join(CONFIGS)
     unknown = set(args.configs.split(",")) - set(CONFIGS)
     if unknown or "stock" not in args.configs.split(","):
         parser.error(f"--configs: unknown {sorted(unknown)} (stock is required as the baseline)")

@@ -1,10 +1,11 @@
 """`controlplane ctl`: operator commands against a running controller over gRPC.
 
 Scopes: `fleet`, `pool:MODEL|ACCELERATOR`, `engine:ENGINE_ID`; commands that change an override require
-one (there is no default scope). Output: a table (default), or `-o json` / `-o yaml` with stable
-snake_case field names, units in the names, integers for versions and counts, every field present, and
-timestamps both as ISO-8601 UTC (`*_at`) and as Unix seconds (`*_at_s`). Errors go to stderr as one line
-naming the gRPC status, with exit code 1 (2 for a usage error, 130 when interrupted).
+one (there is no default scope). A pool or engine scope that no engine has reported is changed with a
+warning naming the known pools, or refused with `--strict`. Output: a table (default), or `-o json` /
+`-o yaml` with stable snake_case field names, units in the names, integers for versions and counts, every
+field present, and timestamps both as ISO-8601 UTC (`*_at`) and as Unix seconds (`*_at_s`). Errors go to
+stderr as one line naming the gRPC status, with exit code 1 (2 for a usage error, 130 when interrupted).
 
 Connection (each flag wins over its environment variable):
   --address       CP_ADDRESS         controller host:port (default 127.0.0.1:50151, the port `serve` and
@@ -28,14 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.cli import output
 from controlplane.cli.args import MAX_REQUESTS, bounded_int, finite_float, nonnegative_float
 from controlplane.cli.explain import explain, explain_rows
 from controlplane.cli.report import render_report
+from controlplane.cli.rows import WatchPrinter, engine_info_dict, engine_row, get_fields, list_cells
 from controlplane.core.calibration import CalibrationError, CalibrationProfile, parse_calibration
 from controlplane.loop.codec import cost_model_to_calibration
+from controlplane.service.scopes import unknown_scope
 
 DEFAULT_ADDRESS = "127.0.0.1:50151"
 ENVIRONMENT = {"address": "CP_ADDRESS", "token": "CP_OPERATOR_TOKEN", "tls_ca": "CP_TLS_CA",
@@ -43,13 +47,32 @@ ENVIRONMENT = {"address": "CP_ADDRESS", "token": "CP_OPERATOR_TOKEN", "tls_ca": 
 _PINS = {"mb": operator_pb2.PINNED_MODE_MB, "eb": operator_pb2.PINNED_MODE_EB,
          "passthrough": operator_pb2.PINNED_MODE_PASSTHROUGH, "advisory": operator_pb2.PINNED_MODE_ADVISORY}
 _KINDS = {"delta": operator_pb2.OVERRIDE_KIND_DELTA, "pin": operator_pb2.OVERRIDE_KIND_PIN}
+# `watch` waits this long before it reconnects to a controller that went away.
+RESUME_WAIT_S = 1.0
+# The fields of the record a change answers with that its table shows, per command (`-o json|yaml` keep all).
+_RECORD_FIELDS = {
+    "set-delta": ("scope", "kind", "delta_s_per_token", "expires_at", "expires_at_s", "set_by", "set_at", "set_at_s",
+                  "reason"),
+    "pin": ("scope", "kind", "mode", "k", "n", "expires_at", "expires_at_s", "set_by", "set_at", "set_at_s", "reason"),
+    "clear": ("scope", "kind", "cleared", "set_by", "set_at", "set_at_s", "reason"),
+}
+# The message an audit entry's old/new JSON holds, by the entry's kind.
+_AUDITED = {"delta": operator_pb2.OverrideRecord, "pin": operator_pb2.OverrideRecord,
+            "calibration": operator_pb2.Calibration}
 _SCOPE_HELP = "fleet | pool:MODEL|ACCELERATOR | engine:ENGINE_ID (required)"
+_STRICT_HELP = ("refuse (exit 1, nothing changed) a pool or engine scope that covers no engine the controller "
+                "knows (asks ListEngines first); without it such a change is made, with a warning naming the "
+                "known pools")
 _LIST_COLUMNS = ("ENGINE", "POOL", "CONNECTED", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION", "ACKED",
                  "TELEMETRY AGE")
 
 
 class UsageError(Exception):
     """A bad flag value found after parsing (e.g. an unreadable file); exit code 2."""
+
+
+class UnknownScopeError(Exception):
+    """--strict and a pool or engine scope that covers no engine the controller knows; exit code 1."""
 
 
 def parse_pool(text: str) -> common_pb2.Pool:
@@ -118,12 +141,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("delta", type=finite_float, metavar="DELTA_S_PER_TOKEN",
                    help="δ in seconds per token, |δ| ≤ 0.01 (e.g. 2e-5 or -1e-5)")
     p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
+    p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
     p.add_argument("--expires-in-s", type=nonnegative_float, default=0.0, metavar="S",
                    help="seconds until the override lapses (default 0: never)")
     p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
     p = command("pin", "pin the mode for a scope (advisory: decide and report, do not apply)")
     p.add_argument("mode", choices=sorted(_PINS))
     p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
+    p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
     p.add_argument("--k", type=bounded_int(low=0, high=MAX_REQUESTS), default=0,
                    help=f"phase-switch threshold, requests (default 0: computed; at most {MAX_REQUESTS})")
     p.add_argument("--n", type=bounded_int(low=0, high=MAX_REQUESTS), default=0,
@@ -135,12 +160,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command("clear", "remove the δ override or the pin of a scope (NOT_FOUND when there is none)")
     p.add_argument("kind", choices=sorted(_KINDS))
     p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
+    p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
     p.add_argument("--reason", default="", help="recorded in the audit")
     p = command("watch", "the current decisions, then every decision as it is pushed (Ctrl-C stops)")
     p.add_argument("--pool", type=parse_pool, metavar="MODEL|ACCELERATOR", help="only this pool")
     p.add_argument("--engine-id", default="", metavar="ENGINE", help="only this engine")
     p.add_argument("--max-events", type=bounded_int(low=0, high=2**31), default=0,
                    help="stop after this many pushed decisions (default 0: run until interrupted)")
+    p.add_argument("--no-resume", dest="resume", action="store_false",
+                   help="end when the controller goes away (default: reconnect and resume from the last decision "
+                        "seen, the ones made meanwhile shown from the history)")
     p = command("calibration", "put or get a pool's cost profile (eb-vllm calibration JSON files)")
     p.add_argument("verb", choices=("put", "get"))
     p.add_argument("--pool", type=parse_pool, required=True, metavar="MODEL|ACCELERATOR")
@@ -270,27 +299,41 @@ class Ctl:
 
     # ---- changes ----
 
-    async def _record(self, record: operator_pb2.OverrideRecord) -> int:
+    async def _record(self, record: operator_pb2.OverrideRecord, action: str) -> int:
+        """Print the record a change answered with: its warnings on stderr, then the fields that `action`
+        (set-delta, pin or clear) concerns as a table, or every field as data."""
         data = output.message_to_dict(record)
         for warning in record.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        self.emit(data, lambda: output.print_fields(
-            [(key, value) for key, value in data.items() if key not in ("warnings",)]))
+        self.emit(data, lambda: output.print_fields([(key, data[key]) for key in _RECORD_FIELDS[action]]))
         return 0
 
+    async def check_scope(self, args: argparse.Namespace) -> None:
+        """With --strict, raise UnknownScopeError unless the scope is the fleet or covers an engine that
+        ListEngines lists (the test the controller warns on, `scopes.unknown_scope`)."""
+        if not args.strict or args.scope.kind == operator_pb2.SCOPE_KIND_FLEET:
+            return
+        engines = (await self.stub.ListEngines(operator_pb2.ListEnginesRequest(), **self.kw())).engines
+        unknown = unknown_scope(args.scope, engines)
+        if unknown is not None:
+            raise UnknownScopeError(unknown)
+
     async def set_delta(self, args: argparse.Namespace) -> int:
+        await self.check_scope(args)
         return await self._record(await self.stub.SetDelta(operator_pb2.SetDeltaRequest(
             scope=args.scope, delta_s_per_token=args.delta, expires_in_s=args.expires_in_s, reason=args.reason),
-            **self.kw()))
+            **self.kw()), "set-delta")
 
     async def pin(self, args: argparse.Namespace) -> int:
+        await self.check_scope(args)
         return await self._record(await self.stub.PinMode(operator_pb2.PinModeRequest(
             scope=args.scope, mode=_PINS[args.mode], k=args.k, n=args.n, expires_in_s=args.expires_in_s,
-            reason=args.reason), **self.kw()))
+            reason=args.reason), **self.kw()), "pin")
 
     async def clear(self, args: argparse.Namespace) -> int:
+        await self.check_scope(args)
         return await self._record(await self.stub.ClearOverride(operator_pb2.ClearOverrideRequest(
-            scope=args.scope, kind=_KINDS[args.kind], reason=args.reason), **self.kw()))
+            scope=args.scope, kind=_KINDS[args.kind], reason=args.reason), **self.kw()), "clear")
 
     async def calibration(self, args: argparse.Namespace) -> int:
         if args.verb == "get":
@@ -302,7 +345,7 @@ class Ctl:
             calibration = await self.stub.PutCalibration(operator_pb2.PutCalibrationRequest(
                 calibration=calibration_from_files(args.file, args.pool)), **self.kw())
         data = output.message_to_dict(calibration)
-        self.emit(data, lambda: output.print_fields(list(data.items())))
+        self.emit(data, lambda: output.print_fields(calibration_fields(data)))
         return 0
 
     # ---- streams and reports ----
@@ -315,20 +358,33 @@ class Ctl:
         # printed once (by engine and version).
         stream = self.stub.WatchDecisions(request, metadata=self.metadata)
         printer = WatchPrinter(self.fmt)
+        since_s = time.time()
         for row in await self.engine_rows(args.pool):
             if args.engine_id and row["engine_id"] != args.engine_id:
                 continue
             printer.show(row, event="snapshot")
         num_events = 0
-        async for view in stream:
-            if printer.seen(view.engine_id, view.decision.version):
-                continue
-            printer.show(engine_row(None, view), event="pushed")
-            num_events += 1
-            if args.max_events and num_events >= args.max_events:
-                stream.cancel()
-                break
-        return 0
+        while True:
+            try:
+                async for view in stream:
+                    since_s = max(since_s, view.decision.decided_at_s)
+                    if printer.seen(view.engine_id, view.decision.version):
+                        continue
+                    printer.show(engine_row(None, view), event="pushed")
+                    num_events += 1
+                    if args.max_events and num_events >= args.max_events:
+                        stream.cancel()
+                        return 0
+                return 0
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or not args.resume:
+                    raise
+            # The controller went away (a restart, a rolling upgrade): resume from the last decision seen, so
+            # the decisions made meanwhile are shown from the history, each version once.
+            print(f"watch: the controller is unavailable; resuming from {output.iso_utc(since_s)}", file=sys.stderr)
+            await asyncio.sleep(RESUME_WAIT_S)
+            request.since_s = since_s
+            stream = self.stub.WatchDecisions(request, metadata=self.metadata)
 
     async def report(self, args: argparse.Namespace) -> int:
         engines = await self.engine_rows()
@@ -352,104 +408,6 @@ class Ctl:
         return 0
 
 
-class WatchPrinter:
-    """Rows of `watch`: a fixed-width line per decision (table), or one JSON/YAML document per decision."""
-
-    _COLUMNS = ("EVENT", "ENGINE", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION", "REASON", "DECIDED AT")
-
-    def __init__(self, fmt: str) -> None:
-        self._fmt = fmt
-        self._versions: dict[str, int] = {}
-        self._header = False
-
-    def seen(self, engine_id: str, version: int) -> bool:
-        return version <= self._versions.get(engine_id, 0)
-
-    def show(self, row: dict[str, Any], *, event: str) -> None:
-        if row["decision_version"]:
-            self._versions[row["engine_id"]] = max(self._versions.get(row["engine_id"], 0), row["decision_version"])
-        data = {"event": event, **row}
-        if self._fmt == "json":
-            print(json.dumps(data, ensure_ascii=False), flush=True)
-            return
-        if self._fmt == "yaml":
-            print("---", flush=True)
-            output.print_data(data, "yaml")
-            return
-        cells = [event, row["engine_id"], row["mode"], row["k"], row["n"], row["b_max_tokens"], row["b_cap_tokens"],
-                 row["delta_s_per_token"], row["decision_version"], row["reason"], row["decided_at"]]
-        widths = (9, 34, 12, 6, 6, 7, 7, 10, 20, 20, 24)
-        if not self._header:
-            print("  ".join(f"{c:<{w}}" for c, w in zip(self._COLUMNS, widths, strict=True)).rstrip(), flush=True)
-            self._header = True
-        print("  ".join(f"{output.cell_text(c):<{w}}" for c, w in zip(cells, widths, strict=True)).rstrip(),
-              flush=True)
-
-
-def engine_info_dict(info: operator_pb2.EngineInfo) -> dict[str, Any]:
-    data = output.message_to_dict(info)
-    if data["telemetry_age_s"] < 0:
-        data["telemetry_age_s"] = None  # no telemetry yet
-    return data
-
-
-def engine_row(info: operator_pb2.EngineInfo | None, view: operator_pb2.DecisionView | None) -> dict[str, Any]:
-    """One `list` row: the engine (when known) and the decision in force (null fields when none)."""
-    row: dict[str, Any]
-    if info is not None:
-        row = engine_info_dict(info)
-    else:
-        assert view is not None
-        row = {"engine_id": view.engine_id, "pool": output.message_to_dict(view.pool), "decision_version":
-               view.decision.version, "acked_version": view.acked_version}
-    decision = view.decision if view is not None else None
-    budget = decision.budget if decision is not None else None
-    row.update({
-        "mode": output.enum_name(common_pb2.Mode.DESCRIPTOR, decision.mode) if decision else None,
-        "k": decision.k if decision else None,
-        "n": decision.n if decision else None,
-        "b_max_tokens": budget.b_max_tokens if budget else None,
-        "b_cap_tokens": budget.b_cap_tokens if budget else None,
-        "delta_s_per_token": decision.delta_s_per_token if decision else None,
-        "delta_source": decision.delta_source if decision else None,
-        "reason": decision.reason if decision else None,
-        "decided_at": output.iso_utc(decision.decided_at_s) if decision else None,
-        "decided_at_s": decision.decided_at_s if decision else None,
-    })
-    if decision is not None and info is None:
-        row["decision_version"] = decision.version
-    return row
-
-
-def list_cells(row: dict[str, Any]) -> list[Any]:
-    age = row.get("telemetry_age_s")
-    pool = row["pool"]
-    return [row["engine_id"], f"{pool['model']}|{pool['accelerator']}", row.get("connected"), row["mode"], row["k"],
-            row["n"], row["b_max_tokens"], row["b_cap_tokens"], row["delta_s_per_token"], row["decision_version"],
-            row.get("acked_version"), f"{age:.1f}s" if age is not None else None]
-
-
-def get_fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
-    decision = data["decision"] or {}
-    latest = data["latest"] or {}
-    budget = decision.get("budget") or {}
-    engine = data.get("engine") or {}
-    return [
-        ("engine", data["engine_id"]), ("pool", f"{data['pool']['model']}|{data['pool']['accelerator']}"),
-        ("connected", engine.get("connected")), ("mode", decision.get("mode")), ("k", decision.get("k")),
-        ("n", decision.get("n")), ("b_max_tokens", budget.get("b_max_tokens")),
-        ("b_cap_tokens", budget.get("b_cap_tokens")), ("delta_s_per_token", decision.get("delta_s_per_token")),
-        ("delta_source", decision.get("delta_source")), ("advisory", decision.get("advisory")),
-        ("reason", decision.get("reason")), ("flags", decision.get("flags")), ("version", decision.get("version")),
-        ("acked_version", data["acked_version"]), ("decided_at", decision.get("decided_at")),
-        ("ttl_s", decision.get("ttl_s")), ("trace_id", decision.get("trace_id")),
-        ("latest_reason", latest.get("reason")), ("latest_flags", latest.get("flags")),
-        ("computed_at", data.get("computed_at")),
-        ("telemetry_age_s", engine.get("telemetry_age_s")), ("vllm_version", engine.get("vllm_version")),
-        ("max_num_seqs", (engine.get("limits") or {}).get("max_num_seqs")),
-    ]
-
-
 def override_value(record: dict[str, Any]) -> str:
     if record["kind"] == "delta":
         return f"δ={record['delta_s_per_token']:.6g} s/token"
@@ -459,25 +417,44 @@ def override_value(record: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def calibration_fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A calibration's table rows: its fields, the pool written as the CLI takes it (MODEL|ACCELERATOR)."""
+    pool = data["pool"] or {"model": "", "accelerator": ""}
+    return [(key, f"{pool['model']}|{pool['accelerator']}" if key == "pool" else value) for key, value in data.items()]
+
+
 def audit_dict(entry: operator_pb2.AuditEntry) -> dict[str, Any]:
-    """An audit entry with its old/new JSON parsed (null when empty or not JSON)."""
+    """An audit entry with its old and new values (`audited_value`)."""
     data = output.message_to_dict(entry)
     for name in ("old", "new"):
-        text = data.pop(f"{name}_json")
-        try:
-            data[name] = json.loads(text) if text else None
-        except json.JSONDecodeError:
-            data[name] = None
+        data[name] = audited_value(data.pop(f"{name}_json"), entry.kind)
     return data
 
 
+def audited_value(text: str, kind: str) -> dict[str, Any] | None:
+    """An audit entry's old or new JSON as the record it holds is shown elsewhere (`output.message_to_dict`:
+    "pin", "eb", "pool:MODEL|ACCELERATOR"…, as `ctl overrides` and `calibration get` print it); the JSON as
+    stored when it is not such a record (an entry of another kind or release); null when empty or not JSON."""
+    try:
+        value = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+    message_type = _AUDITED.get(kind)
+    if not isinstance(value, dict) or message_type is None:
+        return value
+    try:
+        return output.message_to_dict(json_format.ParseDict(value, message_type(), ignore_unknown_fields=True))
+    except json_format.ParseError:
+        return value
+
+
 def audit_summary(value: dict[str, Any] | None) -> str | None:
+    """An audit entry's old or new value in a table cell: "δ=2e-05 s/token", "eb k=8 n=32", the calibration's
+    fixed costs, else the start of its JSON."""
     if value is None:
         return None
-    if "delta_s_per_token" in value and "mode" not in value:
-        return f"δ={value['delta_s_per_token']}"
-    if "mode" in value:
-        return " ".join(str(value.get(key)) for key in ("mode", "k", "n") if value.get(key))
+    if value.get("kind") in _KINDS:
+        return override_value(value)
     if "alpha_p_s" in value:
         return f"α_p={value['alpha_p_s']:.4g} α_d={value.get('alpha_d_s', 0):.4g}"
     return json.dumps(value)[:60]
@@ -527,5 +504,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except UnknownScopeError as exc:
+        print(f"error: --strict: {exc}; nothing was changed", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

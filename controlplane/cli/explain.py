@@ -1,7 +1,7 @@
 """The explain view of one engine's decision: every term of the formulas, the crossover rule and its margin.
 
 Built from a `DecisionView`: its `latest` computation when present (the controller computes more often than
-it pushes), else the pushed `decision`. The rule (the EB paper's rule (8) with the operator margin δ) is
+it pushes), else the pushed `decision`. The rule ([EB] eq. (8) with the operator margin δ) is
 "mixed batching (MB) when LHS < RHS + δ, else exclusive batching (EB)"; δ_flip = LHS − RHS is the margin at
 which the rule's verdict changes (MB for every δ > δ_flip). The mode in force can differ from the rule's
 verdict (hysteresis, cooldown, a pin, cold start); `reason` says why. Pure: no I/O.
@@ -43,9 +43,10 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     evaluated (False before the formulas ran: cold start or no cost model), cold_start (the cold-start rule ran
     at the lengths least favourable to EB: its verdict and terms are that point's), verdict ("mb" | "eb" | None),
     lhs_s_per_token, rhs_plus_delta_s_per_token, delta_flip_s_per_token, cold_start_point (at cold start the
-    least favourable workload's mu_l_tokens, mu_o_tokens and p0, else None) and a one-line text; a "window" dict:
-    the pool window the terms were fitted on (buckets, samples, running requests censored at its close and
-    truncated at its opening, whether it was re-based at a detected shift, the last shift) and its text.
+    least favourable workload's mu_l_tokens, mu_o_tokens and p0_per_token, else None) and a one-line text; a
+    "window" dict: the pool window the terms were fitted on (buckets, samples, running requests censored at its
+    close and truncated at its opening, whether it was re-based at a detected shift, the last shift) and its
+    text.
     """
     use_latest = view.HasField("latest")
     decision = view.latest if use_latest else view.decision
@@ -68,7 +69,7 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     point = None
     if cold_start:
         point = {"mu_l_tokens": diag.cold_start_mu_l_tokens, "mu_o_tokens": diag.cold_start_mu_o_tokens,
-                 "p0": diag.cold_start_p0}
+                 "p0_per_token": diag.cold_start_p0}
     if evaluated or cold_start:
         verdict = "mb" if lhs < rhs + delta else "eb"
         relation = "<" if verdict == "mb" else "≥"
@@ -78,7 +79,7 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
             proven = (f"; μ_O ≥ {diag.mu_o_lower_tokens:.4g} proven by the data"
                       if diag.mu_o_lower_tokens > 1.0 else "")
             text = (f"cold start, at the lengths least favourable to EB (μ_L {point['mu_l_tokens']:.4g}, "
-                    f"μ_O {point['mu_o_tokens']:.4g}, p0 {point['p0']:.4g}{proven}): {text}")
+                    f"μ_O {point['mu_o_tokens']:.4g}, p0 {point['p0_per_token']:.4g}{proven}): {text}")
     else:
         verdict = None
         text = f"not evaluated ({decision.reason or 'no computation yet'})"

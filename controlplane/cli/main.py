@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from controlplane import __version__
 from controlplane.cli.args import ArgumentParser
 
 DISTRIBUTION = "vllm-controlplane"
@@ -55,15 +56,15 @@ class MissingExtraError(RuntimeError):
 
 
 def missing_extra_message(command: Subcommand, missing_module: str) -> str:
-    """The one-line message for a subcommand whose dependency `missing_module` is not installed."""
+    """The one-line message for a subcommand whose dependency `missing_module` is not installed: the install
+    command from a package index and its equivalent in a checkout (nothing is on an index before a release)."""
     top = missing_module.split(".")[0]
     extra = next((name for name, modules in EXTRA_MODULES.items() if top in modules), None)
     extras = ",".join(command.extras)
+    install = f"pip install '{DISTRIBUTION}[{extras}]' (in a checkout: pip install -e '.[{extras}]')"
     if extra is None:
-        return (f"controlplane {command.name}: cannot import {missing_module!r}; reinstall with "
-                f"pip install '{DISTRIBUTION}[{extras}]'")
-    return (f"controlplane {command.name} needs the [{extra}] extra ({top} is not installed): "
-            f"pip install '{DISTRIBUTION}[{extras}]'")
+        return f"controlplane {command.name}: cannot import {missing_module!r}; reinstall with {install}"
+    return f"controlplane {command.name} needs the [{extra}] extra ({top} is not installed): {install}"
 
 
 def _register(commands: argparse._SubParsersAction, command: Subcommand) -> None:
@@ -91,6 +92,8 @@ def build_parser(only: Iterable[str] | None = None) -> argparse.ArgumentParser:
         prog="controlplane",
         description="Control plane for vLLM fleets: batching mode, threshold, batch size and token budget.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = None if only is None else set(only)
     for command in SUBCOMMANDS:
@@ -99,6 +102,18 @@ def build_parser(only: Iterable[str] | None = None) -> argparse.ArgumentParser:
         else:
             commands.add_parser(command.name, help=command.help, add_help=False)
     return parser
+
+
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the innermost subcommand `args` were parsed for (`plan`, `sim run`, `config show`…):
+    the one whose usage line an error found after parsing shows; `parser` itself when it has none."""
+    current = parser
+    while True:
+        chooser = next((action for action in current._actions if isinstance(action, argparse._SubParsersAction)),
+                       None)
+        if chooser is None or getattr(args, chooser.dest, None) not in chooser.choices:
+            return current
+        current = chooser.choices[getattr(args, chooser.dest)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     args = parser.parse_args(argv)
-    return int(args.run(args, parser) or 0)
+    return int(args.run(args, command_parser(parser, args)) or 0)
 
 
 if __name__ == "__main__":

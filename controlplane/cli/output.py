@@ -137,7 +137,8 @@ def print_fields(fields: Sequence[tuple[str, Any]], *, out: TextIO | None = None
 
 def cell_text(value: Any) -> str:
     """A value as table text: "-" for None or "", 6 significant digits for floats (3 decimals from 10^6 on,
-    e.g. Unix seconds), yes/no for booleans, lists comma-joined."""
+    e.g. Unix seconds), yes/no for booleans, lists comma-joined; control characters escaped (a stored text
+    such as an override's reason can neither move the cursor nor forge a row)."""
     if value is None or value == "":
         return "-"
     if isinstance(value, bool):
@@ -146,4 +147,5 @@ def cell_text(value: Any) -> str:
         return f"{value:.3f}" if abs(value) >= 1e6 else f"{value:.6g}"  # Unix seconds keep their digits
     if isinstance(value, list | tuple):
         return ", ".join(cell_text(v) for v in value) or "-"
-    return str(value)
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -1,7 +1,9 @@
 """`controlplane plan`: evaluate the decision core for given inputs (the what-if planner).
 
-Prints every term of the formulas as a table, or as JSON with --json. Costs come from the four cost
-flags or from one or more eb-vllm calibration files (--calibration); flags given explicitly win.
+Prints every term of the formulas as a table, or as JSON with --json, whose keys carry their units as the
+explain view's terms do (`lhs_s_per_token`, `n_star_requests`, `p0_per_token`; ratios and fractions have
+none). Costs come from the four cost flags or from one or more eb-vllm calibration files (--calibration);
+flags given explicitly win.
 
 What it prints is what was used: p0, η and γ = p0·α_p/α_d are the values θ0 was solved with (after any
 clipping), and every clip, floor, fallback or default the evaluation took is listed under "flags"
@@ -113,7 +115,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     workload.add_argument("--sigma-o", type=positive_float,
                           help="standard deviation of output lengths, tokens (> 0); when ≤ μ_O and the OOM reserve is "
                                "large, N̂* also considers the length-moment bound (flag memory_bound_from_occupancy); "
-                               "not given: Proposition 3.3 alone")
+                               "not given: [EB] Prop. 3.3 alone")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--kv-capacity-tokens", type=bounded_int(low=1, high=MAX_TOKENS), required=True,
                         help="KV cache capacity C, tokens (1 to 2^53)")
@@ -207,19 +209,19 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "theta0": result.theta0,
         "delta_theta": result.delta_theta,
         "theta_star": result.theta_star,
-        "n_star": result.n_star,
-        "k_star": result.k_star,
-        "lhs": result.lhs_s_per_token,
-        "rhs": result.rhs_s_per_token,
-        "delta": result.delta_s_per_token,
-        "delta_flip": result.lhs_s_per_token - result.rhs_s_per_token,
+        "n_star_requests": result.n_star,
+        "k_star_requests": result.k_star,
+        "lhs_s_per_token": result.lhs_s_per_token,
+        "rhs_s_per_token": result.rhs_s_per_token,
+        "delta_s_per_token": result.delta_s_per_token,
+        "delta_flip_s_per_token": result.lhs_s_per_token - result.rhs_s_per_token,
         "mode": result.mode_instant.value,
         "decode_ratio": result.decode_ratio,
-        "beta_eb_w": result.beta_eb_w_s_per_token,
-        "beta_mb_e": result.beta_mb_e_s_per_token,
-        "n_obs": result.n_obs,
-        "p0": result.p0,
-        "eta": result.eta,
+        "beta_eb_w_s_per_token": result.beta_eb_w_s_per_token,
+        "beta_mb_e_s_per_token": result.beta_mb_e_s_per_token,
+        "n_obs_requests": result.n_obs,
+        "p0_per_token": result.p0,
+        "eta_per_token2": result.eta,
         "gamma": result.gamma,
         "flags": [f.value for f in result.flags] + planner_flags,
         "inputs": {
@@ -238,23 +240,25 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+# The report's keys in table order, with their labels; the keys carry their unit as the explain view's terms
+# do (`controlplane.cli.explain.TERMS`): ratios and fractions have none.
 _LABELS: dict[str, str] = {
-    "p0": "p0 used (hazard intercept, 1/token)",
-    "eta": "η used (hazard slope, 1/token²)",
+    "p0_per_token": "p0 used (hazard intercept, 1/token)",
+    "eta_per_token2": "η used (hazard slope, 1/token²)",
     "gamma": "γ = p0·α_p/α_d (θ0 solved with it)",
     "theta0": "θ0 (CFR threshold)",
     "delta_theta": "Δθ (IFR correction)",
     "theta_star": "θ* (clipped)",
-    "n_star": "N* (memory-safe batch, requests)",
-    "k_star": "k* (phase-switch threshold, requests)",
+    "n_star_requests": "N* (memory-safe batch, requests)",
+    "k_star_requests": "k* (phase-switch threshold, requests)",
     "decode_ratio": "r = μ_O/(μ_L+μ_O)",
-    "beta_mb_e": "β_MB^e(r) (s/token)",
-    "beta_eb_w": "β_EB^w (s/token)",
-    "n_obs": "N_obs (requests)",
-    "lhs": "LHS = β_MB^e − β_EB^w (s/token)",
-    "rhs": "RHS (s/token)",
-    "delta": "δ (s/token)",
-    "delta_flip": "δ_flip = LHS − RHS (s/token)",
+    "beta_mb_e_s_per_token": "β_MB^e(r) (s/token)",
+    "beta_eb_w_s_per_token": "β_EB^w (s/token)",
+    "n_obs_requests": "N_obs (requests)",
+    "lhs_s_per_token": "LHS = β_MB^e − β_EB^w (s/token)",
+    "rhs_s_per_token": "RHS (s/token)",
+    "delta_s_per_token": "δ (s/token)",
+    "delta_flip_s_per_token": "δ_flip = LHS − RHS (s/token)",
     "mode": "mode (MB if LHS < RHS + δ)",
 }
 
@@ -267,7 +271,7 @@ _INPUT_LABELS: dict[str, str] = {
     "mb_coeffs_s_per_token": "β_MB coefficients C0,C1,C2 (s/token)",
     "mu_l_tokens": "μ_L (tokens)",
     "mu_o_tokens": "μ_O (tokens)",
-    "sigma_o_tokens": "σ_O (tokens; not given: Prop. 3.3 alone)",
+    "sigma_o_tokens": "σ_O (tokens; not given: [EB] Prop. 3.3 alone)",
     "kv_capacity_tokens": "C (KV capacity, tokens)",
     "oom_tolerance": "ε (OOM tolerance)",
     "max_num_seqs": "max_num_seqs (requests)",
@@ -275,6 +279,10 @@ _INPUT_LABELS: dict[str, str] = {
 
 
 def _text(value: Any) -> str:
+    """A value as table text: "-" for None (an input not given), 6 significant digits for floats, lists
+    comma-joined."""
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, list):

@@ -12,13 +12,14 @@ import bisect
 import math
 from collections.abc import Callable
 
+from controlplane import __version__
 from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.fleet.profiles import EngineShape
 from controlplane.fleet.telemetry import EngineTelemetry
 from controlplane.protocol import ENGINE_ID_PATTERN, bounded, is_valid_engine_id
 
 VLLM_VERSION = "sim"
-AGENT_VERSION = "controlplane-fleet/0.1.0"
+AGENT_VERSION = f"controlplane-fleet/{__version__}"
 def check_engine_id(engine_id: str) -> str:
     """Return `engine_id` when it matches the contract's `protocol.ENGINE_ID_PATTERN`; else raise ValueError."""
     if not is_valid_engine_id(engine_id):

@@ -8,9 +8,10 @@ Deadlines: the Hello must arrive within HELLO_TIMEOUT_S of the stream's opening 
 heartbeat is an empty batch every batch interval, at most 60 s) is closed by the controller's tick.
 
 Every rejection ends the stream with a status naming the field and is counted by cause
-(`cp_rejections_total{cause}`): hello_timeout, no_hello, bad_hello, refused (identity/fencing), malformed,
-oversize, second_hello, unknown_message, undecodable, idle_timeout. Error messages echo at most a bounded
-prefix of bad input.
+(`cp_rejections_total{cause}`): hello_timeout, too_many_awaiting_hello (a peer address with
+MAX_AWAITING_HELLO_PER_PEER streams already waiting), no_hello, bad_hello, refused (identity/fencing),
+malformed, oversize, second_hello, unknown_message, undecodable, idle_timeout. Error messages echo at most a
+bounded prefix of bad input.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ from controlplane.service.sessions import Session, StreamRefusedError
 
 logger = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 5.0
+# Streams of one peer address that may wait for their Hello at once: a fleet restarting behind one NAT opens
+# hundreds at a time; a client opening streams and sending nothing is refused past this.
+MAX_AWAITING_HELLO_PER_PEER = 1024
+
+
+def peer_host(peer: str) -> str:
+    """The address part of a gRPC peer ("ipv4:10.0.0.7:52114" → "ipv4:10.0.0.7"; unix sockets as they are)."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return f"{kind}:{rest.rsplit(':', 1)[0]}"
+    return peer
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -38,6 +50,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._controller = controller
         self._metrics = metrics
         self._auth = authenticator
+        self._awaiting: dict[str, int] = {}  # per peer address: its streams waiting for their Hello
 
     async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, cause: str,
                       message: str) -> None:
@@ -47,8 +60,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def Connect(  # noqa: N802 - gRPC method name
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
+        peer = peer_host(context.peer())
+        if self._awaiting.get(peer, 0) >= MAX_AWAITING_HELLO_PER_PEER:
+            await self._reject(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "too_many_awaiting_hello",
+                               f"{MAX_AWAITING_HELLO_PER_PEER} streams from this address are already waiting to "
+                               f"send their Hello")
         awaiting = self._metrics.streams_awaiting_hello
         awaiting.inc()
+        self._awaiting[peer] = self._awaiting.get(peer, 0) + 1
         try:
             first = await asyncio.wait_for(anext(aiter(request_iterator)), timeout=HELLO_TIMEOUT_S)
         except StopAsyncIteration:
@@ -61,6 +80,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                                f"the first message could not be decoded: {type(exc).__name__}")
         finally:
             awaiting.dec()
+            left = self._awaiting[peer] - 1
+            if left:
+                self._awaiting[peer] = left
+            else:
+                del self._awaiting[peer]
         if not first.HasField("hello"):
             await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "no_hello",
                                "the first message must be a Hello")

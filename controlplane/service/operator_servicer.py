@@ -4,6 +4,8 @@ Validation here is about the request's shape (an explicit scope, bounds of k and
 controller validates values (δ range, pin mode). Error messages echo at most a bounded prefix of the input
 (`protocol.bounded`). Status codes: INVALID_ARGUMENT for a bad request, NOT_FOUND for a missing decision,
 calibration or override, UNAVAILABLE when the store cannot take or give what was asked.
+A change on a pool or engine scope that covers no engine of the fleet is made, and answered with a warning
+naming the known pools (`scopes.unknown_scope_warning`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from controlplane.loop.overrides import SCOPE_RANK, OverrideError, check_kind, c
 from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
 from controlplane.service.controller import Controller
-from controlplane.service.fleet_view import merge_engine_infos, stored_decision_view
+from controlplane.service.fleet_view import engine_infos_yielding, merge_engine_infos_yielding, stored_decision_view
 from controlplane.service.fleet_watch import SharedFollower
+from controlplane.service.read_gate import ReadGate
+from controlplane.service.scopes import scope_is_known, unknown_scope_warning
 from controlplane.store import Store, StoreUnavailable, pool_key, scope_key
+from controlplane.store.cooperative import map_yielding
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +60,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self._auth = authenticator
         self._store = store
         self._follower = SharedFollower(controller, store)  # other replicas' decisions for the watchers
+        self._reads = ReadGate()  # reads that scale with the fleet or the history: bounded per caller
 
     def _actor(self, context: grpc.aio.ServicerContext) -> str:
         return self._auth.identity(context, OPERATOR_PREFIX)
@@ -75,7 +81,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_DELTA, delta_s_per_token=request.delta_s_per_token,
             expires_at_s=await self._expiry(context, request.expires_in_s), reason=request.reason,
         )
-        return await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
+        stored = await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
+        return with_warnings(stored, await self._scope_warnings(request.scope))
 
     async def PinMode(self, request: operator_pb2.PinModeRequest,  # noqa: N802
                       context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
@@ -85,10 +92,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             expires_at_s=await self._expiry(context, request.expires_in_s), reason=request.reason,
         )
         stored = await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
-        answer = operator_pb2.OverrideRecord()
-        answer.CopyFrom(stored)
-        answer.warnings.extend(pin_warnings(request, self._controller.engine_infos()))
-        return answer
+        return with_warnings(stored, [*await self._scope_warnings(request.scope),
+                                      *pin_warnings(request, self._controller.engine_infos())])
 
     async def ClearOverride(self, request: operator_pb2.ClearOverrideRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
@@ -103,8 +108,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         if not any(r.kind == request.kind and scope_key(r.scope) == key for r in in_force):
             kind = "delta" if request.kind == operator_pb2.OVERRIDE_KIND_DELTA else "pin"
             await _abort(context, grpc.StatusCode.NOT_FOUND, f"no {kind} override in force at scope {bounded(key)}")
-        return await self._change(context, self._controller.clear_override(
+        cleared = await self._change(context, self._controller.clear_override(
             request.scope, request.kind, actor=self._actor(context), reason=request.reason))
+        return with_warnings(cleared, await self._scope_warnings(request.scope))
 
     async def ListOverrides(self, request: operator_pb2.ListOverridesRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> operator_pb2.ListOverridesResponse:
@@ -128,22 +134,16 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         if request.pool.model or request.pool.accelerator:
             wanted_pool = await _pool_key(context, request.pool)
         filtered = bool(wanted_pool or request.engine_id)
-        try:
-            # A filter is applied to the newest MAX_LIST_LIMIT entries: the stream has no index by engine.
-            rows = await self._store.read_history(MAX_LIST_LIMIT if filtered else limit)
-        except StoreUnavailable as exc:
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"history not readable: {exc}")
-        entries = []
-        for row in rows:
-            if row.get("decision") is None:
-                continue
-            if (wanted_pool and row.get("pool") != wanted_pool) or (
-                    request.engine_id and row.get("engine_id") != request.engine_id):
-                continue
-            entries.append(history_entry(row))
-            if len(entries) == limit:
-                break
-        return operator_pb2.ListHistoryResponse(entries=entries)
+        async with self._reads.slot(context, self._actor(context), "ListHistory"):
+            try:
+                # A filter is applied to the newest MAX_LIST_LIMIT entries: the stream has no index by engine.
+                rows = await self._store.read_history(MAX_LIST_LIMIT if filtered else limit)
+            except StoreUnavailable as exc:
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, f"history not readable: {exc}")
+            kept = [row for row in rows if row.get("decision") is not None
+                    and not (wanted_pool and row.get("pool") != wanted_pool)
+                    and not (request.engine_id and row.get("engine_id") != request.engine_id)][:limit]
+            return operator_pb2.ListHistoryResponse(entries=await map_yielding(history_entry, kept))
 
     async def GetDecision(self, request: operator_pb2.GetDecisionRequest,  # noqa: N802
                           context: grpc.aio.ServicerContext) -> operator_pb2.DecisionView:
@@ -163,33 +163,43 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
 
     async def ListEngines(self, request: operator_pb2.ListEnginesRequest,  # noqa: N802
                           context: grpc.aio.ServicerContext) -> operator_pb2.ListEnginesResponse:
-        pool, key = None, None
+        key = None
         if request.HasField("pool") and (request.pool.model or request.pool.accelerator):
             key = await _pool_key(context, request.pool)
-            pool = request.pool
-        local = self._controller.engine_infos(pool)
-        try:  # the engines other replicas hold
-            registry = await asyncio.wait_for(self._store.list_registry(), timeout=FLEET_READ_TIMEOUT_S)
-        except (StoreUnavailable, TimeoutError) as exc:
-            logger.warning("ListEngines answers with this replica's engines only: %s", exc)
-            registry = {}
-        return operator_pb2.ListEnginesResponse(engines=merge_engine_infos(
-            local, registry, controller_id=self._controller.controller_id, now_s=self._controller.now_s(),
-            pool_key=key))
+        async with self._reads.slot(context, self._actor(context), "ListEngines"):
+            now_s = self._controller.now_s()
+            local = await engine_infos_yielding(self._controller.fleet, now_s=now_s, pool_key=key)
+            try:  # the engines other replicas hold
+                registry = await asyncio.wait_for(self._store.list_registry(), timeout=FLEET_READ_TIMEOUT_S)
+            except (StoreUnavailable, TimeoutError) as exc:
+                logger.warning("ListEngines answers with this replica's engines only: %s", exc)
+                registry = {}
+            return operator_pb2.ListEnginesResponse(engines=await merge_engine_infos_yielding(
+                local, registry, controller_id=self._controller.controller_id, now_s=now_s, pool_key=key))
 
     async def WatchDecisions(self, request: operator_pb2.WatchDecisionsRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> AsyncIterator[operator_pb2.DecisionView]:
         wanted_pool = ""
         if request.pool.model or request.pool.accelerator:
             wanted_pool = await _pool_key(context, request.pool)
-        queue = self._controller.watch()
+        if not (math.isfinite(request.since_s) and request.since_s >= 0):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"since_s must be a finite time ≥ 0 (0: from now), got {request.since_s}")
+        queue = self._controller.watch()  # first: nothing pushed while the history is read is missed
         try:
             await self._follower.join(wait_s=FLEET_READ_TIMEOUT_S)
+            replayed: dict[str, int] = {}  # engine id → the newest version replayed
+            if request.since_s > 0:
+                for view in await self._since(context, request, wanted_pool):
+                    replayed[view.engine_id] = max(replayed.get(view.engine_id, 0), view.decision.version)
+                    yield view
             while True:
                 event = await queue.get()
                 if wanted_pool and event.pool_key != wanted_pool:
                     continue
                 if request.engine_id and event.engine_id != request.engine_id:
+                    continue
+                if event.decision.version <= replayed.get(event.engine_id, 0):
                     continue
                 view = self._controller.decision_view(event.engine_id)
                 if view is None:  # an engine held elsewhere (or gone): the view its stored decision gives
@@ -199,6 +209,29 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         finally:
             self._follower.leave()
             self._controller.unwatch(queue)
+
+    async def _since(self, context: grpc.aio.ServicerContext, request: operator_pb2.WatchDecisionsRequest,
+                     wanted_pool: str) -> list[operator_pb2.DecisionView]:
+        """The decisions decided after request.since_s, oldest first, from the history (OUT_OF_RANGE when
+        the newest MAX_LIST_LIMIT entries read do not reach back that far)."""
+        async with self._reads.slot(context, self._actor(context), "WatchDecisions since_s"):
+            try:
+                rows = await self._store.read_history(MAX_LIST_LIMIT, pool_key=wanted_pool or None)
+            except StoreUnavailable as exc:
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, f"history not readable: {exc}")
+        rows = [row for row in rows if row.get("decision") is not None]
+        if len(rows) >= MAX_LIST_LIMIT and min(history_entry(r).decided_at_s for r in rows) > request.since_s:
+            await _abort(context, grpc.StatusCode.OUT_OF_RANGE,
+                         f"cannot resume from since_s={request.since_s:.3f}: the history read reaches back only "
+                         f"{MAX_LIST_LIMIT} decisions; list the current decisions and watch from now")
+        views = []
+        for row in rows:
+            entry = history_entry(row)
+            if entry.decided_at_s <= request.since_s or (request.engine_id and entry.engine_id != request.engine_id):
+                continue
+            views.append(stored_decision_view(entry.engine_id, row.get("pool", ""), entry.decision))
+        views.sort(key=lambda view: (view.decision.decided_at_s, view.decision.version))
+        return views
 
     async def PutCalibration(self, request: operator_pb2.PutCalibrationRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> operator_pb2.Calibration:
@@ -226,11 +259,37 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         except StoreUnavailable as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, f"overrides not readable: {exc}")
 
+    async def _scope_warnings(self, scope: operator_pb2.Scope) -> list[str]:
+        """The unknown-scope warning (`scopes.unknown_scope_warning`, as a list of one) when a pool or engine
+        scope covers no engine of the fleet: this replica's engines, then the registry's (other replicas');
+        when the store does not answer within FLEET_READ_TIMEOUT_S, this replica's alone, and the warning
+        says so. An empty list for a known scope or the fleet."""
+        local = self._controller.engine_infos()
+        if scope_is_known(scope, local):
+            return []
+        note = ""
+        try:
+            registry = await asyncio.wait_for(self._store.list_registry(), timeout=FLEET_READ_TIMEOUT_S)
+        except (StoreUnavailable, TimeoutError):
+            registry, note = {}, " (this replica's engines only: other replicas' could not be read)"
+        engines = await merge_engine_infos_yielding(local, registry, controller_id=self._controller.controller_id,
+                                                    now_s=self._controller.now_s())
+        warning = unknown_scope_warning(scope, engines)
+        return [] if warning is None else [warning + note]
+
     async def _expiry(self, context: grpc.aio.ServicerContext, expires_in_s: float) -> float:
         try:
             return expiry_at(expires_in_s, self._controller.now_s())
         except OverrideError as exc:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+def with_warnings(record: operator_pb2.OverrideRecord, warnings: list[str]) -> operator_pb2.OverrideRecord:
+    """A copy of `record` (as stored: without warnings) that carries `warnings` to the caller."""
+    answer = operator_pb2.OverrideRecord()
+    answer.CopyFrom(record)
+    answer.warnings.extend(warnings)
+    return answer
 
 
 def pin_warnings(request: operator_pb2.PinModeRequest, engines: list[operator_pb2.EngineInfo]) -> list[str]:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controlplane.store.cooperative import map_yielding
 from controlplane.store.decisions import DecisionWrite, history_entry, history_fields, stream_id_order
 from controlplane.store.errors import REDIS_FAILURES, StoreUnavailable
 from controlplane.store.records import text
@@ -85,8 +86,9 @@ class HistoryMixin(StoreBase):
             streams = ([self._keys.history(pool_key)] if pool_key is not None
                        else await self._scan(self._keys.history_pattern))
             replies = await self._batched(streams, lambda pipe, key: pipe.xrevrange(key, count=count))
-        entries = [history_entry(entry_id, fields, stream=stream)
-                   for stream, reply in zip(streams, replies, strict=True) for entry_id, fields in reply]
+        raw = [(stream, entry_id, fields) for stream, reply in zip(streams, replies, strict=True)
+               for entry_id, fields in reply]
+        entries = await map_yielding(lambda row: history_entry(row[1], row[2], stream=row[0]), raw)
         entries.sort(key=lambda entry: stream_id_order(entry["id"]), reverse=True)
         return entries[:count]
 

@@ -55,6 +55,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.store.cooperative import map_yielding
 from controlplane.store.decisions import (
     DecisionWrite,
     decision_fields,
@@ -445,11 +446,10 @@ class RedisStore(HistoryMixin, PoolStatisticsMixin):
         async with self._operation("list_registry"):
             keys = await self._scan(self._keys.engine_pattern)
             rows = await self._batched(keys, lambda pipe, key: pipe.hgetall(key))
-        return {
-            self._keys.engine_id_of(key, kind="engine"): text_fields(row)
-            for key, row in zip(keys, rows, strict=True)
-            if row  # expired between SCAN and HGETALL
-        }
+        present = [(key, row) for key, row in zip(keys, rows, strict=True) if row]  # expired between SCAN, HGETALL
+        parsed = await map_yielding(lambda item: (self._keys.engine_id_of(item[0], kind="engine"),
+                                                  text_fields(item[1])), present)
+        return dict(parsed)
 
     # ---- calibrations ----------------------------------------------------------------------------------
 

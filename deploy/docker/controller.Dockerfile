@@ -8,7 +8,7 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY controlplane ./controlplane
 COPY agents ./agents
 # Every wheel the controller needs, built once; the runtime stage installs them offline.

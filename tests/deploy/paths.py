@@ -6,6 +6,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
+DEPLOY_README = DEPLOY / "README.md"
 RULES = DEPLOY / "prometheus" / "rules.yaml"
 RULES_TEST = DEPLOY / "prometheus" / "rules_test.yaml"
 DASHBOARD = DEPLOY / "grafana" / "controlplane.json"

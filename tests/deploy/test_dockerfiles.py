@@ -143,7 +143,7 @@ def test_copied_sources_exist_and_are_in_the_build_context(name: str) -> None:
         if ins.keyword == "COPY" and not any(flag.startswith("--from") for flag in ins.flags):
             sources.extend(ins.arguments.split()[:-1])
     if name != "controller.Dockerfile":  # the layers over vLLM bind-mount the context instead
-        sources += ["pyproject.toml", "README.md", "agents", "controlplane"]
+        sources += ["pyproject.toml", "README.md", "LICENSE", "agents", "controlplane"]
     for source in sources:
         path = REPO / source
         assert path.exists(), f"{name}: COPY source {source} does not exist"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+import re
 import socket
 import sys
 import time
@@ -100,14 +102,14 @@ async def test_link_streams_telemetry_acks_and_reconnects(redis_url: str) -> Non
 
 
 def _link(port: int, *, engine_id: str = "engine-link", instance_id: str = "", started_at_s: float = 0.0,
-          on_decision=None, recorder: TelemetryRecorder | None = None) -> ControllerLink:
-    """A link with the production backoff defaults."""
+          on_decision=None, recorder: TelemetryRecorder | None = None, **options: float) -> ControllerLink:
+    """A link with the production backoff defaults, unless `options` (ControllerLink's keywords) say otherwise."""
     config = AgentConfig(controller_address=f"127.0.0.1:{port}", engine_id=engine_id, pool_model="tiny",
                          pool_accelerator="cpu", batch_interval_s=0.1)
     hello = agent_pb2.Hello(engine_id=engine_id, pool=POOL, vllm_version="0.32.0", agent_version="test",
                             limits=LIMITS, instance_id=instance_id, instance_started_at_s=started_at_s)
     return ControllerLink(config, hello=hello, recorder=recorder or TelemetryRecorder(capacity=64),
-                          on_decision=on_decision or (lambda decision, now_s: (True, "")))
+                          on_decision=on_decision or (lambda decision, now_s: (True, "")), **options)
 
 
 async def test_link_is_back_on_the_controller_within_2_s_of_a_restart(redis_url: str) -> None:
@@ -235,6 +237,78 @@ def test_reconnect_waits_are_capped_jittered_and_logged_as_they_are(caplog: pyte
     with pytest.raises(ValueError, match="backoff"):
         ControllerLink(config, hello=agent_pb2.Hello(), recorder=TelemetryRecorder(capacity=16),
                        on_decision=lambda d, t: (True, ""), backoff_initial_s=2.0, backoff_max_s=1.0)
+
+
+def _link_records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "agents.link" and r.levelno == level]
+
+
+async def test_an_outage_is_one_warning_a_reminder_a_period_and_one_info_at_recovery(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """No controller for 3.5 s (reminders every 1 s here, every 60 s by default), then one on the port: one
+    WARNING as the outage begins, reminders at most one a period with its length and attempts so far, the
+    other attempts at DEBUG, and one INFO once a decision arrives."""
+    caplog.set_level(logging.DEBUG, logger="agents.link")
+    port = _free_port()
+    link = _link(port, outage_reminder_s=1.0)
+    try:
+        link.start()
+        await asyncio.sleep(3.5)
+        async with running_controller(make_config(redis_url, port=port)):
+            await _until(lambda: link.connected)
+            attempts = link.num_reconnects
+            await asyncio.to_thread(link.stop)  # before the controller stops: no second outage
+    finally:
+        await asyncio.to_thread(link.stop)
+    first, *reminders = _link_records(caplog, logging.WARNING)
+    assert first.getMessage().startswith("controller stream failed (StatusCode.UNAVAILABLE: ")
+    assert 1 <= len(reminders) <= 3, [r.getMessage() for r in reminders]
+    shown = [re.search(r"after (\d+) s and (\d+) failed attempts", r.getMessage()) for r in reminders]
+    assert all(shown) and all("engine engine-link still has no controller stream from 127.0.0.1:" in
+                              r.getMessage() for r in reminders)
+    lengths_s = [int(match.group(1)) for match in shown]
+    counts = [int(match.group(2)) for match in shown]
+    assert lengths_s == sorted(lengths_s) and lengths_s[0] >= 1 and counts == sorted(set(counts)) and counts[0] >= 2
+    times_s = [first.created] + [r.created for r in reminders]
+    assert all(later - earlier >= 1.0 for earlier, later in itertools.pairwise(times_s))
+    assert len(_link_records(caplog, logging.DEBUG)) == attempts - 1 - len(reminders) >= 2
+    [back] = _link_records(caplog, logging.INFO)
+    assert re.fullmatch(rf"engine engine-link is back on the controller at 127\.0\.0\.1:{port} after [\d.]+ s and "
+                        rf"{attempts} failed attempts", back.getMessage()), back.getMessage()
+
+
+class _AlternatingRefusals(agent_pb2_grpc.AgentServiceServicer):
+    """A stand-in controller that refuses every stream, with UNAVAILABLE and INTERNAL in turn (a proxy in front
+    of a controller that is down can answer so)."""
+
+    def __init__(self) -> None:
+        self.num_streams = 0
+
+    async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        self.num_streams += 1
+        code = grpc.StatusCode.UNAVAILABLE if self.num_streams % 2 else grpc.StatusCode.INTERNAL
+        await context.abort(code, f"refusal {self.num_streams}")
+        yield agent_pb2.ControllerMessage()  # pragma: no cover - abort raises
+
+
+async def test_causes_that_alternate_warn_once_each(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="agents.link")
+    service = _AlternatingRefusals()
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    link = _link(port, backoff_max_s=0.2)
+    try:
+        link.start()
+        await _until(lambda: link.num_reconnects >= 8)
+    finally:
+        await asyncio.to_thread(link.stop)
+        await server.stop(0)
+    warnings = [r.getMessage() for r in _link_records(caplog, logging.WARNING)]
+    assert [m.split(": refusal")[0] for m in warnings] == ["controller stream failed (StatusCode.UNAVAILABLE",
+                                                           "controller stream failed (StatusCode.INTERNAL"]
+    assert len(_link_records(caplog, logging.DEBUG)) >= 6
 
 
 @pytest.mark.parametrize("reachable", [True, False], ids=["streaming", "refused"])

@@ -252,6 +252,32 @@ def test_override_commands_and_their_data(demo: dict[str, str]) -> None:
     assert audit[0]["at"].endswith("Z") and audit[0]["target"] == scope
 
 
+def test_a_scope_no_engine_reported_warns_and_strict_refuses_it(demo: dict[str, str]) -> None:
+    typo = "pool:Qwen/Qwen3-8B|NVIDIA-H200"
+    unknown = ("pool 'Qwen/Qwen3-8B|NVIDIA-H200' has no engine the controller knows (connected or remembered; known "
+               "pools: 'Qwen/Qwen3-8B|NVIDIA H200', 'Qwen/Qwen3-8B|NVIDIA RTX PRO 6000')")
+    before = ctl_json("overrides", env=demo)["overrides"]
+    for change in (("set-delta", "1e-5"), ("pin", "eb"), ("clear", "delta")):
+        line = assert_clean_error(_run("ctl", *change, "--scope", typo, "--strict", env=demo), code=1,
+                                  status="--strict")
+        assert line == f"error: --strict: {unknown}; nothing was changed"
+    line = assert_clean_error(_run("ctl", "pin", "mb", "--scope", "engine:sim-9-9", "--strict", env=demo), code=1,
+                              status="--strict")
+    assert line.startswith("error: --strict: engine 'sim-9-9' is not an engine the controller knows")
+    assert ctl_json("overrides", env=demo)["overrides"] == before
+    # Without --strict the change is made, and the warning printed (stderr) and returned (data).
+    warning = f"{unknown}: the override is kept and applies only if such an engine connects"
+    result = _run("ctl", "set-delta", "1e-5", "--scope", typo, "-o", "json", env=demo)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["warnings"] == [warning] and result.stderr == f"warning: {warning}\n"
+    result = _run("ctl", "clear", "delta", "--scope", typo, env=demo)
+    assert result.returncode == 0 and result.stderr == f"warning: {warning}\n"
+    # A known scope passes --strict, without a warning.
+    for change in (("set-delta", "1e-5"), ("clear", "delta")):
+        result = _run("ctl", *change, "--scope", "pool:Qwen/Qwen3-8B|NVIDIA RTX PRO 6000", "--strict", env=demo)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
 def test_ctl_errors_are_one_line_on_stderr(demo: dict[str, str], tmp_path: Path) -> None:
     line = assert_clean_error(_run("ctl", "get", "no-such-engine", env=demo), code=1, status="NOT_FOUND")
     assert "no decision for engine 'no-such-engine'" in line

@@ -75,9 +75,10 @@ async def test_geometric_completions_give_the_plan_decision(redis_url: str, caps
             "--n-obs", repr(d.n_obs), "--json",
         ]) == 0
         plan = json.loads(capsys.readouterr().out)
-        assert (decision.k, decision.n) == (plan["k_star"], plan["n_star"])
+        assert (decision.k, decision.n) == (plan["k_star_requests"], plan["n_star_requests"])
         assert plan["mode"] == "eb"
-        assert plan["lhs"] == pytest.approx(d.lhs_s_per_token) and plan["rhs"] == pytest.approx(d.rhs_s_per_token)
+        assert plan["lhs_s_per_token"] == pytest.approx(d.lhs_s_per_token)
+        assert plan["rhs_s_per_token"] == pytest.approx(d.rhs_s_per_token)
         # The ACK reached the controller; the engine is listed with fresh telemetry.
         for _ in range(50):
             engines = (await operator_stub(channel).ListEngines(operator_pb2.ListEnginesRequest())).engines

@@ -160,10 +160,54 @@ async def test_pin_bounds_and_warnings_against_engine_limits(redis_url: str) -> 
         assert list(record.warnings) == []
         record = await stub.PinMode(operator_pb2.PinModeRequest(scope=engine_scope("gone"),
                                                                 mode=operator_pb2.PINNED_MODE_EB, n=512))
-        assert list(record.warnings) == ["no engine in scope 'engine:gone' is connected to this controller: k and n "
-                                         "were not checked against engine limits"]
+        assert list(record.warnings) == [
+            "engine 'gone' is not an engine the controller knows (connected or remembered; known pools: "
+            "'Qwen/Qwen3-8B|NVIDIA H200', 'Qwen/Qwen3-8B|RTX PRO 6000'): the override is kept and applies only if "
+            "such an engine connects",
+            "no engine in scope 'engine:gone' is connected to this controller: k and n were not checked against "
+            "engine limits"]
         await agent.close()
         await other.close()
+
+
+async def test_changes_on_a_scope_no_engine_reported_warn_with_the_known_pools(redis_url: str) -> None:
+    typo = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_POOL,
+                              pool=common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX-PRO-6000"))
+    unknown_pool = ("pool 'Qwen/Qwen3-8B|RTX-PRO-6000' has no engine the controller knows (connected or "
+                    "remembered; known pools: {pools}): the override is kept and applies only if such an engine "
+                    "connects")
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        stub = operator_stub(channel)
+        record = await stub.SetDelta(operator_pb2.SetDeltaRequest(scope=typo, delta_s_per_token=1e-5))
+        assert list(record.warnings) == [unknown_pool.format(pools="none")]
+        agent = await AgentStream(channel, "e1", POOL).open()
+        await agent.next_decision()
+        known = "'Qwen/Qwen3-8B|RTX PRO 6000'"
+        for change in (stub.SetDelta(operator_pb2.SetDeltaRequest(scope=typo, delta_s_per_token=2e-5)),
+                       stub.PinMode(operator_pb2.PinModeRequest(scope=typo, mode=operator_pb2.PINNED_MODE_EB)),
+                       stub.ClearOverride(operator_pb2.ClearOverrideRequest(scope=typo,
+                                                                            kind=operator_pb2.OVERRIDE_KIND_DELTA))):
+            assert list((await change).warnings) == [unknown_pool.format(pools=known)]
+        record = await stub.SetDelta(operator_pb2.SetDeltaRequest(scope=engine_scope("e9"), delta_s_per_token=1e-5))
+        assert list(record.warnings) == [
+            f"engine 'e9' is not an engine the controller knows (connected or remembered; known pools: {known}): "
+            f"the override is kept and applies only if such an engine connects"]
+        # Known scopes and the fleet: no warning, for each change.
+        for scope in (POOL_SCOPE, engine_scope("e1"), FLEET):
+            assert list((await stub.SetDelta(operator_pb2.SetDeltaRequest(
+                scope=scope, delta_s_per_token=1e-5))).warnings) == []
+            assert list((await stub.ClearOverride(operator_pb2.ClearOverrideRequest(
+                scope=scope, kind=operator_pb2.OVERRIDE_KIND_DELTA))).warnings) == []
+        assert list((await stub.PinMode(operator_pb2.PinModeRequest(
+            scope=POOL_SCOPE, mode=operator_pb2.PINNED_MODE_MB))).warnings) == []
+        # An engine another replica holds (in the shared registry) is known too, and so is its pool.
+        assert ctl.app.store is not None
+        await ctl.app.store.heartbeat("e-elsewhere", info={"pool": "Qwen/Qwen3-8B|RTX-PRO-6000",
+                                                           "controller_id": "replica-b"}, ttl_s=30.0)
+        for scope in (typo, engine_scope("e-elsewhere")):
+            assert list((await stub.SetDelta(operator_pb2.SetDeltaRequest(
+                scope=scope, delta_s_per_token=1e-5))).warnings) == []
+        await agent.close()
 
 
 async def test_calibrations_are_audited_with_the_operator_identity(redis_url: str) -> None:
@@ -283,3 +327,77 @@ async def test_error_messages_echo_a_bounded_prefix(redis_url: str) -> None:
         details = await expect_error(stub.SetDelta(operator_pb2.SetDeltaRequest(
             scope=FLEET, delta_s_per_token=1e-5, reason="r" * 5000)), grpc.StatusCode.INVALID_ARGUMENT)
         assert "reason is longer than 1024 characters (5000)" in details
+
+
+async def _decisions_of(stub, request: operator_pb2.WatchDecisionsRequest, count: int,
+                        timeout_s: float = 10.0) -> list[operator_pb2.DecisionView]:
+    stream = stub.WatchDecisions(request)
+    views: list[operator_pb2.DecisionView] = []
+
+    async def take() -> None:
+        async for view in stream:
+            views.append(view)
+            if len(views) == count:
+                return
+
+    try:
+        await asyncio.wait_for(take(), timeout_s)
+    finally:
+        stream.cancel()
+    return views
+
+
+async def test_a_watch_resumes_from_a_time_with_the_decisions_made_since(redis_url: str) -> None:
+    """A watcher that was away (a disconnect, a controller restart) resumes with since_s: it first gets the
+    decisions the history holds decided after that time, oldest first, then the live ones, each version once.
+    (The history holds each engine's versions as written: the writer coalesces versions superseded before
+    their write.)"""
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        stub = operator_stub(channel)
+        agent = await AgentStream(channel, "engine-resume", POOL).open()
+        first = await agent.next_decision()
+        await asyncio.sleep(1.0)  # written before the next one
+        await stub.SetDelta(operator_pb2.SetDeltaRequest(scope=engine_scope("engine-resume"), delta_s_per_token=1e-5,
+                                                         reason="a second version"))
+        second = await agent.next_decision(where=lambda d: d.version > first.version)
+        await asyncio.sleep(1.0)  # the history is written after the push
+        history = await stub.ListHistory(operator_pb2.ListHistoryRequest(engine_id="engine-resume", limit=10))
+        written = sorted(e.decision.version for e in history.entries)
+        assert written == [first.version, second.version]
+        views = await _decisions_of(stub, operator_pb2.WatchDecisionsRequest(engine_id="engine-resume",
+                                                                             since_s=first.decided_at_s - 1.0), 2)
+        assert [v.decision.version for v in views] == [first.version, second.version]
+        only_second = await _decisions_of(stub, operator_pb2.WatchDecisionsRequest(
+            engine_id="engine-resume", since_s=first.decided_at_s), 1)
+        assert [v.decision.version for v in only_second] == [second.version]
+        # Live after the replay, and never the replayed version again.
+        stream = stub.WatchDecisions(operator_pb2.WatchDecisionsRequest(engine_id="engine-resume",
+                                                                        since_s=first.decided_at_s - 1.0))
+        seen = [(await anext(aiter(stream))).decision.version for _ in range(2)]
+        await stub.SetDelta(operator_pb2.SetDeltaRequest(scope=engine_scope("engine-resume"), delta_s_per_token=2e-5,
+                                                         reason="a third version"))
+        third = await asyncio.wait_for(anext(aiter(stream)), 10.0)
+        stream.cancel()
+        assert seen == [first.version, second.version] and third.decision.version > second.version
+        await agent.close()
+
+
+async def test_a_watch_that_cannot_resume_says_so(redis_url: str, monkeypatch) -> None:
+    from controlplane.service import operator_servicer
+
+    monkeypatch.setattr(operator_servicer, "MAX_LIST_LIMIT", 1)  # the history read reaches back one decision
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        stub = operator_stub(channel)
+        agents = [await AgentStream(channel, f"engine-r{i}", POOL).open() for i in range(2)]
+        for agent in agents:
+            await agent.next_decision()
+        await asyncio.sleep(1.0)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await _decisions_of(stub, operator_pb2.WatchDecisionsRequest(since_s=1.0), 1)
+        assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert "cannot resume" in info.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await _decisions_of(stub, operator_pb2.WatchDecisionsRequest(since_s=float("nan")), 1)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for agent in agents:
+            await agent.close()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import controlplane
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("controlplane", "agents")
 # Never in a bare (agent) install: the controller's and the twin's dependencies.
@@ -47,7 +49,7 @@ def _source_files() -> list[str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, source / name)
     for package in PACKAGES:
         shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -94,6 +96,9 @@ def test_wheel_holds_every_module_and_data_file_and_declares_the_extras(wheel: P
     assert any(n.startswith("controlplane/sim/data/") and n.endswith(".json") for n in names)
     assert not [n for n in names if n.split("/")[0] in ("tests", "deploy", "benchmarks", "tools", "proto")]
     assert "controlplane = controlplane.cli.main:main" in entry_points
+    assert wheel.name.startswith(f"vllm_controlplane-{controlplane.__version__}-")
+    assert f"\nVersion: {controlplane.__version__}\n" in metadata  # read from controlplane.__version__
+    assert "License-File: LICENSE" in metadata and info.replace("METADATA", "licenses/LICENSE") in names
     requires = [line.removeprefix("Requires-Dist: ") for line in metadata.splitlines()
                 if line.startswith("Requires-Dist: ")]
     base = sorted(r.split(">")[0].split("=")[0].strip() for r in requires if "extra ==" not in r)

@@ -83,6 +83,30 @@ async def test_a_stream_that_sends_no_hello_is_closed_at_the_hello_deadline(redi
         assert await waiting() == 0
 
 
+async def test_one_address_may_hold_only_so_many_streams_waiting_for_their_hello(redis_url: str,
+                                                                               monkeypatch) -> None:
+    monkeypatch.setattr(agent_servicer, "MAX_AWAITING_HELLO_PER_PEER", 5)
+    monkeypatch.setattr(agent_servicer, "HELLO_TIMEOUT_S", 3.0)
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        calls = []
+        for _ in range(8):
+            calls.append(await _raw_stream_without_hello(channel))
+            await asyncio.sleep(0.05)
+        codes = []
+        for call, _ in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for _ in call:
+                    pass
+            codes.append(info.value.code())
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 3
+        assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 5
+        assert _sample(ctl, "cp_rejections_total", {"cause": "too_many_awaiting_hello"}) == 3
+        # Once they are gone, the address may open streams again.
+        agent = await LiveAgent(channel, _hello("engine-after")).open()
+        assert (await agent.decision()).version > 0
+        await agent.close()
+
+
 async def test_a_stream_silent_after_its_hello_is_closed_at_the_idle_deadline(redis_url: str, monkeypatch) -> None:
     monkeypatch.setattr(controller, "STREAM_IDLE_TIMEOUT_S", 1.0)
     async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:

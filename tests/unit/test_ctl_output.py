@@ -1,18 +1,23 @@
 """`ctl` output without a controller: the data schema of protobuf messages, the explain view's rule, the
-report's escaping, and negative numbers on the command line."""
+report's escaping, negative numbers on the command line, the tables of changes, calibrations and the audit,
+`--strict`, the planner's table and JSON keys, and the usage line of an error found after parsing."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 
 import pytest
 import yaml
 
 from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.cli.ctl import Ctl, UnknownScopeError, audit_dict, audit_summary, calibration_fields
 from controlplane.cli.explain import TERMS, explain, explain_rows
-from controlplane.cli.main import build_parser
-from controlplane.cli.output import cell_text, iso_utc, message_to_dict, print_data
+from controlplane.cli.main import build_parser, main
+from controlplane.cli.output import cell_text, iso_utc, message_to_dict, print_data, print_fields
 from controlplane.cli.report import render_report
+from controlplane.store.records import record_json
 
 
 def view(*, lhs: float, rhs: float, delta: float, latest: bool) -> operator_pb2.DecisionView:
@@ -88,7 +93,7 @@ def test_explain_a_cold_start_verdict_at_the_least_favourable_lengths() -> None:
     data = explain(cold)
     rule = data["rule"]
     assert rule["evaluated"] is False and rule["cold_start"] is True and rule["verdict"] == "eb"
-    assert rule["cold_start_point"] == {"mu_l_tokens": 7.5, "mu_o_tokens": 2.5, "p0": 0.4}
+    assert rule["cold_start_point"] == {"mu_l_tokens": 7.5, "mu_o_tokens": 2.5, "p0_per_token": 0.4}
     assert rule["text"].startswith("cold start, at the lengths least favourable to EB (μ_L 7.5, μ_O 2.5, p0 0.4): "
                                    "LHS 1e-05 ≥ RHS + δ")
     assert rule["delta_flip_s_per_token"] == 1e-5 - 2e-6
@@ -148,3 +153,164 @@ def test_negative_numbers_in_any_notation_are_values() -> None:
     assert parser.parse_args(["ctl", "set-delta", "-.001", "--scope", "fleet"]).delta == -0.001
     assert parser.parse_args(["plan", "--mu-l", "1", "--mu-o", "1", "--kv-capacity-tokens", "5",
                               "--eta", "-1E-6"]).eta == -1e-6
+
+
+def test_table_cells_escape_control_characters() -> None:
+    """A reason stored with escapes or newlines (by an older release) is shown escaped: it can neither colour
+    the terminal nor forge a table row."""
+    from controlplane.cli.output import cell_text
+
+    assert cell_text("\x1b[31mred\x1b[0m") == "\\x1b[31mred\\x1b[0m"
+    assert cell_text("line\nfake row") == "line\\nfake row"
+    assert cell_text("nul\x00") == "nul\\x00"
+    assert cell_text("ünïcode — fine") == "ünïcode — fine"
+
+
+# ---- the operator's first hour: what the tables show, and the errors' usage lines
+
+PLAN_COSTS = ["--alpha-p", "0.00469", "--beta-p", "5.0e-5", "--alpha-d", "0.01038", "--beta-d", "1.04e-4"]
+PLAN_WORKLOAD = ["--mu-l", "512", "--mu-o", "256", "--kv-capacity-tokens", "2000000", "--max-num-seqs", "2048"]
+POOL_SCOPE = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_POOL, pool=common_pb2.Pool(model="m", accelerator="a"))
+
+
+def table_fields(text: str) -> dict[str, str]:
+    """A FIELD / VALUE table as printed (piped), by field."""
+    rows = [line.split(None, 1) for line in text.splitlines()[1:]]
+    return {row[0]: row[1] if len(row) > 1 else "" for row in rows}
+
+
+class FakeStub:
+    """The OperatorService calls a change makes, answered from memory; records what was asked."""
+
+    def __init__(self, engines: list[operator_pb2.EngineInfo]) -> None:
+        self.engines = engines
+        self.calls: list[str] = []
+
+    async def ListEngines(self, request, **kw) -> operator_pb2.ListEnginesResponse:  # noqa: N802
+        self.calls.append("ListEngines")
+        return operator_pb2.ListEnginesResponse(engines=self.engines)
+
+    async def SetDelta(self, request, **kw) -> operator_pb2.OverrideRecord:  # noqa: N802
+        self.calls.append("SetDelta")
+        return operator_pb2.OverrideRecord(scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_DELTA,
+                                           delta_s_per_token=request.delta_s_per_token, set_by="alice",
+                                           set_at_s=1_800_000_000.0, reason=request.reason)
+
+    async def ClearOverride(self, request, **kw) -> operator_pb2.OverrideRecord:  # noqa: N802
+        self.calls.append("ClearOverride")
+        return operator_pb2.OverrideRecord(scope=request.scope, kind=request.kind, set_by="alice",
+                                           set_at_s=1_800_000_000.0, cleared=True)
+
+
+def fake_ctl(stub: FakeStub, fmt: str = "table") -> Ctl:
+    return Ctl(stub, metadata=(), timeout_s=0.0, fmt=fmt, address="127.0.0.1:1")
+
+
+def test_set_delta_and_clear_tables_show_only_their_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    stub = FakeStub([])
+    ctl = fake_ctl(stub)
+    args = argparse.Namespace(scope=POOL_SCOPE, delta=2e-5, expires_in_s=0.0, reason="ttft", strict=False)
+    assert asyncio.run(ctl.set_delta(args)) == 0
+    shown = table_fields(capsys.readouterr().out)
+    assert list(shown) == ["scope", "kind", "delta_s_per_token", "expires_at", "expires_at_s", "set_by", "set_at",
+                           "set_at_s", "reason"]
+    assert shown["kind"] == "delta" and shown["delta_s_per_token"] == "2e-05"
+    args = argparse.Namespace(scope=POOL_SCOPE, kind="delta", reason="", strict=False)
+    assert asyncio.run(ctl.clear(args)) == 0
+    shown = table_fields(capsys.readouterr().out)
+    assert list(shown) == ["scope", "kind", "cleared", "set_by", "set_at", "set_at_s", "reason"]
+    assert shown["cleared"] == "yes"
+    # The data keeps every field.
+    assert asyncio.run(fake_ctl(stub, "json").clear(args)) == 0
+    assert {"mode", "k", "n", "delta_s_per_token", "warnings"} <= set(json.loads(capsys.readouterr().out))
+
+
+def test_strict_refuses_a_scope_no_engine_reported_before_changing_anything() -> None:
+    engines = [operator_pb2.EngineInfo(engine_id="e1", pool=common_pb2.Pool(model="m", accelerator="b"))]
+    stub = FakeStub(engines)
+    args = argparse.Namespace(scope=POOL_SCOPE, delta=2e-5, expires_in_s=0.0, reason="", strict=True)
+    with pytest.raises(UnknownScopeError, match=r"pool 'm\|a' has no engine .* known pools: 'm\|b'\)$"):
+        asyncio.run(fake_ctl(stub).set_delta(args))
+    assert stub.calls == ["ListEngines"]
+    stub.engines.append(operator_pb2.EngineInfo(engine_id="e2", pool=POOL_SCOPE.pool))
+    assert asyncio.run(fake_ctl(stub, "json").set_delta(args)) == 0
+    assert stub.calls == ["ListEngines", "ListEngines", "SetDelta"]
+    fleet = argparse.Namespace(scope=operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET), kind="pin", reason="",
+                               strict=True)
+    assert asyncio.run(fake_ctl(stub, "json").clear(fleet)) == 0  # the fleet is always known: no ListEngines
+    assert stub.calls[-1] == "ClearOverride" and stub.calls.count("ListEngines") == 2
+
+
+def test_calibration_table_writes_the_pool_as_the_cli_takes_it(capsys: pytest.CaptureFixture[str]) -> None:
+    data = message_to_dict(operator_pb2.Calibration(pool=common_pb2.Pool(model="Qwen/Qwen3-8B",
+                                                                         accelerator="NVIDIA H200"),
+                                                    alpha_p_s=0.00128, source="pd.json"))
+    print_fields(calibration_fields(data))
+    shown = table_fields(capsys.readouterr().out)
+    assert shown["pool"] == "Qwen/Qwen3-8B|NVIDIA H200" and shown["source"] == "pd.json"
+    assert data["pool"] == {"model": "Qwen/Qwen3-8B", "accelerator": "NVIDIA H200"}  # the data keeps the object
+
+
+def test_audit_shows_kinds_and_modes_as_the_cli_writes_them() -> None:
+    pin = operator_pb2.OverrideRecord(scope=POOL_SCOPE, kind=operator_pb2.OVERRIDE_KIND_PIN,
+                                      mode=operator_pb2.PINNED_MODE_EB, k=8, n=32, set_by="alice")
+    delta = operator_pb2.OverrideRecord(scope=POOL_SCOPE, kind=operator_pb2.OVERRIDE_KIND_DELTA,
+                                        delta_s_per_token=2e-5)
+    entry = audit_dict(operator_pb2.AuditEntry(action="set", kind="pin", target="pool:m|a", old_json="",
+                                               new_json=record_json(pin)))
+    assert entry["old"] is None
+    assert entry["new"]["kind"] == "pin" and entry["new"]["mode"] == "eb" and entry["new"]["scope"] == "pool:m|a"
+    assert audit_summary(entry["new"]) == "eb k=8 n=32"
+    entry = audit_dict(operator_pb2.AuditEntry(action="clear", kind="delta", old_json=record_json(delta)))
+    assert entry["old"]["kind"] == "delta" and audit_summary(entry["old"]) == "δ=2e-05 s/token"
+    calibration = operator_pb2.Calibration(pool=common_pb2.Pool(model="m", accelerator="a"), alpha_p_s=0.001,
+                                           alpha_d_s=0.01)
+    entry = audit_dict(operator_pb2.AuditEntry(kind="calibration", new_json=record_json(calibration)))
+    assert entry["new"]["pool"] == {"model": "m", "accelerator": "a"}
+    assert audit_summary(entry["new"]) == "α_p=0.001 α_d=0.01"
+    text = json.dumps([audit_dict(operator_pb2.AuditEntry(kind="pin", new_json=record_json(pin)))])
+    assert "PINNED_MODE" not in text and "OVERRIDE_KIND" not in text and "SCOPE_KIND" not in text
+    # Not a record (another release's entry, or not JSON): as stored, or null.
+    assert audit_dict(operator_pb2.AuditEntry(kind="other", new_json='{"x": 1}'))["new"] == {"x": 1}
+    assert audit_dict(operator_pb2.AuditEntry(kind="pin", new_json="{"))["new"] is None
+
+
+def test_plan_table_shows_a_dash_for_an_input_not_given(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *PLAN_COSTS, *PLAN_WORKLOAD]) == 0
+    table = capsys.readouterr().out
+    assert "None" not in table
+    (sigma,) = [line for line in table.splitlines() if line.startswith("σ_O")]
+    assert sigma.split()[-1] == "-"
+
+
+def test_plan_json_keys_carry_their_units_as_the_explain_terms_do(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *PLAN_COSTS, *PLAN_WORKLOAD, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for old in ("lhs", "rhs", "delta", "delta_flip", "beta_eb_w", "beta_mb_e", "n_star", "k_star", "n_obs", "p0",
+                "eta"):
+        assert old not in report
+    unitless = {"theta0", "delta_theta", "theta_star", "decode_ratio", "gamma", "mode", "flags", "inputs"}
+    assert {key for key in report if key not in unitless} == {
+        "n_star_requests", "k_star_requests", "lhs_s_per_token", "rhs_s_per_token", "delta_s_per_token",
+        "delta_flip_s_per_token", "beta_eb_w_s_per_token", "beta_mb_e_s_per_token", "n_obs_requests",
+        "p0_per_token", "eta_per_token2"}
+    shared = {key for key, *_ in TERMS} & set(report)
+    assert shared >= {"lhs_s_per_token", "rhs_s_per_token", "delta_s_per_token", "n_star_requests", "p0_per_token"}
+
+
+@pytest.mark.parametrize(("argv", "usage"), [
+    (["plan", *PLAN_WORKLOAD], "usage: controlplane plan "),  # costs missing: found after parsing
+    (["plan", *PLAN_COSTS, *PLAN_WORKLOAD, "--n-obs", "0.5"], "usage: controlplane plan "),
+    (["sim", "run", "--scenario", "closed:balanced:c=8", "--scheduler", "v1", "--seeds", "0"],
+     "usage: controlplane sim run "),
+    (["sim", "run", "--scenario", "closed:balanced:c=8", "--scenario", "closed:balanced:c=16", "--scheduler", "v1"],
+     "usage: controlplane sim run "),
+])
+def test_errors_after_parsing_show_their_own_subcommands_usage(argv: list[str], usage: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert f"\ncontrolplane {usage.split()[2]}" in err and "usage: controlplane [-h]" not in err

@@ -67,22 +67,21 @@ def reference(values: dict, *, p0: float | None = None, eta: float = 0.0, mu_l: 
                     config=PolicyConfig(oom_tolerance=eps))
 
 
+# The planner report's keys that show an attribute of the core's evaluation as it is.
+REPORT_FIELDS = {
+    "theta0": "theta0", "delta_theta": "delta_theta", "theta_star": "theta_star", "n_star_requests": "n_star",
+    "k_star_requests": "k_star", "lhs_s_per_token": "lhs_s_per_token", "rhs_s_per_token": "rhs_s_per_token",
+    "delta_s_per_token": "delta_s_per_token", "decode_ratio": "decode_ratio",
+    "beta_eb_w_s_per_token": "beta_eb_w_s_per_token", "beta_mb_e_s_per_token": "beta_mb_e_s_per_token",
+    "n_obs_requests": "n_obs", "p0_per_token": "p0", "eta_per_token2": "eta", "gamma": "gamma",
+}
+
+
 def assert_report_matches(report: dict, expected) -> None:
-    assert report["theta0"] == expected.theta0
-    assert report["delta_theta"] == expected.delta_theta
-    assert report["theta_star"] == expected.theta_star
-    assert report["n_star"] == expected.n_star
-    assert report["k_star"] == expected.k_star
-    assert report["lhs"] == expected.lhs_s_per_token
-    assert report["rhs"] == expected.rhs_s_per_token
-    assert report["delta"] == expected.delta_s_per_token
-    assert report["decode_ratio"] == expected.decode_ratio
-    assert report["beta_eb_w"] == expected.beta_eb_w_s_per_token
-    assert report["beta_mb_e"] == expected.beta_mb_e_s_per_token
-    assert report["n_obs"] == expected.n_obs
+    for key, attribute in REPORT_FIELDS.items():
+        assert report[key] == getattr(expected, attribute), key
     assert report["mode"] == expected.mode_instant.value
-    assert report["p0"] == expected.p0 and report["eta"] == expected.eta and report["gamma"] == expected.gamma
-    assert report["delta_flip"] == expected.lhs_s_per_token - expected.rhs_s_per_token
+    assert report["delta_flip_s_per_token"] == expected.lhs_s_per_token - expected.rhs_s_per_token
     core = [f.value for f in expected.flags]
     assert report["flags"][:len(core)] == core
     assert set(report["flags"][len(core):]) <= PLANNER_FLAGS
@@ -120,9 +119,9 @@ def test_json_equals_evaluate(values: dict, inputs: dict, mode: str | None, caps
     assert_report_matches(report, expected)
     if mode is not None:
         assert report["mode"] == mode
-    assert report["p0"] == inputs.get("p0", 1.0 / inputs.get("mu_o", 256.0))
-    assert report["gamma"] == report["p0"] * values["alpha_p"] / values["alpha_d"]
-    assert report["eta"] == inputs.get("eta", 0.0)
+    assert report["p0_per_token"] == inputs.get("p0", 1.0 / inputs.get("mu_o", 256.0))
+    assert report["gamma"] == report["p0_per_token"] * values["alpha_p"] / values["alpha_d"]
+    assert report["eta_per_token2"] == inputs.get("eta", 0.0)
     assert report["flags"] == [f.value for f in expected.flags] + planner_flags(p0=inputs.get("p0"),
                                                                                n_obs=inputs.get("n_obs", 0.0))
 
@@ -133,7 +132,7 @@ def test_ifr_inputs_produce_a_correction(capsys) -> None:
     assert report["delta_theta"] > 0.0
     assert report["theta_star"] < 0.8  # not clipped
     assert report["theta_star"] == pytest.approx(report["theta0"] + report["delta_theta"], rel=1e-15)
-    assert report["k_star"] == int(report["theta_star"] * report["n_star"])
+    assert report["k_star_requests"] == int(report["theta_star"] * report["n_star_requests"])
 
 
 def test_alpha_mb_flag(capsys) -> None:
@@ -143,7 +142,7 @@ def test_alpha_mb_flag(capsys) -> None:
 
 def test_out_of_range_delta_is_clipped_and_flagged(capsys) -> None:
     report = run_plan([*cost_flags(H200), *workload_flags(delta=0.5)], capsys)
-    assert report["delta"] == 0.01
+    assert report["delta_s_per_token"] == 0.01
     assert "delta_out_of_range" in report["flags"]
     assert report["mode"] == Mode.MB.value
 
@@ -340,7 +339,7 @@ def test_negative_calibration_cost_is_an_error_naming_the_file(tmp_path: Path, c
 
 def test_p0_above_one_is_clipped_flagged_and_gamma_is_the_one_used(capsys) -> None:
     report = run_plan([*cost_flags(RTX), *workload_flags(p0=5.0, n_obs=64.0)], capsys)
-    assert report["p0"] == 1.0 and report["inputs"]["p0_per_token"] == 5.0
+    assert report["p0_per_token"] == 1.0 and report["inputs"]["p0_per_token"] == 5.0
     assert "hazard_intercept_clipped" in report["flags"]
     assert report["gamma"] == 1.0 * RTX["alpha_p"] / RTX["alpha_d"]
     assert report["theta0"] == solve_theta0(report["gamma"])
@@ -350,9 +349,9 @@ def test_p0_above_one_is_clipped_flagged_and_gamma_is_the_one_used(capsys) -> No
 def test_negative_numbers_in_exponent_form_parse(capsys) -> None:
     report = run_plan([*cost_flags(H200), *workload_flags(n_obs=64.0), "--eta", "-1e-6", "--delta", "-2E-3"],
                       capsys)
-    assert report["inputs"]["eta_per_token2"] == -1e-6 and report["eta"] == 0.0
+    assert report["inputs"]["eta_per_token2"] == -1e-6 and report["eta_per_token2"] == 0.0
     assert "hazard_dfr_clipped" in report["flags"]
-    assert report["delta"] == -2e-3 and report["inputs"]["delta_s_per_token"] == -2e-3
+    assert report["delta_s_per_token"] == -2e-3 and report["inputs"]["delta_s_per_token"] == -2e-3
 
 
 def test_defaults_taken_are_flagged(capsys) -> None:
@@ -361,7 +360,7 @@ def test_defaults_taken_are_flagged(capsys) -> None:
     report = run_plan(argv, capsys)
     assert report["flags"][-4:] == ["p0_from_mu_o", "alpha_mb_from_alpha_p", "mb_coeffs_zero", "n_obs_from_n_star"]
     assert report["inputs"]["alpha_mb_s"] == 0.001 and report["inputs"]["mb_coeffs_s_per_token"] == [0.0, 0.0, 0.0]
-    assert report["n_obs"] == report["n_star"]
+    assert report["n_obs_requests"] == report["n_star_requests"]
 
 
 def test_every_flag_has_a_meaning() -> None:
@@ -417,9 +416,9 @@ def test_sigma_o_lets_the_moment_bound_lift_a_collapsed_n_star(capsys) -> None:
     prints the N̂* the controller would use, flagged, and the σ_O it used."""
     base = [*cost_flags(RTX), "--mu-l", "122", "--mu-o", "2400", "--kv-capacity-tokens", "217042", "--json"]
     alone = run_plan(base, capsys)
-    assert alone["n_star"] == 1 and "kv_below_one_request" in alone["flags"]
+    assert alone["n_star_requests"] == 1 and "kv_below_one_request" in alone["flags"]
     lifted = run_plan([*base, "--sigma-o", "924"], capsys)
-    assert 100 <= lifted["n_star"] <= 145 and "memory_bound_from_occupancy" in lifted["flags"]
+    assert 100 <= lifted["n_star_requests"] <= 145 and "memory_bound_from_occupancy" in lifted["flags"]
     assert lifted["inputs"]["sigma_o_tokens"] == 924.0 and alone["inputs"]["sigma_o_tokens"] is None
     expected = evaluate(WorkloadStats(p0=1 / 2400, eta=0.0, mu_l_tokens=122.0, mu_o_tokens=2400.0,
                                       sigma_o_tokens=924.0),
@@ -427,4 +426,4 @@ def test_sigma_o_lets_the_moment_bound_lift_a_collapsed_n_star(capsys) -> None:
                                   beta_d_s_per_request=RTX["beta_d"], alpha_mb_s=RTX["alpha_p"],
                                   mb_coeffs_s_per_token=RTX["abc"]),
                         EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=217042))
-    assert lifted["n_star"] == expected.n_star
+    assert lifted["n_star_requests"] == expected.n_star

@@ -187,12 +187,14 @@ class ListEnginesResponse(_message.Message):
     def __init__(self, engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ...) -> None: ...
 
 class WatchDecisionsRequest(_message.Message):
-    __slots__ = ("pool", "engine_id")
+    __slots__ = ("pool", "engine_id", "since_s")
     POOL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_S_FIELD_NUMBER: _ClassVar[int]
     pool: _common_pb2.Pool
     engine_id: str
-    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., engine_id: _Optional[str] = ...) -> None: ...
+    since_s: float
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., engine_id: _Optional[str] = ..., since_s: _Optional[float] = ...) -> None: ...
 
 class Calibration(_message.Message):
     __slots__ = ("pool", "alpha_p_s", "beta_p_s_per_token", "alpha_d_s", "beta_d_s_per_request", "alpha_mb_s", "mb_coeffs_s_per_token", "source", "set_by", "set_at_s")

@@ -132,7 +132,7 @@ class OperatorServiceServicer:
     def WatchDecisions(self, request, context):
         """Every decision pushed from now on, by any replica (another replica's within about a second, read from
         the history streams), each version once (keep-alive re-sends are not shown), optionally filtered by pool
-        or engine.
+        or engine; with since_s, first those decided since then (a watch resumed after a disconnect or restart).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
