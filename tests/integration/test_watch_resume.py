@@ -1,0 +1,62 @@
+"""`ctl watch` across a controller restart: the stream ends UNAVAILABLE, ctl reconnects by itself and resumes
+from the last decision it showed (WatchDecisions since_s), so the decision made while it was away is shown,
+once. A real `controlplane serve` on a real redis-server, restarted on the same port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+
+from controlplane.api.v1 import common_pb2
+from testbench.serve_process import ServeProcess
+from tests.integration.controller_harness import AgentStream
+
+POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _one_decision(address: str, engine_id: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        agent = await AgentStream(channel, engine_id, POOL).open()
+        decision = await agent.next_decision(timeout_s=20.0)
+        await agent.close()
+        return decision.version
+
+
+def test_ctl_watch_resumes_after_a_controller_restart(tmp_path: Path, redis_url: str) -> None:
+    port = _free_port()
+    serve_args = ("--redis-url", redis_url)
+    controller = ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", args=serve_args, port=port)
+    env = {**os.environ, "CP_ADDRESS": f"127.0.0.1:{port}"}
+    watch = subprocess.Popen([sys.executable, "-m", "controlplane", "ctl", "watch", "-o", "json", "--max-events", "2",
+                              "--engine-id", "engine-w"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        asyncio.run(asyncio.sleep(2.0))  # ctl has subscribed and printed its (empty) snapshot
+        first = asyncio.run(_one_decision(controller.address, "engine-w"))
+        controller.stop()
+        controller = ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", args=serve_args,
+                                        port=port)
+        second = asyncio.run(_one_decision(controller.address, "engine-w"))
+        out, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+        controller.stop()
+    assert watch.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [(e["event"], e["decision_version"]) for e in events] == [("pushed", first), ("pushed", second)]
+    assert second > first
+    assert "resuming from" in err
