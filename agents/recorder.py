@@ -120,10 +120,6 @@ class TelemetryRecorder:
         self.num_preemptions += count
 
     @property
-    def num_buffered(self) -> int:
-        return len(self._steps) + len(self._completions)
-
-    @property
     def num_dropped(self) -> int:
         return self._steps.num_dropped + self._completions.num_dropped
 

@@ -425,11 +425,6 @@ class AgentRuntime:
             "steps": list(trace) if trace is not None else None,
         }
 
-    def write_report(self) -> None:
-        """Write CP_AGENT_REPORT now (no-op without it)."""
-        if self._report is not None:
-            self._report.write()
-
     def close(self) -> None:
         """Engine shutdown: final report, link stopped."""
         if self._report is not None:
