@@ -55,6 +55,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, cause: str,
                       message: str) -> None:
         self._metrics.rejections.labels(cause=cause).inc()
+        self._controller.note_stream_churn()  # a flood of refused streams is memory to hand back once it ends
         await context.abort(code, message)
 
     async def Connect(  # noqa: N802 - gRPC method name

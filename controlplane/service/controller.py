@@ -337,10 +337,10 @@ class Controller:
         """Publish closed buckets, read the other replicas' and refresh each pool's estimate (`PoolSync`)."""
         await self._pools.sync(self._clock() if now_s is None else now_s, only=only)
 
-    def pool_estimate(self, key: str):
-        """The pool's latest estimate (None before the first refresh)."""
-        pool = self.fleet.pool(key)
-        return pool.stats.estimate if pool is not None else None
+    def note_stream_churn(self, count: int = 1) -> None:
+        """Streams refused or ended before their Hello: their memory is handed back as evictions' is (`tick`)."""
+        self._evicted_since_trim += count
+        self._last_evicted_s = self._clock()
 
     # ---- operator actions ----
 

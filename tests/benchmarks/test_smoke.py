@@ -55,7 +55,7 @@ SMOKES = (
         rf"^7,000-token prompts, normal outputs\s+1/20\s+[\d,]+\s+{NUMBER}%\s+{NUMBER}%\s+0\s+1/1\s+5%\s+yes$",
         rf"^outputs 1\.9x, at 200,000/s\s+4/20\s+[\d,]+\s+{NUMBER}%\s+{NUMBER}%\s+0\s+4/4\s+10%\s+yes$",
         r"^heterogeneous pool, long-context \(5 engines\)\s+vs its workload alone: .*kept out 5/5",
-        r"^closed by the controller\s+200 of 200 \(DEADLINE_EXCEEDED",
+        r"^ended by the controller\s+200 of 200 \(DEADLINE_EXCEEDED",
         rf"^with 20 readers\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\{{'answered': \d+",
     ), timeout_s=240.0),
     Smoke("controller_load.py", (

@@ -74,5 +74,5 @@ async def test_buckets_of_an_unknown_format_are_counted_once_and_warned_about_on
     # each unreadable bucket once, although the exchange re-reads the recent buckets every second
     read = {(bucket, replica) for bucket, replica in unreadable_ids if bucket <= 2_014 - 2}
     assert metrics.registry.get_sample_value("cp_pool_buckets_unreadable_total", {"pool": KEY}) == len(read)
-    estimate = controller.pool_estimate(KEY)
+    estimate = controller.fleet.pool(KEY).stats.estimate
     assert estimate is not None and estimate.num_samples == readable

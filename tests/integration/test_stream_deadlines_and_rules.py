@@ -59,6 +59,14 @@ async def _raw_stream_without_hello(channel: grpc.aio.Channel):
     return call, outgoing
 
 
+async def _ended_with(call) -> grpc.StatusCode:
+    """The status a stream that sends nothing is ended with (the server ends it)."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call:
+            pass
+    return info.value.code()
+
+
 # ---- deadlines ----
 
 
@@ -71,12 +79,7 @@ async def test_a_stream_that_sends_no_hello_is_closed_at_the_hello_deadline(redi
             return _sample(ctl, "cp_streams_awaiting_hello")
 
         started = time.monotonic()
-        codes = []
-        for call, _ in calls:
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in call:
-                    pass
-            codes.append(info.value.code())
+        codes = [await _ended_with(call) for call, _ in calls]
         assert time.monotonic() - started < 5.0
         assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}
         assert _sample(ctl, "cp_rejections_total", {"cause": "hello_timeout"}) == 20
@@ -92,12 +95,7 @@ async def test_one_address_may_hold_only_so_many_streams_waiting_for_their_hello
         for _ in range(8):
             calls.append(await _raw_stream_without_hello(channel))
             await asyncio.sleep(0.05)
-        codes = []
-        for call, _ in calls:
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in call:
-                    pass
-            codes.append(info.value.code())
+        codes = [await _ended_with(call) for call, _ in calls]
         assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 3
         assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 5
         assert _sample(ctl, "cp_rejections_total", {"cause": "too_many_awaiting_hello"}) == 3
