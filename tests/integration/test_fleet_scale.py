@@ -58,7 +58,8 @@ async def test_two_replicas_sharing_one_pool_compute_identical_pool_terms(redis_
             for engine in engines:
                 await engine.send_batch(geometric_batch(seq, rng, num=60))
             for name, ctl in (("a", a), ("b", b)):
-                estimate = ctl.app.controller.fleet.pool(key).stats.estimate
+                pool = ctl.app.controller.fleet.pool(key)
+                estimate = pool.stats.estimate if pool is not None else None
                 if estimate is not None and estimate.fit is not None:
                     seen[name][estimate.end_bucket] = estimate
             await asyncio.sleep(0.2)
