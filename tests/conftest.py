@@ -62,12 +62,19 @@ def redis_topology(request: pytest.FixtureRequest) -> Topology:
     return request.getfixturevalue(f"redis_{request.param}")
 
 
+# The longest single tests (minutes each): started first, so that no worker is left alone with one at the end.
+LONGEST = ("test_vllm_upstream_scheduler.py", "test_agent_compat.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The real-engine tests first (stable order otherwise): on `make test`'s workers the longest start early
     instead of leaving one worker alone with them at the end."""
     def rank(item: pytest.Item) -> int:
         if item.get_closest_marker("e2e") is None:
-            return 2
-        return 0 if "tests/e2e/" in item.nodeid else 1
+            return len(LONGEST) + 2
+        for index, name in enumerate(LONGEST):
+            if name in item.nodeid:
+                return index
+        return len(LONGEST) if "tests/e2e/" in item.nodeid else len(LONGEST) + 1
 
     items.sort(key=rank)
