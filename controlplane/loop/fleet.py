@@ -114,10 +114,6 @@ class Effects:
     num_computed: int = 0  # decisions computed, changed or not
     sequence_gaps: int = 0
 
-    def __bool__(self) -> bool:
-        return bool(self.decided or self.pushes or self.buckets or self.memberships or self.forgotten
-                    or self.forgotten_pools or self.sequence_gaps)
-
 
 @dataclass(eq=False)
 class EngineRecord:
@@ -405,8 +401,16 @@ class FleetState:
             estimate = None
         intent = resolve_intent(self._overrides, engine_id=hello.engine_id, pool_key=hello.pool_key, now_s=now_s,
                                 default=self._default_intent)
-        self._decide_with(record, estimate, intent, now_s, effects, force_push=force_push,
-                          trigger_traceparent=trigger_traceparent)
+        started = self._timer() if self._timer is not None else 0.0
+        outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
+                              trigger_traceparent=trigger_traceparent)
+        effects.num_computed += 1
+        if self._timer is not None:
+            effects.decide_latencies_s.append(self._timer() - started)
+        if outcome.changed and outcome.latest is not None:
+            effects.decided.append(Decided(hello.engine_id, hello.pool_key, outcome, loop.traceparent))
+        if outcome.push is not None:
+            self._push(record, outcome.push, now_s, effects)
 
     def _own_estimate(self, record: EngineRecord, now_s: float) -> PoolEstimate | None:
         """A distinct engine's own estimate (refreshed when its end bucket advanced), once it holds
@@ -423,20 +427,6 @@ class FleetState:
         # As the pool's: a re-based window is decided on whatever its size (a shift is not a cold start).
         established = estimate.window_rebased or estimate.window_cohort
         return estimate if established or estimate.num_samples >= self.policy.min_samples else None
-
-    def _decide_with(self, record: EngineRecord, estimate: PoolEstimate | None, intent: OperatorIntent,
-                     now_s: float, effects: Effects, *, force_push: bool, trigger_traceparent: str) -> None:
-        loop = record.loop
-        started = self._timer() if self._timer is not None else 0.0
-        outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
-                              trigger_traceparent=trigger_traceparent)
-        effects.num_computed += 1
-        if self._timer is not None:
-            effects.decide_latencies_s.append(self._timer() - started)
-        if outcome.changed and outcome.latest is not None:
-            effects.decided.append(Decided(loop.hello.engine_id, loop.hello.pool_key, outcome, loop.traceparent))
-        if outcome.push is not None:
-            self._push(record, outcome.push, now_s, effects)
 
     def _push(self, record: EngineRecord, decision: common_pb2.Decision, now_s: float, effects: Effects) -> None:
         loop = record.loop

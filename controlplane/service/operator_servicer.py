@@ -20,7 +20,7 @@ import grpc
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.loop.overrides import SCOPE_RANK, OverrideError, check_kind, check_reason, expiry_at
-from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key
+from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key, pool_key_of
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
 from controlplane.service.controller import Controller
 from controlplane.service.fleet_view import engine_infos_yielding, merge_engine_infos_yielding, stored_decision_view
@@ -219,17 +219,15 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                 rows = await self._store.read_history(MAX_LIST_LIMIT, pool_key=wanted_pool or None)
             except StoreUnavailable as exc:
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, f"history not readable: {exc}")
-        rows = [row for row in rows if row.get("decision") is not None]
-        if len(rows) >= MAX_LIST_LIMIT and min(history_entry(r).decided_at_s for r in rows) > request.since_s:
+        entries = await map_yielding(history_entry, [row for row in rows if row.get("decision") is not None])
+        if len(entries) >= MAX_LIST_LIMIT and min(e.decided_at_s for e in entries) > request.since_s:
             await _abort(context, grpc.StatusCode.OUT_OF_RANGE,
                          f"cannot resume from since_s={request.since_s:.3f}: the history read reaches back only "
                          f"{MAX_LIST_LIMIT} decisions; list the current decisions and watch from now")
-        views = []
-        for row in rows:
-            entry = history_entry(row)
-            if entry.decided_at_s <= request.since_s or (request.engine_id and entry.engine_id != request.engine_id):
-                continue
-            views.append(stored_decision_view(entry.engine_id, row.get("pool", ""), entry.decision))
+        wanted = [e for e in entries if e.decided_at_s > request.since_s
+                  and not (request.engine_id and e.engine_id != request.engine_id)]
+        views = await map_yielding(lambda e: stored_decision_view(
+            e.engine_id, pool_key_of(e.pool.model, e.pool.accelerator), e.decision), wanted)
         views.sort(key=lambda view: (view.decision.decided_at_s, view.decision.version))
         return views
 

@@ -154,11 +154,10 @@ class OnlineControl:
         return record.loop if record is not None else None
 
     def _refresh(self, now_s: float) -> None:
-        """The pool's due bucket closes and its estimate is refreshed when its end bucket advanced (as the
-        controller's pool sync does); keeps the window the controller would persist for a warm start (the
-        latest fitted from at least min_samples completions): `pool_window`."""
+        """Refresh the pool's estimate when its end bucket advanced, as the controller's pool sync does (the
+        refresh closes the due bucket itself); keep the window the controller would persist for a warm start
+        (the latest fitted from at least min_samples completions): `pool_window`."""
         fleet, key = self._fleet, self._hello.pool_key
-        fleet.close_bucket(key, now_s)
         if fleet.refresh_due(key, now_s) is None:
             return
         estimate = fleet.refresh_pool(key, now_s)
