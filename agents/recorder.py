@@ -75,6 +75,10 @@ class TelemetrySnapshot:
     running_num_requests: list[int]
     admitted_time_s: list[float]  # per completion: when first scheduled (NaN: never scheduled)
     running_admitted_time_s: list[float]  # per running entry: its earliest first-scheduled time; [] unknown
+    arrival_time_s: list[float]  # per completion: when it reached the engine (NaN: unknown)
+    first_token_time_s: list[float]  # per completion: when its first output token came (NaN: none)
+    step_mode: list[int]  # per step: the wire Mode in force
+    step_budget_tokens: list[int]  # per step: the token budget in force
 
 
 class TelemetryRecorder:
@@ -86,21 +90,27 @@ class TelemetryRecorder:
         if capacity < 1:
             raise ValueError(f"capacity must be ≥ 1, got {capacity}")
         self._lock = threading.Lock()
-        self._completions = _Ring(capacity, 5)
-        self._steps = _Ring(capacity, 4)
+        self._completions = _Ring(capacity, 7)
+        self._steps = _Ring(capacity, 6)
         self._gauges = (0, 0, 0, 0, 0, 0)
         self._running: tuple[list[int], list[int], list[float]] | None = None
         self.num_preemptions = 0
 
-    def record_step(self, prefill_tokens: int, decode_tokens: int, decode_requests: int, duration_s: float) -> None:
+    def record_step(self, prefill_tokens: int, decode_tokens: int, decode_requests: int, duration_s: float,
+                    mode: int = 0, budget_tokens: int = 0) -> None:
+        """mode: the wire Mode in force in the step; budget_tokens: the token budget it could schedule."""
         with self._lock:
-            self._steps.push(prefill_tokens, decode_tokens, decode_requests, duration_s)
+            self._steps.push(prefill_tokens, decode_tokens, decode_requests, duration_s, mode, budget_tokens)
 
     def record_completion(self, prompt_tokens: int, output_tokens: int, finish_time_s: float, aborted: bool,
-                          admitted_time_s: float = math.nan) -> None:
-        """admitted_time_s: when the engine first scheduled the request (wall clock; NaN: never)."""
+                          admitted_time_s: float = math.nan, arrival_time_s: float = math.nan,
+                          first_token_time_s: float = math.nan) -> None:
+        """Times are engine wall clock (Unix seconds). admitted_time_s: when the engine first scheduled the
+        request (NaN: never); arrival_time_s: when it reached the engine; first_token_time_s: when its first
+        output token was produced (NaN: none)."""
         with self._lock:
-            self._completions.push(prompt_tokens, output_tokens, finish_time_s, aborted, admitted_time_s)
+            self._completions.push(prompt_tokens, output_tokens, finish_time_s, aborted, admitted_time_s,
+                                   arrival_time_s, first_token_time_s)
 
     def set_gauges(self, kv_used_tokens: int, kv_total_tokens: int, num_running_prefills: int,
                    num_running_decodes: int, num_waiting: int, largest_remaining_prefill_tokens: int) -> None:
@@ -126,8 +136,8 @@ class TelemetryRecorder:
     def drain(self) -> TelemetrySnapshot:
         """Everything recorded since the last drain (called by the link thread)."""
         with self._lock:
-            prompts, outputs, finish, aborted, admitted = self._completions.take()
-            prefill, decode_tok, decode_req, duration = self._steps.take()
+            prompts, outputs, finish, aborted, admitted, arrival, first_token = self._completions.take()
+            prefill, decode_tok, decode_req, duration, step_mode, step_budget = self._steps.take()
             dropped = self.num_dropped
             running, self._running = self._running, None
         kv_used, kv_total, running_prefills, running_decodes, waiting, largest = self._gauges
@@ -140,4 +150,6 @@ class TelemetryRecorder:
             num_preemptions=self.num_preemptions, num_events_dropped=dropped,
             running_output_tokens=running_tokens, running_num_requests=running_counts,
             admitted_time_s=admitted, running_admitted_time_s=running_admitted,
+            arrival_time_s=arrival, first_token_time_s=first_token, step_mode=step_mode,
+            step_budget_tokens=step_budget,
         )

@@ -14,6 +14,10 @@ Imports only the generated protobuf code (`controlplane.api`), so `agents` may i
 - Versions: a decision version is `epoch · VERSION_EPOCH_FACTOR + sequence` (see `compose_version`); the
   epoch is reserved per engine in the store whenever an engine's stream opens, so versions keep increasing
   when an engine moves between controller replicas.
+- Support: an agent's Hello says what its probe of vLLM's internals found (`AgentSupport`): `SUPPORT_LEVEL_NAMES`
+  maps the wire enum to "full", "degraded", "stock"; at most MAX_SUPPORT_MISSING internals named, each at most
+  MAX_SUPPORT_NAME_CHARS printable characters, and a detail of at most MAX_SUPPORT_DETAIL_CHARS (the agent cuts
+  to these bounds, the controller refuses a Hello beyond them).
 - Error text: `bounded` cuts echoed input to a fixed prefix so an error never carries a whole payload.
 """
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 import enum
 import re
 
-from controlplane.api.v1 import common_pb2
+from controlplane.api.v1 import agent_pb2, common_pb2
 
 ENGINE_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 POOL_KEY_SEPARATOR = "|"
@@ -34,6 +38,12 @@ VERSION_EPOCH_FACTOR = 10**9
 # The smallest per-step token budget worth running: below it an engine spends its time on step overhead
 # (a 1-token budget ran 300 steps/s of one token each on the CPU engine).
 MIN_BUDGET_TOKENS = 256
+MAX_SUPPORT_MISSING = 64
+MAX_SUPPORT_NAME_CHARS = 128
+MAX_SUPPORT_DETAIL_CHARS = 512
+SUPPORT_LEVEL_NAMES = {agent_pb2.SUPPORT_LEVEL_FULL: "full", agent_pb2.SUPPORT_LEVEL_DEGRADED: "degraded",
+                       agent_pb2.SUPPORT_LEVEL_STOCK: "stock"}
+SUPPORT_LEVEL_FROM_NAME = {name: level for level, name in SUPPORT_LEVEL_NAMES.items()}
 
 
 

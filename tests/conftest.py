@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.store.embedded import EmbeddedRedis, start_redis_on_free_port
+from testbench.net import refused_port
 from tests.integration.redis_topologies import START, Topology
 
 
@@ -20,6 +21,13 @@ def redis_server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def unreachable_port() -> Iterator[int]:
+    """A loopback port that refuses connections for the whole test (`testbench.net.refused_port`)."""
+    with refused_port() as port:
+        yield port
 
 
 @pytest.fixture

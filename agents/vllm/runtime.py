@@ -13,7 +13,8 @@ expires (its knobs handed back at their start-up values, once), the engine's kno
 touched, whatever another tool sets them to. Decode-only steps run through `schedule(throttle_prefills=True)` with
 `prefill_capacity_bound = False`, prefill-only steps by pushing `next_decode_eligible_step` of the
 decoding requests past this step. Every internal is checked once at start (`agents.vllm.probe`); when one
-is missing the runtime is not created and the engine is stock for its whole life.
+is missing the runtime is not created, the engine is stock for its whole life, and the agent only reports its
+verdict to the controller (`agents.vllm.stock`).
 
 Step composition (what the controller's cost fit gets): a scheduled request is decoding when its prompt was
 fully computed before the step, whatever its token count (speculative tokens included); new requests and
@@ -46,8 +47,10 @@ from agents.link import ControllerLink
 from agents.recorder import TelemetryRecorder
 from agents.report import ReportWriter
 from agents.running_lengths import running_length_entries
-from agents.vllm.probe import probe_scheduler
+from agents.vllm.probe import ProbeVerdict, probe_scheduler, vllm_version
+from agents.vllm.stock import StockReporter, agent_hello
 from controlplane.api.v1 import agent_pb2, common_pb2
+from controlplane.protocol import MODE_TO_PROTO
 
 logger = logging.getLogger(__name__)
 _PREFILL_ONLY = StepKind.PREFILL_ONLY
@@ -55,28 +58,22 @@ _DECODE_ONLY = StepKind.DECODE_ONLY
 _HOOK_SAMPLES = 4096
 _NO_REQUESTS: tuple[Any, ...] = ()
 _NO_IDS: frozenset[str] = frozenset()
+_MODE_TO_PROTO = MODE_TO_PROTO
+_PASSTHROUGH = common_pb2.MODE_PASSTHROUGH
 # Admission stamps kept at most (one per request in the engine; finished requests drop theirs).
 _MAX_ADMITTED = 1 << 20
-
-
-def _vllm_version() -> str:
-    try:
-        import vllm
-
-        return str(getattr(vllm, "__version__", "unknown"))
-    except ImportError:  # pragma: no cover - the adapter runs inside vLLM
-        return "unknown"
 
 
 class AgentRuntime:
     """Per-engine agent state; lives in the EngineCore process, driven by the scheduler thread."""
 
-    def __init__(self, scheduler: Any, config: AgentConfig) -> None:
+    def __init__(self, scheduler: Any, config: AgentConfig, *, verdict: ProbeVerdict | None = None) -> None:
         """Read the engine's start-up limits once, start the link (and the report timer when configured).
 
         Args:
             scheduler: the constructed vLLM scheduler (already probed, see `create`).
             config: the agent's validated configuration.
+            verdict: the probe's verdict, a full one (sent in the Hello; default: full, this vLLM's version).
         """
         self._config = config
         self.instance_id = uuid.uuid4().hex
@@ -97,7 +94,8 @@ class AgentRuntime:
         # Guards the enforcer's held decision: the link thread applies and refreshes it, the scheduler
         # thread expires it. Held for microseconds; the scheduler takes it only when an expiry is due.
         self._decision_lock = threading.Lock()
-        self._pending_steps: collections.deque[tuple[int, int, int, float]] = collections.deque()
+        # (prefill tokens, decode tokens, decode requests, scheduled at, wire mode, budget tokens) per step
+        self._pending_steps: collections.deque[tuple[int, int, int, float, int, int]] = collections.deque()
         self._prefilling: Any = _NO_REQUESTS  # the running prefills at this step's boundary
         self._last_update_s = 0.0
         self._next_running_lengths_s = 0.0
@@ -107,6 +105,10 @@ class AgentRuntime:
         # request id → wall-clock time it was first scheduled (dropped when it leaves); a request already
         # running when the agent started counts as admitted then.
         self._admitted_s: dict[str, float] = {}
+        # Requests scheduled that have produced no output token yet (request id → request), and the wall-clock
+        # time of the first output token of those that have (both dropped when the request leaves).
+        self._awaiting_first_token: dict[str, Any] = {}
+        self._first_token_s: dict[str, float] = {}
         self.num_steps = 0
         self.hook_time_s = 0.0
         # Per-step hook time of the last _HOOK_SAMPLES steps (the mean alone is inflated by the rare steps
@@ -121,17 +123,15 @@ class AgentRuntime:
         self._step_trace: list[dict[str, Any]] | None = [] if config.step_trace else None
         self._trace_awaiting_duration: collections.deque[dict[str, Any]] = collections.deque()
         model_config = scheduler.vllm_config.model_config
-        hello = agent_pb2.Hello(
-            engine_id=config.engine_id,
-            pool=common_pb2.Pool(model=config.pool_model, accelerator=config.pool_accelerator),
-            vllm_version=_vllm_version(), agent_version=__version__,
+        self.verdict = verdict or ProbeVerdict(vllm_version=vllm_version())
+        hello = agent_hello(
+            config,
             # max_num_seqs: the admission slots the controller may fill (the engine's own active cap).
-            limits=agent_pb2.EngineLimits(
+            agent_pb2.EngineLimits(
                 max_num_seqs=self._start_active_reqs, max_num_batched_tokens=self._start_budget_tokens,
                 kv_capacity_tokens=self.kv_capacity_tokens, block_size_tokens=self._block_size,
                 max_model_len_tokens=int(model_config.max_model_len)),
-            instance_id=self.instance_id, instance_started_at_s=self.started_at_s,
-        )
+            self.verdict, instance_id=self.instance_id, started_at_s=self.started_at_s)
         self.link = ControllerLink(config, hello=hello, recorder=self.recorder, on_decision=self._on_decision)
         self._report: ReportWriter | None = None
         if config.report_path is not None:
@@ -146,9 +146,11 @@ class AgentRuntime:
                     config.controller_address)
 
     @classmethod
-    def create(cls, scheduler: Any, *, vllm_class: type | None = None) -> AgentRuntime | None:
-        """The runtime, or None: CP_CONTROLLER_ADDRESS unset (stock engine), or a vLLM internal the agent needs
-        is missing or changed (one ERROR naming every problem; the engine stays stock for its whole life).
+    def create(cls, scheduler: Any, *, vllm_class: type | None = None) -> AgentRuntime | StockReporter | None:
+        """The runtime when the probe's verdict is full; None when CP_CONTROLLER_ADDRESS is unset (stock
+        engine). When a vLLM internal the agent needs is missing or changed: one ERROR naming every problem,
+        the engine stays stock for its whole life, and the result is a `StockReporter` (the verdict reported
+        to the controller, nothing steered) or None when the engine's limits cannot be read.
 
         Args:
             scheduler: the constructed scheduler.
@@ -165,17 +167,21 @@ class AgentRuntime:
             default_accelerator=_accelerator_name(), data_parallel_rank=_data_parallel_rank(vllm_config))
         if config is None:
             return None
-        problems = probe_scheduler(scheduler, vllm_class=vllm_class or type(scheduler))
-        if problems:
-            reason = "vLLM internals missing or changed: " + "; ".join(problems)
+        verdict = probe_scheduler(scheduler, vllm_class=vllm_class or type(scheduler))
+        if not verdict.full:
+            reason = "vLLM internals missing or changed: " + verdict.detail
             logger.error("control-plane agent OFF for engine %s (vLLM %s, agent %s): %s. This engine runs stock "
-                         "vLLM scheduling for its whole life.", config.engine_id, _vllm_version(), __version__, reason)
+                         "vLLM scheduling for its whole life; the agent only reports it to the controller.",
+                         config.engine_id, verdict.vllm_version, __version__, reason)
+            reporter = StockReporter.create(scheduler, config, verdict)
             if config.report_path is not None:
                 ReportWriter(config.report_path, interval_s=config.report_interval_s, snapshot=lambda: {
                     "engine_id": config.engine_id, "agent_state": "stock", "disabled_reason": reason,
-                    "written_at_s": time.time()}).write()
-            return None
-        return cls(scheduler, config)
+                    "support": {"level": verdict.level, "vllm_version": verdict.vllm_version,
+                                "missing": list(verdict.missing)},
+                    "reporting_to_controller": reporter is not None, "written_at_s": time.time()}).write()
+            return reporter
+        return cls(scheduler, config, verdict=verdict)
 
     def _on_decision(self, decision: common_pb2.Decision, now_s: float) -> tuple[bool, str]:
         """Link thread: validate and hold a decision for the next step boundary; the verdict is ACKed."""
@@ -266,7 +272,7 @@ class AgentRuntime:
             prefill_tokens += counts[new.req_id]
         num_prefill_reqs = len(new_reqs)
         if new_reqs:
-            self._note_admitted(new_reqs)
+            self._note_admitted(s, new_reqs)
         resumed = output.scheduled_cached_reqs.resumed_req_ids
         prefilling = self._prefilling
         if resumed or prefilling:
@@ -288,7 +294,10 @@ class AgentRuntime:
                         num_prefill_reqs += 1
         decode_tokens = total - prefill_tokens
         num_decode_reqs = len(counts) - num_prefill_reqs
-        self._pending_steps.append((prefill_tokens, decode_tokens, num_decode_reqs, started))
+        enforcer = self.enforcer
+        mode = _MODE_TO_PROTO[enforcer.active_policy.mode] if enforcer.steers else _PASSTHROUGH
+        self._pending_steps.append((prefill_tokens, decode_tokens, num_decode_reqs, started, mode,
+                                    s.max_num_scheduled_tokens))
         preempted = output.preempted_req_ids
         if preempted:
             self.recorder.add_preemptions(len(preempted))
@@ -345,10 +354,12 @@ class AgentRuntime:
         engine schedules ahead) to this update."""
         now = time.perf_counter()
         if self._pending_steps:
-            prefill, decode, decode_requests, scheduled_at = self._pending_steps.popleft()
+            prefill, decode, decode_requests, scheduled_at, mode, budget = self._pending_steps.popleft()
             duration_s = now - max(scheduled_at, self._last_update_s)
             if prefill + decode > 0:
-                self.recorder.record_step(prefill, decode, decode_requests, duration_s)
+                self.recorder.record_step(prefill, decode, decode_requests, duration_s, mode, budget)
+        if self._awaiting_first_token:
+            self._note_first_tokens()
             if self._trace_awaiting_duration:
                 self._trace_awaiting_duration.popleft()["duration_s"] = duration_s
         self._last_update_s = now
@@ -357,15 +368,32 @@ class AgentRuntime:
         self._hook_samples_s[self.num_steps % _HOOK_SAMPLES] = step_hook_s
         self.num_steps += 1
 
-    def _note_admitted(self, new_reqs: Any) -> None:
-        """Stamp the wall-clock time requests were first scheduled (a resumed request keeps its first)."""
-        admitted = self._admitted_s
+    def _note_admitted(self, s: Any, new_reqs: Any) -> None:
+        """Stamp the wall-clock time requests were first scheduled (a resumed request keeps its first), and
+        watch them for their first output token."""
+        admitted, awaiting = self._admitted_s, self._awaiting_first_token
         if len(admitted) >= _MAX_ADMITTED:  # requests that left unseen: never expected; bounded anyway
             logger.warning("%d admission stamps without a finish; dropped", len(admitted))
             admitted.clear()
+            awaiting.clear()
+            self._first_token_s.clear()
         wall_s = time.time()
+        requests = s.requests
+        first_token = self._first_token_s
         for new in new_reqs:
-            admitted.setdefault(new.req_id, wall_s)
+            req_id = new.req_id
+            admitted.setdefault(req_id, wall_s)
+            if req_id not in first_token and (request := requests.get(req_id)) is not None:
+                awaiting[req_id] = request
+
+    def _note_first_tokens(self) -> None:
+        """Stamp the requests that produced their first output token in the step just updated (O(requests
+        awaiting one): those scheduled and still prefilling)."""
+        wall_s = time.time()
+        awaiting, first_token = self._awaiting_first_token, self._first_token_s
+        for req_id in [r for r, request in awaiting.items() if request.num_output_tokens > 0]:
+            del awaiting[req_id]
+            first_token[req_id] = wall_s
 
     def record_finish(self, request: Any) -> None:
         """A request left the engine (finished, stopped, aborted or failed)."""
@@ -375,8 +403,15 @@ class AgentRuntime:
             self._aborted_status = RequestStatus.FINISHED_ABORTED
         aborted = request.status == self._aborted_status
         prompt_tokens = request.num_prompt_tokens
-        admitted_s = self._admitted_s.pop(request.request_id, math.nan)
-        self.recorder.record_completion(prompt_tokens, request.num_output_tokens, time.time(), aborted, admitted_s)
+        req_id = request.request_id
+        wall_s = time.time()
+        admitted_s = self._admitted_s.pop(req_id, math.nan)
+        self._awaiting_first_token.pop(req_id, None)
+        num_output_tokens = request.num_output_tokens
+        first_token_s = self._first_token_s.pop(req_id, wall_s if num_output_tokens > 0 else math.nan)
+        arrival_s = getattr(request, "arrival_time", math.nan)
+        self.recorder.record_completion(prompt_tokens, num_output_tokens, wall_s, aborted, admitted_s,
+                                        arrival_s if isinstance(arrival_s, float) else math.nan, first_token_s)
         if not aborted:
             self._prompt_tokens_ema += 0.05 * (prompt_tokens - self._prompt_tokens_ema)
 

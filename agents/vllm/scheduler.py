@@ -7,7 +7,8 @@ Attach with `--scheduler-cls agents.vllm.ControlledScheduler` (or `LLM(..., sche
 Without CP_CONTROLLER_ADDRESS the hooks are skipped and the engine is stock vLLM.
 
 Failure containment: the vLLM internals the agent uses are probed once at construction (a missing or changed
-one: one ERROR, no agent, stock scheduling for the engine's life). Any exception raised by the agent's own
+one: one ERROR, no agent hook, stock scheduling for the engine's life; the verdict is still reported to the
+controller by a `StockReporter`, which never touches the scheduler). Any exception raised by the agent's own
 code in a per-step hook is logged once, the agent switches the engine to stock scheduling for good
 (`AgentRuntime.disable`), and vLLM's step goes on as stock: nothing of ours propagates into vLLM. vLLM's own
 exceptions pass through untouched.
@@ -22,7 +23,9 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from agents.vllm.probe import ProbeVerdict
 from agents.vllm.runtime import AgentRuntime
+from agents.vllm.stock import StockReporter
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +38,35 @@ class _AgentHooks:
     """
 
     _cp: AgentRuntime | None = None
+    _cp_stock: StockReporter | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._cp = None
-        self._cp = AgentRuntime.create(self, vllm_class=_vllm_class(type(self)))
+        self._cp_stock = None
+        attached = AgentRuntime.create(self, vllm_class=_vllm_class(type(self)))
+        if isinstance(attached, StockReporter):
+            self._cp_stock = attached
+        else:
+            self._cp = attached
 
     @property
     def cp_agent(self) -> AgentRuntime | None:
         """The agent attached to this scheduler; None when it is off (stock vLLM) or was switched off."""
         return self._cp
+
+    @property
+    def cp_stock_reporter(self) -> StockReporter | None:
+        """The report-only agent of an engine whose vLLM failed the probe (None otherwise)."""
+        return self._cp_stock
+
+    @property
+    def cp_verdict(self) -> ProbeVerdict | None:
+        """The probe's verdict of this engine's vLLM; None when no agent was configured (or it was switched
+        off after a fault)."""
+        if self._cp is not None:
+            return self._cp.verdict
+        return self._cp_stock.verdict if self._cp_stock is not None else None
 
     def _cp_failed(self, where: str, exc: BaseException) -> None:
         """The agent's code raised in a hook: log once, go stock for good (never raises)."""
@@ -99,11 +121,13 @@ class _AgentHooks:
 
     def shutdown(self) -> None:
         runtime, self._cp = self._cp, None
-        if runtime is not None:
-            try:
-                runtime.close()
-            except Exception:
-                logger.exception("control-plane agent could not shut down cleanly")
+        reporter, self._cp_stock = self._cp_stock, None
+        for part in (runtime, reporter):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:
+                    logger.exception("control-plane agent could not shut down cleanly")
         super().shutdown()
 
 

@@ -46,7 +46,8 @@ ENVIRONMENT = {"address": "CP_ADDRESS", "token": "CP_OPERATOR_TOKEN", "tls_ca": 
                "tls_cert": "CP_TLS_CERT", "tls_key": "CP_TLS_KEY"}
 _PINS = {"mb": operator_pb2.PINNED_MODE_MB, "eb": operator_pb2.PINNED_MODE_EB,
          "passthrough": operator_pb2.PINNED_MODE_PASSTHROUGH, "advisory": operator_pb2.PINNED_MODE_ADVISORY}
-_KINDS = {"delta": operator_pb2.OVERRIDE_KIND_DELTA, "pin": operator_pb2.OVERRIDE_KIND_PIN}
+_KINDS = {"delta": operator_pb2.OVERRIDE_KIND_DELTA, "pin": operator_pb2.OVERRIDE_KIND_PIN,
+          "objective": operator_pb2.OVERRIDE_KIND_OBJECTIVE}
 # `watch` waits this long before it reconnects to a controller that went away.
 RESUME_WAIT_S = 1.0
 # The fields of the record a change answers with that its table shows, per command (`-o json|yaml` keep all).
@@ -55,16 +56,19 @@ _RECORD_FIELDS = {
                   "reason"),
     "pin": ("scope", "kind", "mode", "k", "n", "expires_at", "expires_at_s", "set_by", "set_at", "set_at_s", "reason"),
     "clear": ("scope", "kind", "cleared", "set_by", "set_at", "set_at_s", "reason"),
+    "set-objective": ("scope", "kind", "objective", "expires_at", "expires_at_s", "set_by", "set_at", "set_at_s",
+                      "reason"),
 }
 # The message an audit entry's old/new JSON holds, by the entry's kind.
 _AUDITED = {"delta": operator_pb2.OverrideRecord, "pin": operator_pb2.OverrideRecord,
+            "objective": operator_pb2.OverrideRecord,
             "calibration": operator_pb2.Calibration}
 _SCOPE_HELP = "fleet | pool:MODEL|ACCELERATOR | engine:ENGINE_ID (required)"
 _STRICT_HELP = ("refuse (exit 1, nothing changed) a pool or engine scope that covers no engine the controller "
                 "knows (asks ListEngines first); without it such a change is made, with a warning naming the "
                 "known pools")
-_LIST_COLUMNS = ("ENGINE", "POOL", "CONNECTED", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION", "ACKED",
-                 "TELEMETRY AGE")
+_LIST_COLUMNS = ("ENGINE", "POOL", "CONNECTED", "VLLM", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION",
+                 "ACKED", "TELEMETRY AGE")
 
 
 class UsageError(Exception):
@@ -124,7 +128,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         _add_common_options(p, top=False)
         return p
 
-    p = command("list", "engines: pool, connection, the decision in force (mode, k, N, budget, δ), versions, "
+    p = command("list", "engines: pool, connection, vLLM version and support (full, degraded, stock: what the "
+                        "agent's probe of vLLM found), the decision in force (mode, k, N, budget, δ), versions, "
                         "telemetry age")
     p.add_argument("--pool", type=parse_pool, metavar="MODEL|ACCELERATOR", help="only this pool")
     p = command("get", "one engine's decision view (decision, latest computation, ACKed version, engine info)")
@@ -157,7 +162,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--expires-in-s", type=nonnegative_float, default=0.0, metavar="S",
                    help="seconds until the pin lapses (default 0: never)")
     p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
-    p = command("clear", "remove the δ override or the pin of a scope (NOT_FOUND when there is none)")
+    p = command("set-objective", "hold a TTFT and/or TPOT quantile of each pool in the scope under a target: the "
+                                 "controller moves δ within bounds to meet it (an explicit δ override or pin wins)")
+    p.add_argument("--scope", type=parse_scope, required=True, help="fleet | pool:MODEL|ACCELERATOR (required)")
+    p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
+    for name, what in (("ttft", "time to first token"), ("tpot", "time per output token after the first")):
+        p.add_argument(f"--{name}-quantile", type=finite_float, default=0.0, metavar="Q",
+                       help=f"the {what} quantile to hold, in [0.5, 0.9999] (e.g. 0.99)")
+        p.add_argument(f"--{name}-target-s", type=nonnegative_float, default=0.0, metavar="S",
+                       help="its target, seconds")
+    p.add_argument("--delta-min", type=finite_float, default=0.0, metavar="S_PER_TOKEN",
+                   help="lowest δ the loop may set (≤ 0; with --delta-max both 0: ±0.01)")
+    p.add_argument("--delta-max", type=finite_float, default=0.0, metavar="S_PER_TOKEN",
+                   help="highest δ the loop may set (≥ 0)")
+    p.add_argument("--expires-in-s", type=nonnegative_float, default=0.0, metavar="S",
+                   help="seconds until the objective lapses (default 0: never)")
+    p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
+    command("objectives", "the latency objectives in force, with each pool's state (meeting, adjusting, "
+                          "infeasible)")
+    p = command("clear", "remove the δ override, the pin or the objective of a scope (NOT_FOUND when there is none)")
     p.add_argument("kind", choices=sorted(_KINDS))
     p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
     p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
@@ -330,6 +353,26 @@ class Ctl:
             scope=args.scope, mode=_PINS[args.mode], k=args.k, n=args.n, expires_in_s=args.expires_in_s,
             reason=args.reason), **self.kw()), "pin")
 
+    async def set_objective(self, args: argparse.Namespace) -> int:
+        await self.check_scope(args)
+        objective = operator_pb2.LatencyObjective(
+            ttft_quantile=args.ttft_quantile, ttft_target_s=args.ttft_target_s, tpot_quantile=args.tpot_quantile,
+            tpot_target_s=args.tpot_target_s, delta_min_s_per_token=args.delta_min,
+            delta_max_s_per_token=args.delta_max)
+        return await self._record(await self.stub.SetObjective(operator_pb2.SetObjectiveRequest(
+            scope=args.scope, objective=objective, expires_in_s=args.expires_in_s, reason=args.reason),
+            **self.kw()), "set-objective")
+
+    async def objectives(self, args: argparse.Namespace) -> int:
+        response = await self.stub.ListOverrides(operator_pb2.ListOverridesRequest(), **self.kw())
+        rows = [output.message_to_dict(r) for r in response.overrides
+                if r.kind == operator_pb2.OVERRIDE_KIND_OBJECTIVE]
+        self.emit({"objectives": rows}, lambda: output.print_table(
+            ("SCOPE", "OBJECTIVE", "EXPIRES", "SET BY", "SET AT", "REASON"),
+            [(r["scope"], override_value(r), r["expires_at"] or "never", r["set_by"], r["set_at"], r["reason"])
+             for r in rows]))
+        return 0
+
     async def clear(self, args: argparse.Namespace) -> int:
         await self.check_scope(args)
         return await self._record(await self.stub.ClearOverride(operator_pb2.ClearOverrideRequest(
@@ -411,6 +454,11 @@ class Ctl:
 def override_value(record: dict[str, Any]) -> str:
     if record["kind"] == "delta":
         return f"δ={record['delta_s_per_token']:.6g} s/token"
+    if record["kind"] == "objective":
+        objective = record["objective"] or {}
+        parts = [f"{name.upper()} p{100 * objective[f'{name}_quantile']:g} ≤ {objective[f'{name}_target_s']:g} s"
+                 for name in ("ttft", "tpot") if objective.get(f"{name}_quantile")]
+        return ", ".join(parts)
     parts = [record["mode"]]
     parts += [f"k={record['k']}"] if record["k"] else []
     parts += [f"n={record['n']}"] if record["n"] else []
@@ -482,6 +530,7 @@ def calibration_from_files(paths: list[Path], pool: common_pb2.Pool) -> operator
 
 _COMMANDS = {"list": Ctl.list, "get": Ctl.get, "explain": Ctl.explain, "overrides": Ctl.overrides,
              "audit": Ctl.audit, "set-delta": Ctl.set_delta, "pin": Ctl.pin, "clear": Ctl.clear,
+             "set-objective": Ctl.set_objective, "objectives": Ctl.objectives,
              "watch": Ctl.watch, "calibration": Ctl.calibration, "report": Ctl.report}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.cli.output import enum_name, iso_utc
+from controlplane.cli.output import enum_name, iso_utc, message_to_dict
 
 # (key in the terms dict, symbol, unit, meaning), in the order of the derivation.
 TERMS: tuple[tuple[str, str, str, str], ...] = (
@@ -111,6 +111,7 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
         "advisory": decision.advisory,
         "terms": terms,
         "window": window,
+        "outcomes": _outcomes(view),
         "rule": {
             "evaluated": evaluated,
             "verdict": verdict,
@@ -122,6 +123,24 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
             "text": text,
         },
     }
+
+
+def _outcomes(view: operator_pb2.DecisionView) -> dict[str, Any]:
+    """The pool's measured latencies and its objective's state, with a one-line text each."""
+    o = view.outcomes
+    latencies = {}
+    for name in ("ttft", "tpot", "queue"):
+        q = getattr(o, name)
+        latencies[name] = ({"num_requests": q.num_requests, "p50_s": q.p50_s, "p90_s": q.p90_s, "p99_s": q.p99_s,
+                            "mean_s": q.mean_s} if o.HasField(name) else None)
+    shown = [f"{name.upper()} p50 {q['p50_s']:.3g} s, p90 {q['p90_s']:.3g} s, p99 {q['p99_s']:.3g} s "
+             f"({q['num_requests']} requests)" for name, q in latencies.items() if q is not None]
+    text = (f"last {o.window_s:.0f} s: " + "; ".join(shown)) if shown else "no latency data (the agents send no stamps)"
+    objective = None
+    if o.HasField("objective"):
+        objective = {"state": enum_name(operator_pb2.ObjectiveState.DESCRIPTOR, o.objective_state),
+                     "detail": o.objective_detail, **message_to_dict(o.objective)}
+    return {"window_s": o.window_s, **latencies, "text": text, "objective": objective}
 
 
 def _window_text(window: dict[str, Any]) -> str:
@@ -156,4 +175,8 @@ def explain_rows(data: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     rows.append(("mode", data["mode"], "", f"in force (k={data['k']}, N={data['n']}); reason {data['reason']}"))
     rows.append(("δ source", data["delta_source"], "", "scope the margin comes from"))
     rows.append(("flags", data["flags"], "", "degenerate inputs met (clipped, replaced, rejected)"))
+    rows.append(("latency", data["outcomes"]["text"], "", "the pool's finished requests (relative error ≤ 1%)"))
+    objective = data["outcomes"]["objective"]
+    if objective is not None:
+        rows.append(("objective", f"{objective['state']}: {objective['detail']}", "", "the pool's latency objective"))
     return rows

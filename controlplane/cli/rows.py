@@ -78,12 +78,20 @@ def engine_row(info: operator_pb2.EngineInfo | None, view: operator_pb2.Decision
     return row
 
 
+def vllm_cell(row: dict[str, Any]) -> str | None:
+    """The VLLM column of `list`: the engine's vLLM version and its agent's support level ("0.32.0 full",
+    "0.33.0 stock"); the version alone when the agent did not report a level; None when neither is known."""
+    support = row.get("support") or {}
+    parts = [part for part in (row.get("vllm_version"), support.get("level")) if part]
+    return " ".join(parts) or None
+
+
 def list_cells(row: dict[str, Any]) -> list[Any]:
     age = row.get("telemetry_age_s")
     pool = row["pool"]
-    return [row["engine_id"], f"{pool['model']}|{pool['accelerator']}", row.get("connected"), row["mode"], row["k"],
-            row["n"], row["b_max_tokens"], row["b_cap_tokens"], row["delta_s_per_token"], row["decision_version"],
-            row.get("acked_version"), f"{age:.1f}s" if age is not None else None]
+    return [row["engine_id"], f"{pool['model']}|{pool['accelerator']}", row.get("connected"), vllm_cell(row),
+            row["mode"], row["k"], row["n"], row["b_max_tokens"], row["b_cap_tokens"], row["delta_s_per_token"],
+            row["decision_version"], row.get("acked_version"), f"{age:.1f}s" if age is not None else None]
 
 
 def get_fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -103,5 +111,7 @@ def get_fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
         ("latest_reason", latest.get("reason")), ("latest_flags", latest.get("flags")),
         ("computed_at", data.get("computed_at")),
         ("telemetry_age_s", engine.get("telemetry_age_s")), ("vllm_version", engine.get("vllm_version")),
+        ("support", (engine.get("support") or {}).get("level")),
+        ("support_missing", (engine.get("support") or {}).get("missing")),
         ("max_num_seqs", (engine.get("limits") or {}).get("max_num_seqs")),
     ]

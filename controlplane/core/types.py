@@ -67,6 +67,7 @@ class DeltaSource(enum.StrEnum):
     FLEET = "fleet"
     POOL = "pool"
     ENGINE = "engine"
+    OBJECTIVE = "objective"  # set by a pool's latency-objective loop (an explicit override wins over it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,12 +224,17 @@ class FakeEngine:
         if finished.size:
             prompts, outputs = self._sim.lengths_of(finished)
             admitted = self._sim.admitted_of(finished)
-            for prompt, output, admitted_s in zip(prompts.tolist(), outputs.tolist(), admitted.tolist(), strict=True):
+            arrival, first_token = self._sim.stamps_of(finished)
+            for prompt, output, admitted_s, arrival_s, first_token_s in zip(
+                    prompts.tolist(), outputs.tolist(), admitted.tolist(), arrival.tolist(), first_token.tolist(),
+                    strict=True):
                 if len(buffer.completion_finish_s) < self._max_buffered:
                     buffer.completion_prompt_tokens.append(prompt)
                     buffer.completion_output_tokens.append(output)
                     buffer.completion_finish_s.append(step.end_s)
                     buffer.completion_admitted_s.append(admitted_s)
+                    buffer.completion_arrival_s.append(arrival_s)
+                    buffer.completion_first_token_s.append(first_token_s)
                 else:
                     self._num_dropped += 1
             # Closed loop: each finish brings one arrival, at the finish time.

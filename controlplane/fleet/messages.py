@@ -113,6 +113,8 @@ def telemetry_message(
             finish_time_s=[to_wall_s(t) for t in telemetry.completion_finish_s],
             aborted=[False] * num_completions,
             admitted_time_s=[to_wall_s(t) for t in telemetry.completion_admitted_s],
+            arrival_time_s=[to_wall_s(t) for t in telemetry.completion_arrival_s],
+            first_token_time_s=[to_wall_s(t) for t in telemetry.completion_first_token_s],
         ),
         steps=agent_pb2.Steps(
             prefill_tokens=telemetry.step_prefill_tokens,

@@ -57,6 +57,8 @@ class EngineTelemetry:
     completion_output_tokens: list[int] = field(default_factory=list)
     completion_finish_s: list[float] = field(default_factory=list)
     completion_admitted_s: list[float] = field(default_factory=list)
+    completion_arrival_s: list[float] = field(default_factory=list)
+    completion_first_token_s: list[float] = field(default_factory=list)
     running_output_tokens: list[int] = field(default_factory=list)
     running_num_requests: list[int] = field(default_factory=list)
     running_admitted_s: list[float] = field(default_factory=list)

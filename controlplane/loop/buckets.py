@@ -4,8 +4,9 @@ wire format (what replicas publish and read, and what a warm start persists).
 A closed bucket holds a sparse histogram of output lengths, the count and sum of prompt lengths, the
 normal-equation sums of the step costs (`core.cost_sums.CostSums`), the histogram of the output lengths so
 far of the requests running when it closed, and both by the bucket each request was first scheduled in when
-the engines report it (`core.admitted_counts`). Formats v1 (no running requests) and v2 (no admissions) are
-still read; v3 is written.
+the engines report it (`core.admitted_counts`), and the latency sketches of its finished requests when the
+engines report their stamps (`loop.outcomes.LatencySet`). Formats v1 (no running requests), v2 (no
+admissions) and v3 (no latencies) are still read; v4 is written.
 
 Pure: no I/O, no clock.
 """
@@ -23,6 +24,7 @@ from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.types import CostModel
+from controlplane.loop.outcomes import LatencySet
 
 # Replica id of a persisted window seeded at start (warm start).
 SNAPSHOT_REPLICA = "snapshot"
@@ -41,15 +43,19 @@ MIN_ACTIVE_ENGINES = 3
 # How many buckets back a bucket keeps its requests' admission exact (older ones sit at that bound): a window
 # is fitted on the requests admitted since its change point only while that point is at most this far back.
 MAX_ADMISSION_LAG_BUCKETS = 600
+_LATENCY_KIND_CODES = np.array([0.0, 1.0, 2.0])
 # Bucket formats: v1 (no running requests) and v2 (no admissions) are still read; v3 is written.
 _MAGIC_V1 = b"CPB1"
 _HEADER_V1 = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
 _MAGIC_V2 = b"CPB2"
 # magic, prompt count, prompt sum, histogram byte length, running known (0/1), running histogram byte length
 _HEADER_V2 = struct.Struct("<4sqdIBI")
-_MAGIC = b"CPB3"
+_MAGIC_V3 = b"CPB3"
 # v2's, then for the completions' and the running requests' admissions: known (0/1), byte length
-_HEADER = struct.Struct("<4sqdIBIBIBI")
+_HEADER_V3 = struct.Struct("<4sqdIBIBIBI")
+_MAGIC = b"CPB4"
+# v3's, then for the latencies: known (0/1), byte length
+_HEADER = struct.Struct("<4sqdIBIBIBIBI")
 
 
 @dataclass(slots=True)
@@ -61,6 +67,7 @@ class BucketStats:
     admitted_outputs: the completions by admission bucket (None: an engine did not report one of them).
     admitted_running: `running` by admission bucket (None: an engine did not report its running requests'
       admissions).
+    latencies: the finished requests' latency sketches (None: no engine reported latency stamps).
     """
 
     outputs: LengthHistogram
@@ -70,6 +77,7 @@ class BucketStats:
     running: LengthHistogram | None = None
     admitted_outputs: AdmittedCounts | None = None
     admitted_running: AdmittedCounts | None = None
+    latencies: LatencySet | None = None
 
     @classmethod
     def empty(cls) -> BucketStats:
@@ -81,31 +89,39 @@ class BucketStats:
         running = self.running.to_bytes() if self.running is not None else b""
         admitted = self.admitted_outputs.to_bytes() if self.admitted_outputs is not None else b""
         admitted_running = self.admitted_running.to_bytes() if self.admitted_running is not None else b""
+        latencies = self.latencies.to_bytes() if self.latencies is not None else b""
         costs = self.costs.to_array().astype("<f8").tobytes()
         header = _HEADER.pack(_MAGIC, self.prompt_count, self.prompt_sum_tokens, len(hist),
                               int(self.running is not None), len(running), int(self.admitted_outputs is not None),
-                              len(admitted), int(self.admitted_running is not None), len(admitted_running))
-        return header + hist + running + admitted + admitted_running + costs
+                              len(admitted), int(self.admitted_running is not None), len(admitted_running),
+                              int(self.latencies is not None), len(latencies))
+        return header + hist + running + admitted + admitted_running + latencies + costs
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> BucketStats:
-        """Any format (v1: running None; v1 and v2: admissions None). Raises ValueError for a payload that is
-        not a bucket."""
+        """Any format (v1: running None; v1 and v2: admissions None; v1 to v3: latencies None). Raises
+        ValueError for a payload that is not a bucket."""
         known_admitted = known_admitted_running = admitted_len = admitted_running_len = 0
+        known_latencies = latencies_len = 0
         if payload[:4] == _MAGIC_V1 and len(payload) >= _HEADER_V1.size:
             _, count, total, hist_len = _HEADER_V1.unpack_from(payload)
             known, running_len, offset = 0, 0, _HEADER_V1.size
         elif payload[:4] == _MAGIC_V2 and len(payload) >= _HEADER_V2.size:
             _, count, total, hist_len, known, running_len = _HEADER_V2.unpack_from(payload)
             offset = _HEADER_V2.size
+        elif payload[:4] == _MAGIC_V3 and len(payload) >= _HEADER_V3.size:
+            (_, count, total, hist_len, known, running_len, known_admitted, admitted_len, known_admitted_running,
+             admitted_running_len) = _HEADER_V3.unpack_from(payload)
+            offset = _HEADER_V3.size
         elif payload[:4] == _MAGIC and len(payload) >= _HEADER.size:
             (_, count, total, hist_len, known, running_len, known_admitted, admitted_len, known_admitted_running,
-             admitted_running_len) = _HEADER.unpack_from(payload)
+             admitted_running_len, known_latencies, latencies_len) = _HEADER.unpack_from(payload)
             offset = _HEADER.size
         else:
             raise ValueError("not a pool-statistics bucket")
-        sections = (hist_len, running_len, admitted_len, admitted_running_len)
-        if (count < 0 or not math.isfinite(total) or max(known, known_admitted, known_admitted_running) > 1
+        sections = (hist_len, running_len, admitted_len, admitted_running_len, latencies_len)
+        if (count < 0 or not math.isfinite(total)
+                or max(known, known_admitted, known_admitted_running, known_latencies) > 1
                 or offset + sum(sections) > len(payload)):
             raise ValueError("not a pool-statistics bucket")
         parts = []
@@ -117,8 +133,35 @@ class BucketStats:
                    prompt_sum_tokens=float(total), costs=costs,
                    running=LengthHistogram.from_bytes(parts[1]) if known else None,
                    admitted_outputs=AdmittedCounts.from_bytes(parts[2]) if known_admitted else None,
-                   admitted_running=AdmittedCounts.from_bytes(parts[3]) if known_admitted_running else None)
+                   admitted_running=AdmittedCounts.from_bytes(parts[3]) if known_admitted_running else None,
+                   latencies=LatencySet.from_bytes(parts[4]) if known_latencies else None)
 
+
+
+def fair_share_rows(ranges: dict[str, list[tuple[int, int]]], size: int) -> tuple[np.ndarray | None,
+                                                                                  dict[str, float]]:
+    """The rows of `size` kept when each engine (its row ranges in `ranges`) counts for at most its fair share:
+    FAIR_SHARE_FACTOR times the lower median of the engines' row counts (at least MIN_FAIR_SHARE); an engine
+    above it keeps evenly spaced rows. Only once MIN_ACTIVE_ENGINES engines have at least MIN_FAIR_SHARE rows
+    each (one busy engine among idle ones is not outvoting anyone). Returns (keep mask, or None when every
+    row is kept; the fraction kept of each engine cut)."""
+    counts = {engine: sum(end - start for start, end in parts) for engine, parts in ranges.items()}
+    ordered = sorted(counts.values())
+    if len(ordered) < MIN_ACTIVE_ENGINES or ordered[-MIN_ACTIVE_ENGINES] < MIN_FAIR_SHARE:
+        return None, {}  # fewer than MIN_ACTIVE_ENGINES engines busy: no typical engine to measure a share by
+    cap = max(MIN_FAIR_SHARE, math.ceil(FAIR_SHARE_FACTOR * ordered[(len(ordered) - 1) // 2]))
+    if ordered[-1] <= cap:
+        return None, {}
+    keep = np.ones(size, dtype=bool)
+    fractions = {}
+    for engine, parts in ranges.items():
+        if counts[engine] <= cap:
+            continue
+        rows = np.concatenate([np.arange(start, end) for start, end in parts])
+        keep[rows] = False
+        keep[rows[evenly_spaced(rows.size, cap)]] = True
+        fractions[engine] = cap / counts[engine]
+    return keep, fractions
 
 
 @lru_cache(maxsize=64)
@@ -170,6 +213,29 @@ class OpenBucket:
     steps: Columns = field(default_factory=lambda: Columns(4))  # prefill, decode, requests, duration
     # Per engine: its completions' row ranges in `outputs` and its prompts' count and sum (the fair share).
     shares: dict[str, list[tuple[int, int, int, float]]] = field(default_factory=dict)
+    latencies: Columns = field(default_factory=lambda: Columns(2))  # kind (0 ttft, 1 tpot, 2 queue), seconds
+    latency_shares: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # per engine: its row ranges
+
+    def add_latencies(self, engine_id: str, ttft_s: np.ndarray, tpot_s: np.ndarray, queue_s: np.ndarray) -> None:
+        """Append one engine's finished requests' latencies (`ingest.Latencies`)."""
+        values = np.concatenate((ttft_s, tpot_s, queue_s))
+        if not values.size:
+            self.latency_shares.setdefault(engine_id, [])  # the engine reports stamps: the bucket has latencies
+            return
+        kinds = np.repeat(_LATENCY_KIND_CODES, (ttft_s.size, tpot_s.size, queue_s.size))
+        start = self.latencies.size
+        self.latencies.append(kinds, values)
+        self.latency_shares.setdefault(engine_id, []).append((start, self.latencies.size))
+
+    def _latency_set(self) -> LatencySet | None:
+        """The bucket's latencies, each engine counted at most its fair share; None when no engine reported."""
+        if not self.latency_shares:
+            return None
+        kinds, values = self.latencies.view()
+        keep, _ = fair_share_rows(self.latency_shares, self.latencies.size)
+        if keep is not None:
+            kinds, values = kinds[keep], values[keep]
+        return LatencySet.from_values(values[kinds == 0], values[kinds == 1], values[kinds == 2])
 
     def add_completions(self, engine_id: str, prompts: np.ndarray, outputs: np.ndarray,
                         admitted: np.ndarray) -> None:
@@ -183,25 +249,12 @@ class OpenBucket:
         self.shares.setdefault(engine_id, []).append((start, self.outputs.size, count, total))
 
     def _fair_share(self) -> np.ndarray | None:
-        """The rows kept when each engine counts for at most its fair share: FAIR_SHARE_FACTOR times the lower
-        median of the engines' completions in the bucket (at least MIN_FAIR_SHARE); an engine above it keeps
-        evenly spaced rows and its prompts scaled alike. Only once MIN_ACTIVE_ENGINES engines send at least
-        MIN_FAIR_SHARE each (one busy engine among idle ones is not outvoting anyone). None: every row kept."""
-        counts = {engine: sum(end - start for start, end, _, _ in parts) for engine, parts in self.shares.items()}
-        ordered = sorted(counts.values())
-        if len(ordered) < MIN_ACTIVE_ENGINES or ordered[-MIN_ACTIVE_ENGINES] < MIN_FAIR_SHARE:
-            return None  # fewer than MIN_ACTIVE_ENGINES engines busy: no typical engine to measure a share by
-        cap = max(MIN_FAIR_SHARE, math.ceil(FAIR_SHARE_FACTOR * ordered[(len(ordered) - 1) // 2]))
-        if ordered[-1] <= cap:
-            return None
-        keep = np.ones(self.outputs.size, dtype=bool)
-        for engine, parts in self.shares.items():
-            if counts[engine] <= cap:
-                continue
-            rows = np.concatenate([np.arange(start, end) for start, end, _, _ in parts])
-            keep[rows] = False
-            keep[rows[evenly_spaced(rows.size, cap)]] = True
-            fraction = cap / counts[engine]
+        """The completion rows kept when each engine counts for at most its fair share (`fair_share_rows`), an
+        engine's prompts scaled alike; None: every row kept."""
+        ranges = {engine: [(start, end) for start, end, _, _ in parts] for engine, parts in self.shares.items()}
+        keep, fractions = fair_share_rows(ranges, self.outputs.size)
+        for engine, fraction in fractions.items():
+            parts = self.shares[engine]
             prompt_count = sum(c for _, _, c, _ in parts)
             self.prompt_count -= prompt_count - round(prompt_count * fraction)
             self.prompt_sum_tokens -= sum(t for _, _, _, t in parts) * (1.0 - fraction)
@@ -226,7 +279,8 @@ class OpenBucket:
                 self.bucket_id - MAX_ADMISSION_LAG_BUCKETS)
         return BucketStats(outputs=LengthHistogram.from_samples(outputs), prompt_count=self.prompt_count,
                            prompt_sum_tokens=self.prompt_sum_tokens, costs=costs, running=running,
-                           admitted_outputs=admitted, admitted_running=admitted_running)
+                           admitted_outputs=admitted, admitted_running=admitted_running,
+                           latencies=self._latency_set())
 
 
 def running_sum(reports: list[tuple[np.ndarray, np.ndarray]]) -> LengthHistogram | None:

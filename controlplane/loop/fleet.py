@@ -30,7 +30,7 @@ import numpy as np
 
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.core.cost_sums import StepColumns
-from controlplane.core.types import CostModel, OperatorIntent, PolicyConfig
+from controlplane.core.types import CostModel, DeltaSource, OperatorIntent, PolicyConfig
 from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop, LoopOutcome
@@ -48,6 +48,8 @@ from controlplane.loop.judging import (
     judge_block,
     reference_of,
 )
+from controlplane.loop.objective import ObjectiveTracker, sync_tracker
+from controlplane.loop.outcomes import OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics
 
@@ -164,6 +166,7 @@ class FleetState:
         # Per agent identity, its disconnected engine ids in the order they disconnected (the oldest first).
         self._disconnected: dict[str, dict[str, None]] = {}
         self._overrides: list[operator_pb2.OverrideRecord] = []
+        self._trackers: dict[str, ObjectiveTracker] = {}  # per pool under a latency objective
         self._calibrations: dict[str, CostModel] = {}
         self.restored: dict[str, tuple[str, common_pb2.Decision]] = {}  # engine id → (pool key, decision)
         self._restored_at_s = 0.0
@@ -173,6 +176,17 @@ class FleetState:
 
     def engine(self, engine_id: str) -> EngineRecord | None:
         return self._engines.get(engine_id)
+
+    def outcomes_of(self, engine_id: str) -> OutcomeSummary | None:
+        """The measured latencies of the statistics an engine is decided from (its pool's, or its own while it
+        serves a distinct workload); None when unknown or when none were reported."""
+        record = self._engines.get(engine_id)
+        if record is None:
+            return None
+        if record.own is not None:
+            return record.own.outcomes.summary()
+        pool = self._pools.get(record.loop.hello.pool_key)
+        return pool.stats.outcomes.summary() if pool is not None else None
 
     def engines(self) -> Iterator[tuple[str, EngineRecord]]:
         return iter(list(self._engines.items()))
@@ -319,7 +333,8 @@ class FleetState:
                                                       batch.decode_requests, batch.duration_s),
                   running_lengths=None if held else batch.running_lengths,
                   running_counts=None if held else batch.running_counts,
-                  admitted_age_s=admitted_age_s, running_admitted_age_s=batch.running_admitted_age_s)
+                  admitted_age_s=admitted_age_s, running_admitted_age_s=batch.running_admitted_age_s,
+                  latencies=batch.latencies)
         if loop.is_due(now_s):
             self._decide(record, now_s, effects, trigger_traceparent=batch.traceparent)
         return effects
@@ -401,6 +416,10 @@ class FleetState:
             estimate = None
         intent = resolve_intent(self._overrides, engine_id=hello.engine_id, pool_key=hello.pool_key, now_s=now_s,
                                 default=self._default_intent)
+        tracker = self._trackers.get(hello.pool_key)
+        if tracker is not None and intent.delta_source == DeltaSource.DEFAULT:
+            intent = OperatorIntent(delta_s_per_token=tracker.delta_s_per_token, delta_source=DeltaSource.OBJECTIVE,
+                                    pin=intent.pin)
         started = self._timer() if self._timer is not None else 0.0
         outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
                               trigger_traceparent=trigger_traceparent)
@@ -445,9 +464,18 @@ class FleetState:
         return effects
 
     def set_overrides(self, records: list[operator_pb2.OverrideRecord], now_s: float) -> Effects:
-        """Replace the overrides held (every scope and kind) and re-decide every connected engine."""
+        """Replace the overrides held (every scope and kind), follow the pools' objectives (a new or changed
+        one is evaluated at once) and re-decide every connected engine."""
         self._overrides = list(records)
+        for key, pool in self._pools.items():
+            tracker = sync_tracker(self._trackers, self._overrides, key, now_s)
+            if tracker is not None:
+                tracker.evaluate(now_s, pool.stats.outcomes.total, force=True)
         return self.redecide_all(now_s)
+
+    def objective_of(self, key: str) -> ObjectiveTracker | None:
+        """The pool's objective loop (None: no objective in force for it)."""
+        return self._trackers.get(key)
 
     def set_calibration(self, key: str, costs: CostModel | None, now_s: float, *, refresh: bool = True) -> Effects:
         """Put (or with None, drop) a pool's calibration; with refresh, refit the pool and re-decide."""
@@ -511,6 +539,7 @@ class FleetState:
         pool.num_records -= 1
         if pool.num_records <= 0:
             del self._pools[key]
+            self._trackers.pop(key, None)
             effects.forgotten_pools.append(key)
 
     # ---- the pool exchange ----
@@ -554,4 +583,7 @@ class FleetState:
         estimate = pool.stats.refresh(now_s, calibration=self._calibrations.get(key))
         pool.stats.prune(now_s)
         pool.refreshed_bucket = end_bucket
+        tracker = sync_tracker(self._trackers, self._overrides, key, now_s)
+        if tracker is not None:
+            tracker.evaluate(now_s, pool.stats.outcomes.total)
         return estimate

@@ -6,6 +6,8 @@ servicer answers INVALID_ARGUMENT and counts the cause. Values inside well-forme
 true for this engine (a non-aborted request with 0 output tokens, a prompt longer than its
 max_model_len, a step with more tokens than its max_num_batched_tokens, a non-finite or absurd duration)
 are dropped and counted, and the rest of the batch is used: one bad value never poisons the pool.
+A Hello's support verdict (what the agent's probe of vLLM found) is refused whole when it is beyond the
+protocol's bounds: an unknown level, too many or too long internal names, control characters, a long detail.
 Error messages echo at most a bounded prefix of bad input (`protocol.bounded`).
 """
 
@@ -19,7 +21,16 @@ import numpy as np
 
 from controlplane.api.v1 import agent_pb2
 from controlplane.core.types import EngineLimits
-from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key, pool_name_problem
+from controlplane.protocol import (
+    MAX_SUPPORT_DETAIL_CHARS,
+    MAX_SUPPORT_MISSING,
+    MAX_SUPPORT_NAME_CHARS,
+    SUPPORT_LEVEL_NAMES,
+    bounded,
+    is_valid_engine_id,
+    make_pool_key,
+    pool_name_problem,
+)
 
 MAX_BATCH_EVENTS = 1_000_000
 MAX_NUM_SEQS = 1 << 20
@@ -32,6 +43,11 @@ MAX_TEXT_CHARS = 128
 MAX_RUNNING_BINS = 4096
 # An admission further back than this before its batch was sent is not believed (a week).
 MAX_ADMITTED_AGE_S = 7 * 86_400.0
+# A latency (time to first token, per output token, in the queue) beyond this is not believed (an hour).
+MAX_LATENCY_S = 3600.0
+# Arrival and admission stamps come from two processes of one engine (the API server, the engine core): an
+# admission up to this much before the arrival is clock jitter (counted as no wait), beyond it impossible.
+LATENCY_CLOCK_SLACK_S = 0.05
 
 
 class TelemetryError(ValueError):
@@ -44,7 +60,28 @@ class TelemetryError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class EngineSupport:
+    """What the agent's start-up probe of vLLM found (`AgentSupport`, validated).
+
+    level: "full" (decisions enforced), "degraded" (some internals missing, the agent enforces what the others
+      allow) or "stock" (the engine runs stock vLLM; the agent only reports).
+    missing: the internals missing or changed, as the agent names them ("Scheduler.max_num_active_reqs").
+    detail: one printable line (the problems the probe met).
+    """
+
+    level: str
+    missing: tuple[str, ...] = ()
+    detail: str = ""
+
+    @property
+    def stock(self) -> bool:
+        return self.level == "stock"
+
+
+@dataclass(frozen=True, slots=True)
 class EngineHello:
+    """A validated Hello. support: None when the agent did not report one (an agent older than the field)."""
+
     engine_id: str
     model: str
     accelerator: str
@@ -54,6 +91,7 @@ class EngineHello:
     block_size_tokens: int
     instance_id: str = ""
     instance_started_at_s: float = 0.0
+    support: EngineSupport | None = None
     pool_key: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,8 +112,36 @@ def _limit(field: str, value: int, *, low: int, high: int) -> int:
     return value
 
 
+def _support(hello: agent_pb2.Hello) -> EngineSupport | None:
+    """The Hello's support verdict (None when not sent), bounded: at most MAX_SUPPORT_MISSING names of 1 to
+    MAX_SUPPORT_NAME_CHARS printable characters, a detail of at most MAX_SUPPORT_DETAIL_CHARS printable ones, a
+    known level, and nothing missing at level full."""
+    if not hello.HasField("support"):
+        return None
+    support = hello.support
+    level = SUPPORT_LEVEL_NAMES.get(support.level)
+    if level is None:
+        raise TelemetryError("hello.support.level", f"must be full, degraded or stock, got {support.level}",
+                             cause="bad_hello")
+    if len(support.missing) > MAX_SUPPORT_MISSING:
+        raise TelemetryError("hello.support.missing", f"at most {MAX_SUPPORT_MISSING} entries, got "
+                             f"{len(support.missing)}", cause="bad_hello")
+    for index, name in enumerate(support.missing):
+        if not 0 < len(name) <= MAX_SUPPORT_NAME_CHARS or not name.isprintable():
+            raise TelemetryError(f"hello.support.missing[{index}]", f"must be 1 to {MAX_SUPPORT_NAME_CHARS} "
+                                 f"printable characters, got {bounded(name)}", cause="bad_hello")
+    if level == "full" and support.missing:
+        raise TelemetryError("hello.support.missing", "must be empty at level full", cause="bad_hello")
+    detail = support.detail
+    if len(detail) > MAX_SUPPORT_DETAIL_CHARS or not detail.isprintable():
+        raise TelemetryError("hello.support.detail", f"must be at most {MAX_SUPPORT_DETAIL_CHARS} printable "
+                             f"characters, got {bounded(detail)}", cause="bad_hello")
+    return EngineSupport(level=level, missing=tuple(support.missing), detail=detail)
+
+
 def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
-    """Raises TelemetryError (cause "bad_hello") for a malformed engine id, pool, limits or instance."""
+    """Raises TelemetryError (cause "bad_hello") for a malformed engine id, pool, limits, instance or support
+    verdict."""
     if not is_valid_engine_id(hello.engine_id):
         raise TelemetryError("hello.engine_id", f"must match [A-Za-z0-9._:-]{{1,128}}, got {bounded(hello.engine_id)}",
                              cause="bad_hello")
@@ -106,6 +172,7 @@ def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
         block_size_tokens=block_size,
         instance_id=_text("hello.instance_id", hello.instance_id),
         instance_started_at_s=hello.instance_started_at_s,
+        support=_support(hello),
     )
 
 
@@ -142,6 +209,20 @@ class ValidatedBatch:
     running_counts: np.ndarray
     admitted_age_s: np.ndarray = field(default_factory=lambda: _EMPTY)
     running_admitted_age_s: np.ndarray = field(default_factory=lambda: _EMPTY)
+    latencies: Latencies | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Latencies:
+    """The outcome latencies of a batch's finished (not aborted) requests, seconds, each column holding only
+    the values the engine's stamps give and that are possible (so the columns' sizes differ): time to first
+    token (first token − arrival), time per output token after the first ((finish − first token) / (outputs
+    − 1), requests of two tokens or more), and queue wait (first scheduled − arrival)."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    queue_s: np.ndarray
+    num_dropped: int  # stamps present but impossible (not finite, out of order, beyond MAX_LATENCY_S)
 
 
 def _same_length(prefix: str, names: tuple[str, ...], *columns: Sized) -> int:
@@ -212,6 +293,32 @@ def _running_admitted_ages(r: agent_pb2.RunningLengths, sent_at_s: float) -> np.
     return np.maximum(ages, 0.0)
 
 
+def _latencies(c: agent_pb2.Completions) -> Latencies:
+    """The latencies the completions' stamps give (see `Latencies`); a column not sent gives none."""
+    finished = ~np.asarray(c.aborted, dtype=bool)
+    arrival = np.asarray(c.arrival_time_s, dtype=np.float64) if len(c.arrival_time_s) else None
+    first = np.asarray(c.first_token_time_s, dtype=np.float64) if len(c.first_token_time_s) else None
+    admitted = np.asarray(c.admitted_time_s, dtype=np.float64) if len(c.admitted_time_s) else None
+    num_dropped = 0
+    columns = []
+    for start, end, per_tokens in ((arrival, first, None), (first, np.asarray(c.finish_time_s), True),
+                                   (arrival, admitted, None)):
+        if start is None or end is None:
+            columns.append(_EMPTY)
+            continue
+        rows = finished & ~np.isnan(start) & ~np.isnan(end)  # NaN: not stamped (never scheduled, no token)
+        value = end[rows] - start[rows]
+        if per_tokens:
+            tokens = np.asarray(c.output_tokens, dtype=np.float64)[rows] - 1.0
+            several = tokens >= 1
+            value = value[several] / tokens[several]
+        value = np.where((value < 0) & (value >= -LATENCY_CLOCK_SLACK_S), 0.0, value)
+        good = np.isfinite(value) & (value >= 0) & (value <= MAX_LATENCY_S)
+        num_dropped += int(value.size - np.count_nonzero(good))
+        columns.append(value[good])
+    return Latencies(ttft_s=columns[0], tpot_s=columns[1], queue_s=columns[2], num_dropped=num_dropped)
+
+
 def _usable_steps(s: agent_pb2.Steps, limits: EngineLimits) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                                      int]:
     """(prefill, decode tokens, decode requests, durations, num_dropped): the steps the cost fits may use."""
@@ -241,12 +348,19 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
     c = batch.completions
     _same_length("telemetry.completions", _COMPLETION_COLUMNS, c.prompt_tokens, c.output_tokens, c.finish_time_s,
                  c.aborted)
-    if len(c.admitted_time_s) and len(c.admitted_time_s) != len(c.output_tokens):
-        raise TelemetryError("telemetry.completions.admitted_time_s", f"must be empty or one per completion "
-                             f"({len(c.output_tokens)}), got {len(c.admitted_time_s)}")
+    for name in ("admitted_time_s", "arrival_time_s", "first_token_time_s"):
+        column = getattr(c, name)
+        if len(column) and len(column) != len(c.output_tokens):
+            raise TelemetryError(f"telemetry.completions.{name}", f"must be empty or one per completion "
+                                 f"({len(c.output_tokens)}), got {len(column)}")
     s = batch.steps
     _same_length("telemetry.steps", _STEP_COLUMNS, s.prefill_tokens, s.decode_tokens, s.decode_requests,
                  s.duration_s)
+    for name in ("mode", "budget_tokens"):
+        column = getattr(s, name)
+        if len(column) and len(column) != len(s.duration_s):
+            raise TelemetryError(f"telemetry.steps.{name}", f"must be empty or one per step ({len(s.duration_s)}), "
+                                 f"got {len(column)}")
     r = batch.running
     _same_length("telemetry.running", _RUNNING_COLUMNS, r.output_tokens, r.num_requests)
     if len(r.admitted_time_s) and len(r.admitted_time_s) != len(r.output_tokens):
@@ -268,6 +382,9 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
     prompts, outputs, admitted_ages, num_aborted, dropped = _usable_completions(c, max_len, batch.sent_at_s)
     prefill, decode_tok, decode_req, duration, dropped_steps = _usable_steps(s, limits)
     dropped += dropped_steps
+    latencies = _latencies(c) if len(c.arrival_time_s) or len(c.first_token_time_s) else None
+    if latencies is not None:
+        dropped += latencies.num_dropped
 
     scheduler = batch.scheduler
     num_running: int | None = scheduler.num_running_prefills + scheduler.num_running_decodes
@@ -299,4 +416,5 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
         running_counts=run_counts,
         admitted_age_s=admitted_ages,
         running_admitted_age_s=run_ages,
+        latencies=latencies,
     )

@@ -6,6 +6,7 @@ import math
 
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, Mode, ModePin, OperatorIntent
+from controlplane.loop.objective import objective_problem
 from controlplane.protocol import pool_key_of
 
 PIN_TO_MODE = {operator_pb2.PINNED_MODE_MB: Mode.MB, operator_pb2.PINNED_MODE_EB: Mode.EB,
@@ -60,7 +61,8 @@ MAX_REASON_CHARS = 1024
 MAX_EXPIRES_IN_S = 10 * 366 * 24 * 3600.0
 PINNABLE_MODES = (operator_pb2.PINNED_MODE_MB, operator_pb2.PINNED_MODE_EB, operator_pb2.PINNED_MODE_PASSTHROUGH,
                   operator_pb2.PINNED_MODE_ADVISORY)
-OVERRIDE_KINDS = (operator_pb2.OVERRIDE_KIND_DELTA, operator_pb2.OVERRIDE_KIND_PIN)
+OVERRIDE_KINDS = (operator_pb2.OVERRIDE_KIND_DELTA, operator_pb2.OVERRIDE_KIND_PIN,
+                  operator_pb2.OVERRIDE_KIND_OBJECTIVE)
 
 
 class OverrideError(ValueError):
@@ -88,7 +90,7 @@ def check_reason(reason: str) -> None:
 
 def check_kind(kind: int) -> None:
     if kind not in OVERRIDE_KINDS:
-        raise OverrideError("kind must be OVERRIDE_KIND_DELTA or OVERRIDE_KIND_PIN")
+        raise OverrideError("kind must be OVERRIDE_KIND_DELTA, OVERRIDE_KIND_PIN or OVERRIDE_KIND_OBJECTIVE")
 
 
 def check_override(record: operator_pb2.OverrideRecord, *, now_s: float) -> None:
@@ -97,7 +99,14 @@ def check_override(record: operator_pb2.OverrideRecord, *, now_s: float) -> None
     expiry in the past or beyond MAX_EXPIRES_IN_S, a reason that is not printable text. The scope is checked
     by its key (`store.keys.scope_key`)."""
     check_kind(record.kind)
-    if record.kind == operator_pb2.OVERRIDE_KIND_DELTA:
+    if record.kind == operator_pb2.OVERRIDE_KIND_OBJECTIVE:
+        if record.scope.kind == operator_pb2.SCOPE_KIND_ENGINE:
+            raise OverrideError("an objective applies to a pool or to the fleet (each pool on its own): one "
+                                "engine's latencies are not measured apart from its pool's")
+        problem = objective_problem(record.objective)
+        if problem is not None:
+            raise OverrideError(problem)
+    elif record.kind == operator_pb2.OVERRIDE_KIND_DELTA:
         value = record.delta_s_per_token
         if not (math.isfinite(value) and abs(value) <= DELTA_LIMIT_S_PER_TOKEN):
             raise OverrideError(f"delta_s_per_token must be finite and within ±{DELTA_LIMIT_S_PER_TOKEN} s/token, "

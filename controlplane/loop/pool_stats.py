@@ -75,6 +75,8 @@ from controlplane.loop.buckets import (
 )
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.estimate import Cohort, PoolEstimate, Window
+from controlplane.loop.ingest import Latencies
+from controlplane.loop.outcomes import OUTCOME_WINDOW_S, OutcomeWindow
 from controlplane.loop.shift_tracker import PRE_BUCKETS, REWIND_BUCKETS, PoolShift, ShiftTracker
 
 # Engines whose first running report a pool keeps for its running-only floor (a pool with more engines and
@@ -113,6 +115,8 @@ class PoolStatistics:
         self._entered: dict[str, LengthHistogram] | None = {}
         # The latest change point `_cohort_start` found, with what it was found from.
         self._change_point: tuple[tuple, int] | None = None
+        # The latencies of the last OUTCOME_WINDOW_S of closed buckets, every replica's.
+        self.outcomes = OutcomeWindow(max(1, math.ceil(OUTCOME_WINDOW_S / config.bucket_s)), config.bucket_s)
 
     # ---- time ----
 
@@ -131,7 +135,8 @@ class PoolStatistics:
     def add(self, now_s: float, *, prompts: np.ndarray, outputs: np.ndarray, steps: StepColumns | None,
             engine_id: str = "", running_lengths: np.ndarray | None = None,
             running_counts: np.ndarray | None = None, admitted_age_s: np.ndarray | None = None,
-            running_admitted_age_s: np.ndarray | None = None) -> tuple[BucketStats, int] | None:
+            running_admitted_age_s: np.ndarray | None = None,
+            latencies: Latencies | None = None) -> tuple[BucketStats, int] | None:
         """Add one engine's validated completions and steps at now_s (O(1): the arrays are kept).
 
         running_lengths / running_counts: the engine's running requests as a histogram of their output
@@ -142,6 +147,8 @@ class PoolStatistics:
         than the outputs': not known, and the bucket's admissions are then unknown).
         running_admitted_age_s: the same per running entry, with running_lengths (a size other than the
         entries', or empty with entries: not known).
+        latencies: the batch's finished requests' latencies (None: the engine reports no latency stamps); on
+        probation too (an engine's latencies are outcomes of the pool whatever its lengths are judged to be).
 
         Returns the bucket this call closed (with its id) when now_s is past the open bucket, for publishing.
         Steps whose duration is far from the current estimate's cost model are kept out of the cost sums
@@ -171,6 +178,8 @@ class PoolStatistics:
                 bucket.admission_known = False
                 admitted = np.zeros(outputs.size)
             bucket.add_completions(engine_id, prompts, outputs, admitted)
+        if latencies is not None:
+            bucket.add_latencies(engine_id, latencies.ttft_s, latencies.tpot_s, latencies.queue_s)
         if steps is not None and steps.duration_s.size:
             size = steps.duration_s.size
             if size > MAX_STEPS_PER_BATCH:
@@ -203,6 +212,8 @@ class PoolStatistics:
                              admitted_running_sum(reports, admitted, bucket.bucket_id))
         self._buckets.setdefault(bucket.bucket_id, {})[self.replica_id] = stats
         self._note_completions(stats)
+        if stats.latencies is not None:
+            self.outcomes.put(bucket.bucket_id, self.replica_id, stats.latencies)
         return stats, bucket.bucket_id
 
     def _note_completions(self, stats: BucketStats) -> None:
@@ -214,6 +225,8 @@ class PoolStatistics:
         if replica_id != self.replica_id:
             self._buckets.setdefault(bucket_id, {})[replica_id] = stats
             self._note_completions(stats)
+            if stats.latencies is not None:
+                self.outcomes.put(bucket_id, replica_id, stats.latencies)
 
     def seed(self, stats: BucketStats, *, now_s: float) -> None:
         """Warm start: a persisted window of this pool (`last_window` of an earlier run) stands in as the
@@ -530,6 +543,7 @@ class PoolStatistics:
         (kept as `self.estimate`)."""
         end_bucket = self.estimate_bucket(now_s)
         self.close_due(now_s)
+        self.outcomes.advance(end_bucket)
         shifts = self._shifts
         if shifts is not None:
             shifts.advance(end_bucket, first_bucket=self.oldest_bucket(end_bucket), replicas_of=self._replicas_of,

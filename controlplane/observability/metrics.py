@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from controlplane.api.v1 import common_pb2
 from controlplane.observability.engine_series import COLUMN, DECISION_SLICE, EngineSeries
+from controlplane.observability.latency_histograms import PoolLatencyHistograms
 from controlplane.protocol import MODE_CODES, split_version
 
 _ACKED_SEQUENCE, _TELEMETRY_AGE = COLUMN["cp_engine_acked_sequence"], COLUMN["cp_engine_telemetry_age_seconds"]
@@ -30,6 +31,11 @@ class ControllerMetrics:
         r = self.registry
         # ---- ingest ----
         self.connected_engines = Gauge("cp_connected_engines", "Engines with an open agent stream", registry=r)
+        self.engines_by_support = Gauge(
+            "cp_engines_by_support", "Engines with an open agent stream on this replica, by pool and by what their "
+            "agent's probe of vLLM found: level full, degraded, stock (the engine runs stock vLLM), or unreported "
+            "(an agent that does not say)", ["pool", "level"], registry=r)
+        self._support_counts: dict[tuple[str, str], int] = {}
         self.batches = Counter("cp_telemetry_batches_total", "Telemetry batches by result", ["result"], registry=r)
         self.events = Counter("cp_telemetry_events_total", "Telemetry events (completions, steps) by result",
                               ["kind", "result"], registry=r)
@@ -74,6 +80,14 @@ class ControllerMetrics:
         self.pool_buckets_unreadable = Counter(
             "cp_pool_buckets_unreadable_total", "Other replicas' pool-statistics buckets this replica could not "
             "read and left out (each bucket once; e.g. a replica writing a newer format)", ["pool"], registry=r)
+        self.pool_objective_state = Gauge(
+            "cp_pool_objective_state", "The pool's latency objective: 1 no latency data, 2 meeting, 3 adjusting, "
+            "4 infeasible (the engines cannot reach it at this load); absent without an objective", ["pool"],
+            registry=r)
+        self.pool_objective_delta = Gauge("cp_pool_objective_delta_s_per_token", "δ the pool's objective loop sets "
+                                          "(an explicit δ override or pin wins over it)", ["pool"], registry=r)
+        self.pool_latencies = PoolLatencyHistograms()
+        r.register(self.pool_latencies)
         # ---- operators ----
         self.overrides_in_force = Gauge("cp_overrides_in_force", "Overrides in force by kind and scope kind",
                                         ["kind", "scope_kind"], registry=r)
@@ -110,6 +124,19 @@ class ControllerMetrics:
         same_epoch = acked_epoch == split_version(decision.version)[0]
         self.engine_series.row(engine_id, pool_key)[_ACKED_SEQUENCE] = acked_sequence if same_epoch else -1
 
+    def count_support(self, pool: str, level: str, delta: int) -> None:
+        """An agent stream of `pool` with this support level opened (+1) or ended (-1); a series back at 0 is
+        removed (the label set stays bounded by the pools and levels connected now)."""
+        key = (pool, level)
+        count = self._support_counts.get(key, 0) + delta
+        if count > 0:
+            self._support_counts[key] = count
+            self.engines_by_support.labels(pool=pool, level=level).set(count)
+            return
+        self._support_counts.pop(key, None)
+        with contextlib.suppress(KeyError):
+            self.engines_by_support.remove(pool, level)
+
     def show_telemetry_age(self, engine_id: str, pool_key: str, age_s: float) -> None:
         self.engine_series.row(engine_id, pool_key)[_TELEMETRY_AGE] = age_s
 
@@ -129,9 +156,10 @@ class ControllerMetrics:
         """Remove a forgotten pool's series."""
         for gauge in (self.pool_engines, self.pool_theta_star, self.pool_theta0, self.pool_p0, self.pool_mu_o,
                       self.pool_mu_l, self.pool_samples, self.pool_excluded_engines, self.pool_shifts,
-                      self.pool_buckets_unreadable):
+                      self.pool_buckets_unreadable, self.pool_objective_state, self.pool_objective_delta):
             with contextlib.suppress(KeyError):
                 gauge.remove(pool)
+        self.pool_latencies.forget(pool)
 
     def exposition(self) -> bytes:
         """Every series in the Prometheus text format: the registry's, with the per-engine table rendered

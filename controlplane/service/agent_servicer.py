@@ -7,6 +7,11 @@ Deadlines: the Hello must arrive within HELLO_TIMEOUT_S of the stream's opening 
 `cp_streams_awaiting_hello`); a stream that then sends nothing for STREAM_IDLE_TIMEOUT_S (the agent's idle
 heartbeat is an empty batch every batch interval, at most 60 s) is closed by the controller's tick.
 
+Support (Hello.support, what the agent's probe of vLLM found): streams are counted by pool and level in
+`cp_engines_by_support`. An engine whose verdict is stock runs stock vLLM and applies nothing: the controller
+decides for it as for any engine (the decision is stored and shown: what it would run), but the response side
+sends it no decision, so none is NACKed or counted as rejected. Its empty batches keep the stream open.
+
 Every rejection ends the stream with a status naming the field and is counted by cause
 (`cp_rejections_total{cause}`): hello_timeout, too_many_awaiting_hello (a peer address with
 MAX_AWAITING_HELLO_PER_PEER streams already waiting), no_hello, bad_hello, refused (identity/fencing),
@@ -35,6 +40,8 @@ HELLO_TIMEOUT_S = 5.0
 # Streams of one peer address that may wait for their Hello at once: a fleet restarting behind one NAT opens
 # hundreds at a time; a client opening streams and sending nothing is refused past this.
 MAX_AWAITING_HELLO_PER_PEER = 1024
+# Internals of a stock engine named in its connection's log line at most.
+_NAMES_LOGGED = 8
 
 
 def peer_host(peer: str) -> str:
@@ -100,14 +107,25 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await self._reject(context, exc.code, "refused", str(exc))
         failure: list[TelemetryError] = []
         reader = asyncio.create_task(self._read(session, request_iterator, failure))
-        logger.info("engine %s connected (pool %s, instance %s)", hello.engine_id, hello.pool_key,
-                    hello.instance_id or "-")
+        support = hello.support
+        level = support.level if support is not None else "unreported"
+        self._metrics.count_support(hello.pool_key, level, +1)
+        logger.info("engine %s connected (pool %s, instance %s, vLLM %s %s)", hello.engine_id, hello.pool_key,
+                    hello.instance_id or "-", hello.vllm_version or "-", level)
+        # A stock engine applies no decision: its decisions are made, kept and shown like any engine's, but not
+        # sent (never NACKed, never counted as rejected).
+        stock = support is not None and support.stock
+        if stock:
+            named = ", ".join(support.missing[:_NAMES_LOGGED]) + (", …" if len(support.missing) > _NAMES_LOGGED else "")
+            logger.warning("engine %s runs stock vLLM %s: its agent's probe found %s missing or changed; its "
+                           "decisions are not sent", hello.engine_id, hello.vllm_version or "-", named or "internals")
         try:
             while True:
                 decision = await session.mailbox.get()
                 if decision is None:
                     break
-                yield agent_pb2.ControllerMessage(decision=decision)
+                if not stock:
+                    yield agent_pb2.ControllerMessage(decision=decision)
             if failure:
                 exc = failure[0]
                 self._metrics.batches.labels(result="rejected").inc()
@@ -120,6 +138,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             self._controller.close_stream(session)
+            self._metrics.count_support(hello.pool_key, level, -1)
             logger.info("engine %s disconnected", hello.engine_id)
 
     async def _read(self, session: Session, messages: AsyncIterator[agent_pb2.AgentMessage],

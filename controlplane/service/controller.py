@@ -45,6 +45,7 @@ from controlplane.service.store_health import StoreHealth
 from controlplane.service.watchers import Pushed, Watchers
 from controlplane.service.writer import DecisionWriter
 from controlplane.store import Store, StoreUnavailable, pool_key, scope_key
+from controlplane.store.keys import override_kind_name
 from controlplane.store.records import record_json
 
 logger = logging.getLogger(__name__)
@@ -387,7 +388,7 @@ class Controller:
         shown = []
         for r in self.overrides():
             with contextlib.suppress(ValueError):  # a scope no valid request has (an older release's record)
-                shown.append(("delta" if r.kind == operator_pb2.OVERRIDE_KIND_DELTA else "pin",
+                shown.append((override_kind_name(r.kind),
                               operator_pb2.ScopeKind.Name(r.scope.kind).removeprefix("SCOPE_KIND_").lower(),
                               scope_key(r.scope), r.expires_at_s))
         self._metrics.show_overrides(shown)

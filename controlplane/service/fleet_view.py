@@ -12,12 +12,23 @@ replica of another version may write fewer fields.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.loop.fleet import EngineRecord, FleetState
-from controlplane.protocol import pool_key_of
+from controlplane.loop.ingest import EngineSupport
+from controlplane.loop.objective import ObjectiveTracker
+from controlplane.loop.outcomes import OutcomeSummary
+from controlplane.protocol import (
+    MAX_SUPPORT_DETAIL_CHARS,
+    MAX_SUPPORT_MISSING,
+    MAX_SUPPORT_NAME_CHARS,
+    SUPPORT_LEVEL_FROM_NAME,
+    SUPPORT_LEVEL_NAMES,
+    pool_key_of,
+)
 from controlplane.store.cooperative import map_yielding
 
 _LIMITS = ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size_tokens", "max_model_len_tokens")
@@ -37,7 +48,35 @@ def registry_fields(info: operator_pb2.EngineInfo, *, now_s: float) -> dict[str,
         "limits": ",".join(str(getattr(info.limits, name)) for name in _LIMITS),
     }
     fields.update({name: str(getattr(info, name)) for name in _COUNTS})
+    if info.HasField("support") and info.support.level in SUPPORT_LEVEL_NAMES:
+        fields["support"] = json.dumps({"level": SUPPORT_LEVEL_NAMES[info.support.level],
+                                        "missing": list(info.support.missing), "detail": info.support.detail})
     return fields
+
+
+def support_message(support: EngineSupport | None) -> agent_pb2.AgentSupport | None:
+    """The wire form of a validated support verdict (None: not reported)."""
+    if support is None:
+        return None
+    return agent_pb2.AgentSupport(level=SUPPORT_LEVEL_FROM_NAME[support.level], missing=support.missing,
+                                  detail=support.detail)
+
+
+def _registry_support(text: str | None) -> agent_pb2.AgentSupport | None:
+    """The "support" field of a registry entry (JSON written by `registry_fields`); None when absent or not
+    readable (a replica of another version), cut to the protocol's bounds."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        level = SUPPORT_LEVEL_FROM_NAME[data["level"]]
+        missing, detail = data.get("missing", []), data.get("detail", "")
+        if not isinstance(missing, list) or not isinstance(detail, str):
+            return None
+        missing = [str(name)[:MAX_SUPPORT_NAME_CHARS] for name in missing[:MAX_SUPPORT_MISSING]]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return agent_pb2.AgentSupport(level=level, missing=missing, detail=detail[:MAX_SUPPORT_DETAIL_CHARS])
 
 
 def _int(text: str | None) -> int:
@@ -68,6 +107,9 @@ def engine_info_from_registry(engine_id: str, fields: Mapping[str, str], *, now_
     if len(limits) == len(_LIMITS):
         for name, value in zip(_LIMITS, limits, strict=True):
             setattr(info.limits, name, _int(value))
+    support = _registry_support(fields.get("support"))
+    if support is not None:
+        info.support.CopyFrom(support)
     return info
 
 
@@ -134,6 +176,9 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
                 view.latest.flags.append("engine_excluded_from_pool")
             if record.decided_from_own:
                 view.latest.flags.append("engine_decided_from_own_statistics")
+        summary, tracker = fleet.outcomes_of(engine_id), fleet.objective_of(loop.hello.pool_key)
+        if summary is not None or tracker is not None:
+            view.outcomes.CopyFrom(outcomes_message(summary, tracker))
         return view
     restored = fleet.restored.get(engine_id)
     if restored is not None:
@@ -141,6 +186,25 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
         pool = common_pb2.Pool(model=model, accelerator=accelerator)
         return operator_pb2.DecisionView(engine_id=engine_id, pool=pool, decision=restored[1])
     return None
+
+
+def outcomes_message(summary: OutcomeSummary | None, tracker: ObjectiveTracker | None) -> operator_pb2.PoolOutcomes:
+    """The wire form of a pool's measured latencies (None: none reported) and of its objective's loop."""
+    message = operator_pb2.PoolOutcomes()
+    if tracker is not None:
+        message.objective.CopyFrom(tracker.objective)
+        message.objective_state = tracker.state
+        message.objective_detail = tracker.detail
+    if summary is None:
+        return message
+    message.window_s = summary.window_s
+    for name in ("ttft", "tpot", "queue"):
+        quantiles = getattr(summary, name)
+        if quantiles.num_requests:
+            getattr(message, name).CopyFrom(operator_pb2.LatencyQuantiles(
+                num_requests=quantiles.num_requests, p50_s=quantiles.p50_s, p90_s=quantiles.p90_s,
+                p99_s=quantiles.p99_s, mean_s=quantiles.mean_s))
+    return message
 
 
 def engine_info(fleet: FleetState, engine_id: str, record: EngineRecord, *, now_s: float) -> operator_pb2.EngineInfo:
@@ -160,6 +224,7 @@ def engine_info(fleet: FleetState, engine_id: str, record: EngineRecord, *, now_
         num_completions=loop.num_completions, num_rejected_events=loop.num_rejected_events,
         num_sequence_gaps=loop.num_sequence_gaps, controller_id=fleet.replica_id,
         instance_id=hello.instance_id, excluded_from_pool=loop.excluded_from_pool,
+        support=support_message(hello.support),
     )
 
 

@@ -29,6 +29,7 @@ from controlplane.service.read_gate import ReadGate
 from controlplane.service.scopes import scope_is_known, unknown_scope_warning
 from controlplane.store import Store, StoreUnavailable, pool_key, scope_key
 from controlplane.store.cooperative import map_yielding
+from controlplane.store.keys import override_kind_name
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,16 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         return with_warnings(stored, [*await self._scope_warnings(request.scope),
                                       *pin_warnings(request, self._controller.engine_infos())])
 
+    async def SetObjective(self, request: operator_pb2.SetObjectiveRequest,  # noqa: N802
+                           context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
+        await _check_scope(context, request.scope)
+        record = operator_pb2.OverrideRecord(
+            scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_OBJECTIVE, objective=request.objective,
+            expires_at_s=await self._expiry(context, request.expires_in_s), reason=request.reason,
+        )
+        stored = await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
+        return with_warnings(stored, await self._scope_warnings(request.scope))
+
     async def ClearOverride(self, request: operator_pb2.ClearOverrideRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
         await _check_scope(context, request.scope)
@@ -106,7 +117,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         key = scope_key(request.scope)
         in_force = await self._in_force(context)
         if not any(r.kind == request.kind and scope_key(r.scope) == key for r in in_force):
-            kind = "delta" if request.kind == operator_pb2.OVERRIDE_KIND_DELTA else "pin"
+            kind = override_kind_name(request.kind)
             await _abort(context, grpc.StatusCode.NOT_FOUND, f"no {kind} override in force at scope {bounded(key)}")
         cleared = await self._change(context, self._controller.clear_override(
             request.scope, request.kind, actor=self._actor(context), reason=request.reason))

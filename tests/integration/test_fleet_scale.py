@@ -14,6 +14,7 @@ import pytest
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.core.types import EngineLimits, PolicyConfig
+from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.ingest import EngineHello, validate_batch
 from controlplane.observability.metrics import ControllerMetrics
@@ -227,7 +228,13 @@ async def test_a_pool_warm_starts_from_its_persisted_statistics(redis_url: str) 
             operator_pb2.PutCalibrationRequest(calibration=calibration_for(POOL)))
         agent, decision = await warm_engine(channel, "engine-w", POOL, seed=12)
         assert decision.mode == common_pb2.MODE_EB
-        await asyncio.sleep(1.5)  # a snapshot is written
+        store = create_store(redis_url)
+        for _ in range(200):  # a snapshot of the whole window is written (every 0.5 s; later under load)
+            payload = await store.get_pool_snapshot(f"{POOL.model}|{POOL.accelerator}")
+            if payload is not None and BucketStats.from_bytes(payload).outputs.count >= 2000:
+                break
+            await asyncio.sleep(0.1)
+        await store.close()
         await agent.close()
     await asyncio.sleep(loop.max_window_s + 2.0)  # every bucket is now too old to enter a window
     async with running_controller(config) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:

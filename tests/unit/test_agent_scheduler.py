@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -49,17 +48,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def agent_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The agent on, its controller unreachable (a closed port); returns the report path."""
+def agent_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, unreachable_port: int) -> Path:
+    """The agent on, its controller unreachable (a port that refuses); returns the report path."""
     report = tmp_path / "agent_report.json"
-    monkeypatch.setenv("CP_CONTROLLER_ADDRESS", f"127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("CP_CONTROLLER_ADDRESS", f"127.0.0.1:{unreachable_port}")
     monkeypatch.setenv("CP_ENGINE_ID", "unit-engine")
     monkeypatch.setenv("CP_POOL_MODEL", "tiny")
     monkeypatch.setenv("CP_POOL_ACCELERATOR", "cpu")

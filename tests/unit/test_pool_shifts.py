@@ -90,7 +90,7 @@ def test_a_bucket_carries_its_running_requests_and_admissions_and_older_formats_
     stats = BucketStats(outputs=outputs, prompt_count=4, prompt_sum_tokens=1200.0, costs=CostSums(), running=running,
                         admitted_outputs=admitted, admitted_running=admitted_running)
     payload = stats.to_bytes()
-    assert payload[:4] == b"CPB3"
+    assert payload[:4] == b"CPB4"
     restored = BucketStats.from_bytes(payload)
     assert restored.running is not None and restored.running.lengths.tolist() == [3, 40]
     assert restored.running.counts.tolist() == [2, 5] and restored.outputs.count == 4
@@ -101,6 +101,11 @@ def test_a_bucket_carries_its_running_requests_and_admissions_and_older_formats_
     unknown = BucketStats.from_bytes(BucketStats(outputs=outputs, prompt_count=4, prompt_sum_tokens=1200.0,
                                                  costs=CostSums()).to_bytes())
     assert unknown.running is None and unknown.admitted_outputs is None and unknown.admitted_running is None
+    # The v3 layout: admissions, no latencies (v4's header less its latency fields).
+    v3 = b"CPB3" + payload[4:struct.calcsize("<4sqdIBIBIBI")] + payload[struct.calcsize("<4sqdIBIBIBIBI"):]
+    third = BucketStats.from_bytes(v3)
+    assert third.admitted_outputs is not None and third.admitted_outputs.since(10).counts.tolist() == [1, 2]
+    assert third.latencies is None
     hist, run = outputs.to_bytes(), running.to_bytes()
     costs = CostSums().to_array().astype("<f8").tobytes()
     # The v2 layout (what replicas of the previous release publish): running requests, no admissions.
@@ -111,7 +116,7 @@ def test_a_bucket_carries_its_running_requests_and_admissions_and_older_formats_
     v1 = struct.pack("<4sqdI", b"CPB1", 4, 1200.0, len(hist)) + hist + costs
     old = BucketStats.from_bytes(v1)
     assert old.running is None and old.outputs.count == 4 and old.prompt_sum_tokens == 1200.0
-    for garbage in (b"CPB3", payload[:-3], payload[:4] + b"\xff" * 50, v1[:10], v2[:-3]):
+    for garbage in (b"CPB4", b"CPB3", payload[:-3], payload[:4] + b"\xff" * 50, v1[:10], v2[:-3]):
         with pytest.raises(ValueError):
             BucketStats.from_bytes(garbage)
 

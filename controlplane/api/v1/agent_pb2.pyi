@@ -1,11 +1,23 @@
 from controlplane.api.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SupportLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SUPPORT_LEVEL_UNSPECIFIED: _ClassVar[SupportLevel]
+    SUPPORT_LEVEL_FULL: _ClassVar[SupportLevel]
+    SUPPORT_LEVEL_DEGRADED: _ClassVar[SupportLevel]
+    SUPPORT_LEVEL_STOCK: _ClassVar[SupportLevel]
+SUPPORT_LEVEL_UNSPECIFIED: SupportLevel
+SUPPORT_LEVEL_FULL: SupportLevel
+SUPPORT_LEVEL_DEGRADED: SupportLevel
+SUPPORT_LEVEL_STOCK: SupportLevel
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "telemetry", "ack")
@@ -38,7 +50,7 @@ class EngineLimits(_message.Message):
     def __init__(self, max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., max_model_len_tokens: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits", "instance_id", "instance_started_at_s")
+    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits", "instance_id", "instance_started_at_s", "support")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +58,7 @@ class Hello(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_STARTED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    SUPPORT_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     pool: _common_pb2.Pool
     vllm_version: str
@@ -53,33 +66,52 @@ class Hello(_message.Message):
     limits: EngineLimits
     instance_id: str
     instance_started_at_s: float
-    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[EngineLimits, _Mapping]] = ..., instance_id: _Optional[str] = ..., instance_started_at_s: _Optional[float] = ...) -> None: ...
+    support: AgentSupport
+    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[EngineLimits, _Mapping]] = ..., instance_id: _Optional[str] = ..., instance_started_at_s: _Optional[float] = ..., support: _Optional[_Union[AgentSupport, _Mapping]] = ...) -> None: ...
+
+class AgentSupport(_message.Message):
+    __slots__ = ("level", "missing", "detail")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    level: SupportLevel
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    detail: str
+    def __init__(self, level: _Optional[_Union[SupportLevel, str]] = ..., missing: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Completions(_message.Message):
-    __slots__ = ("prompt_tokens", "output_tokens", "finish_time_s", "aborted", "admitted_time_s")
+    __slots__ = ("prompt_tokens", "output_tokens", "finish_time_s", "aborted", "admitted_time_s", "arrival_time_s", "first_token_time_s")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_TIME_S_FIELD_NUMBER: _ClassVar[int]
     ABORTED_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_TIME_S_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     output_tokens: _containers.RepeatedScalarFieldContainer[int]
     finish_time_s: _containers.RepeatedScalarFieldContainer[float]
     aborted: _containers.RepeatedScalarFieldContainer[bool]
     admitted_time_s: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., output_tokens: _Optional[_Iterable[int]] = ..., finish_time_s: _Optional[_Iterable[float]] = ..., aborted: _Optional[_Iterable[bool]] = ..., admitted_time_s: _Optional[_Iterable[float]] = ...) -> None: ...
+    arrival_time_s: _containers.RepeatedScalarFieldContainer[float]
+    first_token_time_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., output_tokens: _Optional[_Iterable[int]] = ..., finish_time_s: _Optional[_Iterable[float]] = ..., aborted: _Optional[_Iterable[bool]] = ..., admitted_time_s: _Optional[_Iterable[float]] = ..., arrival_time_s: _Optional[_Iterable[float]] = ..., first_token_time_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Steps(_message.Message):
-    __slots__ = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s")
+    __slots__ = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s", "mode", "budget_tokens")
     PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prefill_tokens: _containers.RepeatedScalarFieldContainer[int]
     decode_tokens: _containers.RepeatedScalarFieldContainer[int]
     decode_requests: _containers.RepeatedScalarFieldContainer[int]
     duration_s: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, prefill_tokens: _Optional[_Iterable[int]] = ..., decode_tokens: _Optional[_Iterable[int]] = ..., decode_requests: _Optional[_Iterable[int]] = ..., duration_s: _Optional[_Iterable[float]] = ...) -> None: ...
+    mode: _containers.RepeatedScalarFieldContainer[_common_pb2.Mode]
+    budget_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prefill_tokens: _Optional[_Iterable[int]] = ..., decode_tokens: _Optional[_Iterable[int]] = ..., decode_requests: _Optional[_Iterable[int]] = ..., duration_s: _Optional[_Iterable[float]] = ..., mode: _Optional[_Iterable[_Union[_common_pb2.Mode, str]]] = ..., budget_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SchedulerState(_message.Message):
     __slots__ = ("num_running_prefills", "num_running_decodes", "num_waiting", "largest_remaining_prefill_tokens")

@@ -29,6 +29,15 @@ class OverrideKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OVERRIDE_KIND_UNSPECIFIED: _ClassVar[OverrideKind]
     OVERRIDE_KIND_DELTA: _ClassVar[OverrideKind]
     OVERRIDE_KIND_PIN: _ClassVar[OverrideKind]
+    OVERRIDE_KIND_OBJECTIVE: _ClassVar[OverrideKind]
+
+class ObjectiveState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OBJECTIVE_STATE_UNSPECIFIED: _ClassVar[ObjectiveState]
+    OBJECTIVE_STATE_NO_LATENCY_DATA: _ClassVar[ObjectiveState]
+    OBJECTIVE_STATE_MEETING: _ClassVar[ObjectiveState]
+    OBJECTIVE_STATE_ADJUSTING: _ClassVar[ObjectiveState]
+    OBJECTIVE_STATE_INFEASIBLE: _ClassVar[ObjectiveState]
 SCOPE_KIND_UNSPECIFIED: ScopeKind
 SCOPE_KIND_FLEET: ScopeKind
 SCOPE_KIND_POOL: ScopeKind
@@ -41,6 +50,12 @@ PINNED_MODE_ADVISORY: PinnedMode
 OVERRIDE_KIND_UNSPECIFIED: OverrideKind
 OVERRIDE_KIND_DELTA: OverrideKind
 OVERRIDE_KIND_PIN: OverrideKind
+OVERRIDE_KIND_OBJECTIVE: OverrideKind
+OBJECTIVE_STATE_UNSPECIFIED: ObjectiveState
+OBJECTIVE_STATE_NO_LATENCY_DATA: ObjectiveState
+OBJECTIVE_STATE_MEETING: ObjectiveState
+OBJECTIVE_STATE_ADJUSTING: ObjectiveState
+OBJECTIVE_STATE_INFEASIBLE: ObjectiveState
 
 class Scope(_message.Message):
     __slots__ = ("kind", "pool", "engine_id")
@@ -80,6 +95,38 @@ class PinModeRequest(_message.Message):
     reason: str
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., mode: _Optional[_Union[PinnedMode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., expires_in_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class LatencyObjective(_message.Message):
+    __slots__ = ("ttft_quantile", "ttft_target_s", "tpot_quantile", "tpot_target_s", "delta_min_s_per_token", "delta_max_s_per_token", "budget_min_tokens", "budget_max_tokens")
+    TTFT_QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    TTFT_TARGET_S_FIELD_NUMBER: _ClassVar[int]
+    TPOT_QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    TPOT_TARGET_S_FIELD_NUMBER: _ClassVar[int]
+    DELTA_MIN_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DELTA_MAX_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ttft_quantile: float
+    ttft_target_s: float
+    tpot_quantile: float
+    tpot_target_s: float
+    delta_min_s_per_token: float
+    delta_max_s_per_token: float
+    budget_min_tokens: int
+    budget_max_tokens: int
+    def __init__(self, ttft_quantile: _Optional[float] = ..., ttft_target_s: _Optional[float] = ..., tpot_quantile: _Optional[float] = ..., tpot_target_s: _Optional[float] = ..., delta_min_s_per_token: _Optional[float] = ..., delta_max_s_per_token: _Optional[float] = ..., budget_min_tokens: _Optional[int] = ..., budget_max_tokens: _Optional[int] = ...) -> None: ...
+
+class SetObjectiveRequest(_message.Message):
+    __slots__ = ("scope", "objective", "expires_in_s", "reason")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    objective: LatencyObjective
+    expires_in_s: float
+    reason: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., objective: _Optional[_Union[LatencyObjective, _Mapping]] = ..., expires_in_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class ClearOverrideRequest(_message.Message):
     __slots__ = ("scope", "kind", "reason")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
@@ -91,7 +138,7 @@ class ClearOverrideRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., kind: _Optional[_Union[OverrideKind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OverrideRecord(_message.Message):
-    __slots__ = ("scope", "kind", "delta_s_per_token", "mode", "k", "n", "expires_at_s", "set_by", "set_at_s", "reason", "cleared", "warnings")
+    __slots__ = ("scope", "kind", "delta_s_per_token", "mode", "k", "n", "expires_at_s", "set_by", "set_at_s", "reason", "cleared", "warnings", "objective")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     DELTA_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +151,7 @@ class OverrideRecord(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     CLEARED_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     kind: OverrideKind
     delta_s_per_token: float
@@ -116,7 +164,8 @@ class OverrideRecord(_message.Message):
     reason: str
     cleared: bool
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., kind: _Optional[_Union[OverrideKind, str]] = ..., delta_s_per_token: _Optional[float] = ..., mode: _Optional[_Union[PinnedMode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., expires_at_s: _Optional[float] = ..., set_by: _Optional[str] = ..., set_at_s: _Optional[float] = ..., reason: _Optional[str] = ..., cleared: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    objective: LatencyObjective
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., kind: _Optional[_Union[OverrideKind, str]] = ..., delta_s_per_token: _Optional[float] = ..., mode: _Optional[_Union[PinnedMode, str]] = ..., k: _Optional[int] = ..., n: _Optional[int] = ..., expires_at_s: _Optional[float] = ..., set_by: _Optional[str] = ..., set_at_s: _Optional[float] = ..., reason: _Optional[str] = ..., cleared: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ..., objective: _Optional[_Union[LatencyObjective, _Mapping]] = ...) -> None: ...
 
 class GetDecisionRequest(_message.Message):
     __slots__ = ("engine_id",)
@@ -125,20 +174,54 @@ class GetDecisionRequest(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ...) -> None: ...
 
 class DecisionView(_message.Message):
-    __slots__ = ("engine_id", "pool", "decision", "acked_version", "latest", "computed_at_s")
+    __slots__ = ("engine_id", "pool", "decision", "acked_version", "latest", "computed_at_s", "outcomes")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ACKED_VERSION_FIELD_NUMBER: _ClassVar[int]
     LATEST_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     pool: _common_pb2.Pool
     decision: _common_pb2.Decision
     acked_version: int
     latest: _common_pb2.Decision
     computed_at_s: float
-    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., decision: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ..., acked_version: _Optional[int] = ..., latest: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ..., computed_at_s: _Optional[float] = ...) -> None: ...
+    outcomes: PoolOutcomes
+    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., decision: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ..., acked_version: _Optional[int] = ..., latest: _Optional[_Union[_common_pb2.Decision, _Mapping]] = ..., computed_at_s: _Optional[float] = ..., outcomes: _Optional[_Union[PoolOutcomes, _Mapping]] = ...) -> None: ...
+
+class LatencyQuantiles(_message.Message):
+    __slots__ = ("num_requests", "p50_s", "p90_s", "p99_s", "mean_s")
+    NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    P50_S_FIELD_NUMBER: _ClassVar[int]
+    P90_S_FIELD_NUMBER: _ClassVar[int]
+    P99_S_FIELD_NUMBER: _ClassVar[int]
+    MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    num_requests: int
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    mean_s: float
+    def __init__(self, num_requests: _Optional[int] = ..., p50_s: _Optional[float] = ..., p90_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., mean_s: _Optional[float] = ...) -> None: ...
+
+class PoolOutcomes(_message.Message):
+    __slots__ = ("window_s", "ttft", "tpot", "queue", "objective_state", "objective_detail", "objective")
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_FIELD_NUMBER: _ClassVar[int]
+    TPOT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_STATE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    window_s: float
+    ttft: LatencyQuantiles
+    tpot: LatencyQuantiles
+    queue: LatencyQuantiles
+    objective_state: ObjectiveState
+    objective_detail: str
+    objective: LatencyObjective
+    def __init__(self, window_s: _Optional[float] = ..., ttft: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., tpot: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., queue: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., objective_state: _Optional[_Union[ObjectiveState, str]] = ..., objective_detail: _Optional[str] = ..., objective: _Optional[_Union[LatencyObjective, _Mapping]] = ...) -> None: ...
 
 class ListEnginesRequest(_message.Message):
     __slots__ = ("pool",)
@@ -147,7 +230,7 @@ class ListEnginesRequest(_message.Message):
     def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits", "connected", "telemetry_age_s", "decision_version", "acked_version", "num_completions", "num_rejected_events", "num_sequence_gaps", "controller_id", "instance_id", "excluded_from_pool")
+    __slots__ = ("engine_id", "pool", "vllm_version", "agent_version", "limits", "connected", "telemetry_age_s", "decision_version", "acked_version", "num_completions", "num_rejected_events", "num_sequence_gaps", "controller_id", "instance_id", "excluded_from_pool", "support")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +246,7 @@ class EngineInfo(_message.Message):
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FROM_POOL_FIELD_NUMBER: _ClassVar[int]
+    SUPPORT_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     pool: _common_pb2.Pool
     vllm_version: str
@@ -178,7 +262,8 @@ class EngineInfo(_message.Message):
     controller_id: str
     instance_id: str
     excluded_from_pool: bool
-    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[_agent_pb2.EngineLimits, _Mapping]] = ..., connected: _Optional[bool] = ..., telemetry_age_s: _Optional[float] = ..., decision_version: _Optional[int] = ..., acked_version: _Optional[int] = ..., num_completions: _Optional[int] = ..., num_rejected_events: _Optional[int] = ..., num_sequence_gaps: _Optional[int] = ..., controller_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., excluded_from_pool: _Optional[bool] = ...) -> None: ...
+    support: _agent_pb2.AgentSupport
+    def __init__(self, engine_id: _Optional[str] = ..., pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., vllm_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., limits: _Optional[_Union[_agent_pb2.EngineLimits, _Mapping]] = ..., connected: _Optional[bool] = ..., telemetry_age_s: _Optional[float] = ..., decision_version: _Optional[int] = ..., acked_version: _Optional[int] = ..., num_completions: _Optional[int] = ..., num_rejected_events: _Optional[int] = ..., num_sequence_gaps: _Optional[int] = ..., controller_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., excluded_from_pool: _Optional[bool] = ..., support: _Optional[_Union[_agent_pb2.AgentSupport, _Mapping]] = ...) -> None: ...
 
 class ListEnginesResponse(_message.Message):
     __slots__ = ("engines",)

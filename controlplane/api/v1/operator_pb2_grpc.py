@@ -44,6 +44,11 @@ class OperatorServiceStub:
                 request_serializer=controlplane_dot_v1_dot_operator__pb2.PinModeRequest.SerializeToString,
                 response_deserializer=controlplane_dot_v1_dot_operator__pb2.OverrideRecord.FromString,
                 _registered_method=True)
+        self.SetObjective = channel.unary_unary(
+                '/controlplane.v1.OperatorService/SetObjective',
+                request_serializer=controlplane_dot_v1_dot_operator__pb2.SetObjectiveRequest.SerializeToString,
+                response_deserializer=controlplane_dot_v1_dot_operator__pb2.OverrideRecord.FromString,
+                _registered_method=True)
         self.ClearOverride = channel.unary_unary(
                 '/controlplane.v1.OperatorService/ClearOverride',
                 request_serializer=controlplane_dot_v1_dot_operator__pb2.ClearOverrideRequest.SerializeToString,
@@ -109,8 +114,17 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetObjective(self, request, context):
+        """Sets a latency objective for a scope (stored, replicated, audited and authorised as a delta override).
+        INVALID_ARGUMENT when neither a TTFT nor a TPOT target is given, a quantile is not in [0.5, 0.9999], a
+        target is not in (0, 3600] s, or a bound is out of range.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ClearOverride(self, request, context):
-        """Removes the delta override or the pin of a scope.
+        """Removes the delta override, the pin or the objective of a scope.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -182,6 +196,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
             'PinMode': grpc.unary_unary_rpc_method_handler(
                     servicer.PinMode,
                     request_deserializer=controlplane_dot_v1_dot_operator__pb2.PinModeRequest.FromString,
+                    response_serializer=controlplane_dot_v1_dot_operator__pb2.OverrideRecord.SerializeToString,
+            ),
+            'SetObjective': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetObjective,
+                    request_deserializer=controlplane_dot_v1_dot_operator__pb2.SetObjectiveRequest.FromString,
                     response_serializer=controlplane_dot_v1_dot_operator__pb2.OverrideRecord.SerializeToString,
             ),
             'ClearOverride': grpc.unary_unary_rpc_method_handler(
@@ -283,6 +302,33 @@ class OperatorService:
             target,
             '/controlplane.v1.OperatorService/PinMode',
             controlplane_dot_v1_dot_operator__pb2.PinModeRequest.SerializeToString,
+            controlplane_dot_v1_dot_operator__pb2.OverrideRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetObjective(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.v1.OperatorService/SetObjective',
+            controlplane_dot_v1_dot_operator__pb2.SetObjectiveRequest.SerializeToString,
             controlplane_dot_v1_dot_operator__pb2.OverrideRecord.FromString,
             options,
             channel_credentials,
