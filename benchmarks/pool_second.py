@@ -2,12 +2,13 @@
 
 Run: `.venv/bin/python benchmarks/pool_second.py` (`make bench`; `--smoke`: 20 engines for 3 seconds, the same
 code paths in a second). One pool receives, each simulated second,
-one batch from each of 1,000 engines (64 geometric completions and 1,000 steps, as in
-`controller_load.py`); then its bucket closes and its estimate is refreshed (shift detection, window merge,
+one batch from each of 1,000 engines (64 geometric completions with their latency stamps and 1,000 steps, as
+in `controller_load.py`); then its bucket closes and its estimate is refreshed (shift detection, window merge,
 fits), each a single event-loop callback in the controller. Printed side by side, medians over the seconds:
 - `add` summed over the second's 1,000 batches (spread over the second, not one stall);
 - bucket close: `PoolStatistics.close_due`, against the baseline of keeping each batch's arrays and
-  concatenating them at the close;
+  concatenating them at the close; and the same close without latency stamps (the difference is what the
+  three latency sketches of the bucket cost);
 - refresh: `PoolStatistics.refresh`, against the baseline of the same refresh with the CUSUM run as its
   recursion, one sample at a time, in Python;
 - the detector alone on one second's 1,024 fed samples, vectorised against the recursion.
@@ -30,6 +31,7 @@ from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.loop.buckets import MAX_STEPS_PER_BUCKET, BucketStats
 from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.ingest import Latencies
 from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.loop.shift_tracker import ShiftTracker
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
@@ -61,13 +63,15 @@ def _batches(rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray, Ste
         prefill = (rng.integers(0, 2, n) * rng.integers(64, 2048, n)).astype(np.float64)
         decode = rng.integers(100, 256, n).astype(np.float64)
         steps = StepColumns(prefill, decode, decode, rng.uniform(0.01, 0.03, n))
+        latencies = Latencies(ttft_s=rng.lognormal(np.log(0.3), 0.8, 64), tpot_s=rng.lognormal(np.log(0.02), 0.3, 64),
+                              queue_s=rng.exponential(0.1, 64), num_dropped=0)
         batches.append((rng.integers(256, 769, 64).astype(np.float64),
-                        rng.geometric(1 / 256, 64).astype(np.float64), steps))
+                        rng.geometric(1 / 256, 64).astype(np.float64), steps, latencies))
     return batches
 
 
 def _pool_seconds(detector_type: type[ShiftDetector], *, engines: int = ENGINES, seconds: int = SECONDS,
-                  warm_up_s: int = WARM_UP_S) -> dict[str, list[float]]:
+                  warm_up_s: int = WARM_UP_S, with_latencies: bool = True) -> dict[str, list[float]]:
     rng = np.random.default_rng(1)
     batches = _batches(rng)
     pool = PoolStatistics("m|a", DecisionLoopConfig(), replica_id="r0", settle_s=0.5)
@@ -77,10 +81,10 @@ def _pool_seconds(detector_type: type[ShiftDetector], *, engines: int = ENGINES,
         kept: list[tuple[np.ndarray, StepColumns]] = []
         added_s = 0.0
         for engine in range(engines):
-            prompts, outputs, steps = batches[engine % len(batches)]
+            prompts, outputs, steps, latencies = batches[engine % len(batches)]
             start = time.perf_counter()
             pool.add(second + engine / (2 * engines), prompts=prompts, outputs=outputs, steps=steps,
-                     engine_id=f"e{engine}")
+                     engine_id=f"e{engine}", latencies=latencies if with_latencies else None)
             added_s += time.perf_counter() - start
             kept.append((outputs, steps))
         reference = pool.estimate.costs if pool.estimate is not None else None
@@ -120,6 +124,8 @@ def main() -> None:
     args = parser.parse_args()
     engines, seconds, warm_up_s = SMOKE if args.smoke else (ENGINES, SECONDS, WARM_UP_S)
     vectorised = _pool_seconds(ShiftDetector, engines=engines, seconds=seconds, warm_up_s=warm_up_s)
+    no_latencies = _pool_seconds(ShiftDetector, engines=engines, seconds=seconds, warm_up_s=warm_up_s,
+                                 with_latencies=False)
     recursion = _pool_seconds(RecursionDetector, engines=engines, seconds=seconds, warm_up_s=warm_up_s)
     median = {name: statistics.median(values) for name, values in vectorised.items()}
     refresh_baseline = statistics.median(recursion["refresh"])
@@ -131,6 +137,9 @@ def main() -> None:
           f"{median['close'] / median['baseline close']:>8.2f}")
     print(f"{'refresh: shifts, window, fits (one callback)':<44}{median['refresh']:>8.2f}{refresh_baseline:>13.2f}"
           f"{median['refresh'] / refresh_baseline:>8.2f}")
+    without = statistics.median(no_latencies["close"])
+    print(f"{'bucket close without latency stamps':<44}{without:>8.2f}{'':>13}{'':>8}")
+    print(f"{'latency sketches in the close (difference)':<44}{median['close'] - without:>8.2f}{'':>13}{'':>8}")
     fast, slow = _detector_ms(ShiftDetector), _detector_ms(RecursionDetector)
     print(f"{'detector update, 1,024 samples':<44}{fast:>8.2f}{slow:>13.2f}{fast / slow:>8.2f}")
 

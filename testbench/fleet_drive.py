@@ -46,7 +46,7 @@ HONEST = Workload()
 LONG_CONTEXT = Workload(prompt_mean_tokens=7000.0, output_mean_tokens=480.0, per_second=40, running=60)
 
 
-def _batch(workload: Workload, seq: int, rng: np.random.Generator) -> ValidatedBatch:
+def synthetic_batch(workload: Workload, seq: int, rng: np.random.Generator) -> ValidatedBatch:
     n = workload.per_second
     outputs = rng.geometric(1.0 / workload.output_mean_tokens, n).astype(np.float64)
     prompts = np.rint(rng.uniform(0.5, 1.5, n) * workload.prompt_mean_tokens)
@@ -96,7 +96,7 @@ def drive(engines: dict[str, Workload], *, seconds: int = 60, seed: int = 0,
         for engine_id, workload in engines.items():
             if shift is not None and t >= shift[0]:
                 workload = shift[1].get(engine_id, workload)
-            effects = fleet.batch(engine_id, streams[engine_id], _batch(workload, t, rngs[engine_id]), now_s)
+            effects = fleet.batch(engine_id, streams[engine_id], synthetic_batch(workload, t, rngs[engine_id]), now_s)
             memberships += [(t, m.engine_id, m.verdict.excluded) for m in effects.memberships]
         fleet.tick(now_s)
     records = {e: fleet.engine(e) for e in engines}

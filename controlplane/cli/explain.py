@@ -140,7 +140,7 @@ def _outcomes(view: operator_pb2.DecisionView) -> dict[str, Any]:
     if o.HasField("objective"):
         objective = {"state": enum_name(operator_pb2.ObjectiveState.DESCRIPTOR, o.objective_state),
                      "detail": o.objective_detail, **message_to_dict(o.objective)}
-    return {"window_s": o.window_s, **latencies, "text": text, "objective": objective}
+    return {"window_s": o.window_s, **latencies, "text": text, "objective": objective, "rollout": o.rollout or None}
 
 
 def _window_text(window: dict[str, Any]) -> str:
@@ -179,4 +179,6 @@ def explain_rows(data: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     objective = data["outcomes"]["objective"]
     if objective is not None:
         rows.append(("objective", f"{objective['state']}: {objective['detail']}", "", "the pool's latency objective"))
+    if data["outcomes"]["rollout"]:
+        rows.append(("rollout", data["outcomes"]["rollout"], "", "a mode change under test on a canary subset"))
     return rows

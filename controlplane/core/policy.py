@@ -379,8 +379,8 @@ def decide(
                               cold_start_mu_o_tokens=_finite(cold.mu_o_tokens), cold_start_p0=_finite(cold.p0))
 
     mode = online_mode
-    if intent.pin.mode is not None:
-        mode, reason = intent.pin.mode, Reason.OPERATOR_PIN
+    if intent.pin.mode is not None and (intent.pin.reason is None or intent.pin.mode != online_mode):
+        mode, reason = intent.pin.mode, intent.pin.reason or Reason.OPERATOR_PIN
     n_computed = evaluation.n_star if evaluation is not None else limits.max_num_seqs
     n_guard = state.n_guard
     if config.memory_guard and state.n_eb_in_force > 0:

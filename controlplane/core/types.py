@@ -25,6 +25,9 @@ class Reason(enum.StrEnum):
     HYSTERESIS_HOLD = "hysteresis_hold"
     COOLDOWN_HOLD = "cooldown_hold"
     OPERATOR_PIN = "operator_pin"
+    # The pool's guarded rollout holds the engine on its established mode (a change under test on a canary, or
+    # rolled back recently) while the model asks for another (controlplane.loop.rollout).
+    ROLLOUT_HOLD = "rollout_hold"
 
 
 class Flag(enum.StrEnum):
@@ -157,12 +160,15 @@ class SchedulerSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class ModePin:
-    """An operator's pin. mode None = not pinned; k/n None = computed; advisory = decide, do not apply."""
+    """An operator's pin. mode None = not pinned; k/n None = computed; advisory = decide, do not apply.
+    reason None: an operator's pin (always applies, reason operator_pin); else a hold that applies only where
+    the model asks for another mode, with that reason."""
 
     mode: Mode | None = None
     k: int | None = None
     n: int | None = None
     advisory: bool = False
+    reason: Reason | None = None
 
 
 @dataclass(frozen=True, slots=True)

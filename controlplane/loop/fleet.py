@@ -30,10 +30,11 @@ import numpy as np
 
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.core.cost_sums import StepColumns
-from controlplane.core.types import CostModel, DeltaSource, OperatorIntent, PolicyConfig
+from controlplane.core.types import CostModel, DeltaSource, Mode, ModePin, OperatorIntent, PolicyConfig, Reason
 from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.engine import EngineLoop, LoopOutcome
+from controlplane.loop.effects import Decided, Effects, Forgotten, MembershipChange, Push, RolloutEvent
+from controlplane.loop.engine import EngineLoop
 from controlplane.loop.estimate import PoolEstimate
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.judging import (
@@ -44,7 +45,6 @@ from controlplane.loop.judging import (
     HeldBatch,
     Reference,
     Released,
-    Verdict,
     judge_block,
     reference_of,
 )
@@ -52,69 +52,20 @@ from controlplane.loop.objective import ObjectiveTracker, sync_tracker
 from controlplane.loop.outcomes import OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics
+from controlplane.loop.rollout import MIN_ENGINES, SLICE_S, PoolRollouts
+from controlplane.loop.rollout import Verdict as RolloutVerdict
 
 _EMPTY = np.zeros(0)
+_UNGUIDED = (DeltaSource.DEFAULT, DeltaSource.OBJECTIVE)
 
 
-@dataclass(frozen=True, slots=True)
-class Decided:
-    """A computation whose instruction changed (a new version): trace it, count it, persist it."""
-
-    engine_id: str
-    pool_key: str
-    outcome: LoopOutcome
-    traceparent: str  # the engine's latest batch's trace context, which the decision continues
-
-
-@dataclass(frozen=True, slots=True)
-class Push:
-    """A message for an engine: to its stream (None: no stream here), and to the watchers when `watch` (each
-    version is shown to watchers once; keep-alives and re-pushes go to the engine only)."""
-
-    engine_id: str
-    pool_key: str
-    decision: common_pb2.Decision
-    stream: object | None
-    watch: bool
-
-
-@dataclass(frozen=True, slots=True)
-class MembershipChange:
-    """An engine was kept out of (excluded) or readmitted to its pool's statistics; num_excluded: the pool's
-    engines kept out now."""
-
-    engine_id: str
-    pool_key: str
-    verdict: Verdict
-    num_excluded: int
-
-
-@dataclass(frozen=True, slots=True)
-class Forgotten:
-    """A disconnected engine forgotten: reason "ttl" (engine_ttl_s) or "capacity" (its identity's
-    max_disconnected_engines); identity: whose; disconnected_for_s: how long it had been disconnected."""
-
-    engine_id: str
-    pool_key: str
-    reason: str
-    identity: str
-    disconnected_for_s: float
-
-
-@dataclass
-class Effects:
-    """What one event asks the caller to do, in order: decisions (trace first: the trace id goes into the
-    message), then pushes, then persist `decided`."""
-
-    decided: list[Decided] = field(default_factory=list)
-    pushes: list[Push] = field(default_factory=list)
-    buckets: list[tuple[str, int, BucketStats]] = field(default_factory=list)  # (pool, bucket id, stats) to publish
-    memberships: list[MembershipChange] = field(default_factory=list)
-    forgotten: list[Forgotten] = field(default_factory=list)
-    forgotten_pools: list[str] = field(default_factory=list)
-    decide_latencies_s: list[float] = field(default_factory=list)
-    num_computed: int = 0  # decisions computed, changed or not
-    sequence_gaps: int = 0
+def _held(intent: OperatorIntent, mode: Mode | None) -> OperatorIntent:
+    """The intent holding an engine on `mode` for a guarded rollout (unchanged when None): a pin that applies
+    only where the model asks for another mode, with reason rollout_hold."""
+    if mode is None:
+        return intent
+    return OperatorIntent(delta_s_per_token=intent.delta_s_per_token, delta_source=intent.delta_source,
+                          pin=ModePin(mode=mode, reason=Reason.ROLLOUT_HOLD))
 
 
 @dataclass(eq=False)
@@ -146,6 +97,8 @@ class PoolRecord:
     num_excluded: int = 0
     blocks: dict[str, Block] = field(default_factory=dict)  # each connected engine's latest judged block
     distinct: set[str] = field(default_factory=set)  # engines serving a distinct workload (not in the reference)
+    rollouts: PoolRollouts = field(default_factory=PoolRollouts)  # its established mode and guarded changes
+    rollout_checked_s: float = 0.0
 
 
 class FleetState:
@@ -154,10 +107,11 @@ class FleetState:
 
     def __init__(self, loop_config: DecisionLoopConfig, policy: PolicyConfig, *, replica_id: str,
                  budget_sweep=(), default_intent: OperatorIntent | None = None,
-                 timer: Callable[[], float] | None = None) -> None:
+                 timer: Callable[[], float] | None = None, guard_rollouts: bool = True) -> None:
         self.loop_config = loop_config
         self.policy = policy
         self.replica_id = replica_id
+        self.guard_rollouts = guard_rollouts  # mode changes go through canaries (`loop.rollout`); off: at once
         self._budget_sweep = budget_sweep
         self._timer = timer
         self._default_intent = default_intent or OperatorIntent()
@@ -318,6 +272,9 @@ class FleetState:
         loop = record.loop
         effects.sequence_gaps += int(loop.on_batch(batch, now_s=now_s))
         pool = self._pools[loop.hello.pool_key]
+        rollout = pool.rollouts.active
+        if rollout is not None and batch.duration_s.size:
+            rollout.observe(engine_id, now_s, float(batch.decode_tokens.sum()), float(batch.duration_s.sum()))
         prompts, outputs = batch.prompt_tokens, batch.output_tokens
         admitted_age_s = batch.admitted_age_s if outputs.size else None
         if outputs.size:
@@ -420,9 +377,29 @@ class FleetState:
         if tracker is not None and intent.delta_source == DeltaSource.DEFAULT:
             intent = OperatorIntent(delta_s_per_token=tracker.delta_s_per_token, delta_source=DeltaSource.OBJECTIVE,
                                     pin=intent.pin)
+        pool = self._pools[hello.pool_key]
+        base_intent = intent
+        # Guarded: no pin, no explicit δ override (the operator's changes bypass rollouts), part of its pool.
+        guarded = (self.guard_rollouts and intent.pin.mode is None and not intent.pin.advisory
+                   and intent.delta_source in _UNGUIDED and record.own is None
+                   and pool.num_connected >= MIN_ENGINES)
+        if guarded:
+            intent = _held(intent, pool.rollouts.hold_for(hello.engine_id))
         started = self._timer() if self._timer is not None else 0.0
         outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
                               trigger_traceparent=trigger_traceparent)
+        if guarded and outcome.decision.diagnostics.theta0 > 0:  # a data-driven verdict (not a cold start)
+            key = hello.pool_key
+            rollout = pool.rollouts.asked(loop.policy_state.mode, lambda: [
+                e for e, r in self._engines.items() if r.connected and r.loop.hello.pool_key == key
+                and r.own is None], now_s)
+            if rollout is not None:
+                effects.rollouts.append(RolloutEvent(hello.pool_key, "started", rollout.from_mode.value,
+                                                     rollout.to_mode.value, rollout.describe(pool.num_connected)))
+                self._decide_pool(hello.pool_key, now_s, effects, skip=hello.engine_id)
+                if hello.engine_id in rollout.canary_ids:
+                    outcome = loop.decide(estimate, intent=_held(base_intent, rollout.to_mode), now_s=now_s,
+                                          force_push=force_push, trigger_traceparent=trigger_traceparent)
         effects.num_computed += 1
         if self._timer is not None:
             effects.decide_latencies_s.append(self._timer() - started)
@@ -512,7 +489,35 @@ class FleetState:
             closed = self.close_bucket(key, now_s)
             if closed is not None:
                 effects.buckets.append((key, *closed))
+            self._check_rollout(key, now_s, effects)
         return effects
+
+    def _check_rollout(self, key: str, now_s: float, effects: Effects) -> None:
+        """Evaluate the pool's rollout (every SLICE_S); on a verdict, finish it and re-decide the pool."""
+        pool = self._pools[key]
+        rollout = pool.rollouts.active
+        if rollout is None or now_s - pool.rollout_checked_s < SLICE_S:
+            return
+        pool.rollout_checked_s = now_s
+        verdict = rollout.evaluate(now_s) if pool.num_connected >= MIN_ENGINES else RolloutVerdict.ABORTED
+        if verdict is None:
+            return
+        effects.rollouts.append(RolloutEvent(key, verdict.value, rollout.from_mode.value, rollout.to_mode.value,
+                                             rollout.describe(pool.num_connected)))
+        pool.rollouts.finish(verdict, now_s)
+        self._decide_pool(key, now_s, effects)
+
+    def _decide_pool(self, key: str, now_s: float, effects: Effects, *, skip: str = "") -> None:
+        for engine_id, record in self.engines():
+            if record.connected and record.loop.hello.pool_key == key and engine_id != skip:
+                self._decide(record, now_s, effects)
+
+    def rollout_of(self, key: str) -> str:
+        """The pool's rollout in words ("" when none is running)."""
+        pool = self._pools.get(key)
+        if pool is None or pool.rollouts.active is None:
+            return ""
+        return pool.rollouts.active.describe(pool.num_connected)
 
     def _forget(self, engine_id: str, record: EngineRecord, reason: str, now_s: float, effects: Effects) -> None:
         del self._engines[engine_id]

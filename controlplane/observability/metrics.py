@@ -86,6 +86,8 @@ class ControllerMetrics:
             registry=r)
         self.pool_objective_delta = Gauge("cp_pool_objective_delta_s_per_token", "δ the pool's objective loop sets "
                                           "(an explicit δ override or pin wins over it)", ["pool"], registry=r)
+        self.pool_rollouts = Counter("cp_pool_rollouts_total", "Guarded rollouts of a mode change per pool, by event "
+                                     "(started, promoted, rolled_back, aborted)", ["pool", "event"], registry=r)
         self.pool_latencies = PoolLatencyHistograms()
         r.register(self.pool_latencies)
         # ---- operators ----
@@ -160,6 +162,9 @@ class ControllerMetrics:
             with contextlib.suppress(KeyError):
                 gauge.remove(pool)
         self.pool_latencies.forget(pool)
+        for event in ("started", "promoted", "rolled_back", "aborted"):
+            with contextlib.suppress(KeyError):
+                self.pool_rollouts.remove(pool, event)
 
     def exposition(self) -> bytes:
         """Every series in the Prometheus text format: the registry's, with the per-engine table rendered

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -25,6 +26,7 @@ from controlplane.core.types import Decision
 
 DECIDE_SPAN = "controlplane.decide"
 OVERRIDE_SPAN = "controlplane.override"
+ROLLOUT_SPAN = "controlplane.rollout"
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -165,6 +167,13 @@ class DecisionTracer:
             span.set_attributes(decision_attributes(decision, engine_id=engine_id, pool=pool, version=version))
             context = span.get_span_context()
         return format(context.trace_id, "032x") if context.is_valid else ""
+
+    def trace_rollout(self, event: Any) -> None:
+        """Record one `controlplane.rollout` span for a rollout's start or end (`loop.effects.RolloutEvent`)."""
+        with self._tracer.start_as_current_span(ROLLOUT_SPAN) as span:
+            span.set_attributes({"cp.pool": event.pool_key, "cp.rollout.event": event.event,
+                                 "cp.rollout.from_mode": event.from_mode, "cp.rollout.to_mode": event.to_mode,
+                                 "cp.rollout.detail": event.detail})
 
     def trace_override(self, *, action: str, kind: str, scope: str, actor: str, reason: str,
                        old: str, new: str) -> None:

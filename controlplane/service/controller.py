@@ -277,6 +277,11 @@ class Controller:
                            "kept out of" if v.excluded else "readmitted to", change.pool_key, v.block_mean_tokens,
                            v.pool_mean_tokens)
             m.pool_excluded_engines.labels(pool=change.pool_key).set(change.num_excluded)
+        for event in effects.rollouts:
+            logger.info("pool %s: rollout %s→%s %s: %s", event.pool_key, event.from_mode, event.to_mode, event.event,
+                        event.detail)
+            m.pool_rollouts.labels(pool=event.pool_key, event=event.event).inc()
+            self._tracer.trace_rollout(event)
         if effects.forgotten:
             self._note_forgotten(effects)
         for key in effects.forgotten_pools:

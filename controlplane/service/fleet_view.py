@@ -177,8 +177,10 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
             if record.decided_from_own:
                 view.latest.flags.append("engine_decided_from_own_statistics")
         summary, tracker = fleet.outcomes_of(engine_id), fleet.objective_of(loop.hello.pool_key)
-        if summary is not None or tracker is not None:
+        rollout = fleet.rollout_of(loop.hello.pool_key)
+        if summary is not None or tracker is not None or rollout:
             view.outcomes.CopyFrom(outcomes_message(summary, tracker))
+            view.outcomes.rollout = rollout
         return view
     restored = fleet.restored.get(engine_id)
     if restored is not None:

@@ -105,6 +105,29 @@ SMOKES = (
         rf"^refresh: shifts, window, fits \(one callback\)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}$",
         rf"^detector update, 1,024 samples\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}$",
     )),
+    Smoke("shift_e2e.py", (
+        r"^64 requests in flight per engine \(closed loop, paced in real time to the pool's rate\)",
+        r"^== 20 completions/s: 2 pools \(2 engines\) at once",
+        r"^streams 2: [\d,]+ batches, [\d,]+ decisions pushed and ACKed, .* errors 0$",
+        rf"^geometric 256 @20/s ×1\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+256\.0\s+\d+\s+{NUMBER}%/{NUMBER}%$",
+        r"^shift\s+rate→got\s+eng\s+first move: done/new, s\s+k̂\*/N̂\*/μ̂_O vs steady\s+10% for good: done/new, s\s+"
+        r"5% for good: done/new, s\s+max μ̂_O/truth\s+spread k/N$",
+        rf"^geometric 64→256\s+20→{NUMBER}\s+1 median\s+",
+        rf"^\s+worst\s+.*\s{NUMBER}\s*$",
+        *(rf"^  goal {re.escape(goal)}\s+(met|NOT met)\s+\(" for goal in (
+            "within 10% after max(300, 3 s)", "within 5% after max(600, 6 s)", "first move within 25%",
+            "μ̂_O ≤ 3× truth", "stationary spread ≤ 5%")),
+        r"^timeline: geometric 64→256 @20/s ×1, seed 0",
+        rf"^CPU in all: this process {NUMBER} s, controller {NUMBER} s, its redis {NUMBER} s over {NUMBER} s wall",
+        r"^all goals (met|NOT met)$",
+    )),
+    Smoke("twin_outcomes.py", (
+        r"^2 engines × 64 in flight, 2 simulated minutes, profile h200-qwen3-8b; the stale calibration from 60 s, "
+        r"throughput counted from then$",
+        r"^calibration\s+MB tok/s\s+EB tok/s\s+EB\+ no guard\s+EB\+ guard\s+guard/best\s+no guard/best\s+rollouts$",
+        rf"^prefill ×0\.5\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\S",
+        r"^rollbacks of a correct model in 1 stationary runs: \d+$",
+    )),
     Smoke("twin_fidelity.py", (
         r"^8 requests \(offline batch\), prompts 16,64, outputs 4,16, N 128, budget 4096; profile cpu-tiny-qwen2$",
         r"^config\s+real tok/s\s+twin tok/s\s+twin/real\s+real TTFT s\s+twin TTFT s\s+twin/real\s+real TPOT ms\s+"

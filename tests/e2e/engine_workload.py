@@ -125,6 +125,10 @@ def main() -> int:
         result["ttft_mean_s"] = float(np.mean([m.first_token_latency for m in stats]))
         tpot = [(m.last_token_ts - m.first_token_ts) / max(1, m.num_generation_tokens - 1) for m in stats]
         result["tpot_mean_s"] = float(np.mean(tpot))
+        result["ttft_median_s"] = float(np.median([m.first_token_latency for m in stats]))
+        result["tpot_median_s"] = float(np.median([t for t, m in zip(tpot, stats, strict=True)
+                                                   if m.num_generation_tokens >= 2]))
+        result["num_with_stats"] = len(stats)
     args.result.write_text(json.dumps(result))
     del llm
     time.sleep(0.5)

@@ -74,7 +74,7 @@ _AUTH_ENGINE = "auth-engine"
 _CALIBRATION = operator_pb2.Calibration()
 _CALIBRATION.CopyFrom(RTX_PRO_6000)
 _CALIBRATION.pool.CopyFrom(POOL)
-# Requests the valid token must get OK for (the four that change state are audited: see the test). An RPC
+# Requests the valid token must get OK for (the five that change state are audited: see the test). An RPC
 # not listed here is called with its default request, and a domain error is accepted from it.
 VALID_REQUESTS: dict[str, Message] = {
     "Connect": agent_pb2.AgentMessage(hello=_hello("auth-probe")),
@@ -86,11 +86,14 @@ VALID_REQUESTS: dict[str, Message] = {
     "ClearOverride": operator_pb2.ClearOverrideRequest(
         scope=operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id=_AUTH_ENGINE),
         kind=operator_pb2.OVERRIDE_KIND_PIN, reason="auth matrix"),
+    "SetObjective": operator_pb2.SetObjectiveRequest(
+        scope=operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET), reason="auth matrix",
+        objective=operator_pb2.LatencyObjective(ttft_quantile=0.99, ttft_target_s=2.0)),
     "GetDecision": operator_pb2.GetDecisionRequest(engine_id=_AUTH_ENGINE),
     "PutCalibration": operator_pb2.PutCalibrationRequest(calibration=_CALIBRATION),
     "GetCalibration": operator_pb2.GetCalibrationRequest(pool=POOL),
 }
-AUDITED = ("SetDelta", "PinMode", "ClearOverride", "PutCalibration")
+AUDITED = ("SetDelta", "PinMode", "SetObjective", "ClearOverride", "PutCalibration")
 NOT_A_DOMAIN_ERROR = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                       grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 _OPEN_STREAM = "open"  # a response stream still open after a while (a live WatchDecisions)

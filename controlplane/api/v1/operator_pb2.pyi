@@ -206,7 +206,7 @@ class LatencyQuantiles(_message.Message):
     def __init__(self, num_requests: _Optional[int] = ..., p50_s: _Optional[float] = ..., p90_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., mean_s: _Optional[float] = ...) -> None: ...
 
 class PoolOutcomes(_message.Message):
-    __slots__ = ("window_s", "ttft", "tpot", "queue", "objective_state", "objective_detail", "objective")
+    __slots__ = ("window_s", "ttft", "tpot", "queue", "objective_state", "objective_detail", "objective", "rollout")
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_FIELD_NUMBER: _ClassVar[int]
     TPOT_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class PoolOutcomes(_message.Message):
     OBJECTIVE_STATE_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVE_DETAIL_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     window_s: float
     ttft: LatencyQuantiles
     tpot: LatencyQuantiles
@@ -221,7 +222,8 @@ class PoolOutcomes(_message.Message):
     objective_state: ObjectiveState
     objective_detail: str
     objective: LatencyObjective
-    def __init__(self, window_s: _Optional[float] = ..., ttft: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., tpot: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., queue: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., objective_state: _Optional[_Union[ObjectiveState, str]] = ..., objective_detail: _Optional[str] = ..., objective: _Optional[_Union[LatencyObjective, _Mapping]] = ...) -> None: ...
+    rollout: str
+    def __init__(self, window_s: _Optional[float] = ..., ttft: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., tpot: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., queue: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., objective_state: _Optional[_Union[ObjectiveState, str]] = ..., objective_detail: _Optional[str] = ..., objective: _Optional[_Union[LatencyObjective, _Mapping]] = ..., rollout: _Optional[str] = ...) -> None: ...
 
 class ListEnginesRequest(_message.Message):
     __slots__ = ("pool",)
