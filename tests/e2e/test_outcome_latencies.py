@@ -42,6 +42,8 @@ async def test_the_agents_ttft_and_tpot_agree_with_vllms_request_metrics(tiny_mo
                 break
             await asyncio.sleep(0.1)
     assert outcomes is not None and outcomes.ttft.num_requests == NUM_REQUESTS, outcomes
+    print(f"TTFT p50 agent {outcomes.ttft.p50_s:.4f} s, vLLM {result['ttft_median_s']:.4f} s; TPOT p50 agent "
+          f"{outcomes.tpot.p50_s:.5f} s, vLLM {result['tpot_median_s']:.5f} s")
     assert outcomes.queue.num_requests == NUM_REQUESTS
     assert _agrees(outcomes.ttft.p50_s, result["ttft_median_s"]), (outcomes.ttft, result["ttft_median_s"])
     assert _agrees(outcomes.tpot.p50_s, result["tpot_median_s"]), (outcomes.tpot, result["tpot_median_s"])
