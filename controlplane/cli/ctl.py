@@ -180,6 +180,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
     command("objectives", "the latency objectives in force, with each pool's state (meeting, adjusting, "
                           "infeasible)")
+    command("rollouts", "guarded mode changes: those in progress on this replica, then the recent verdicts")
+    p = command("rollout", "promote or abort a pool's rollout in progress now (audited)")
+    p.add_argument("rollout_action", choices=("promote", "abort"), metavar="{promote,abort}")
+    p.add_argument("--pool", type=parse_pool, required=True, metavar="MODEL|ACCELERATOR")
+    p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
     p = command("clear", "remove the δ override, the pin or the objective of a scope (NOT_FOUND when there is none)")
     p.add_argument("kind", choices=sorted(_KINDS))
     p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
@@ -373,6 +378,27 @@ class Ctl:
              for r in rows]))
         return 0
 
+    async def rollouts(self, args: argparse.Namespace) -> int:
+        response = await self.stub.ListRollouts(operator_pb2.ListRolloutsRequest(), **self.kw())
+        running = [output.message_to_dict(r) for r in response.rollouts]
+        recent = [output.message_to_dict(r) for r in response.recent]
+        self.emit({"rollouts": running, "recent": recent}, lambda: output.print_table(
+            ("POOL", "CHANGE", "STATE", "STARTED", "ENDED", "CANARIES", "DETAIL"),
+            [(f"{r['pool']['model']}|{r['pool']['accelerator']}", f"{r['from_mode']}→{r['to_mode']}", r["state"],
+              r["started_at"], r["ended_at"] or "-", f"{len(r['canary_engine_ids'])} of {r['num_engines']}",
+              r["detail"]) for r in running + recent]))
+        return 0
+
+    async def rollout(self, args: argparse.Namespace) -> int:
+        action = {"promote": operator_pb2.ROLLOUT_ACTION_PROMOTE, "abort": operator_pb2.ROLLOUT_ACTION_ABORT}
+        view = await self.stub.SteerRollout(operator_pb2.SteerRolloutRequest(
+            pool=args.pool, action=action[args.rollout_action], reason=args.reason), **self.kw())
+        data = output.message_to_dict(view)
+        pool = f"{view.pool.model}|{view.pool.accelerator}"
+        self.emit(data, lambda: output.print_fields([("pool", pool), *((key, data[key]) for key in (
+            "from_mode", "to_mode", "state", "ended_at", "detail"))]))
+        return 0
+
     async def clear(self, args: argparse.Namespace) -> int:
         await self.check_scope(args)
         return await self._record(await self.stub.ClearOverride(operator_pb2.ClearOverrideRequest(
@@ -530,7 +556,8 @@ def calibration_from_files(paths: list[Path], pool: common_pb2.Pool) -> operator
 
 _COMMANDS = {"list": Ctl.list, "get": Ctl.get, "explain": Ctl.explain, "overrides": Ctl.overrides,
              "audit": Ctl.audit, "set-delta": Ctl.set_delta, "pin": Ctl.pin, "clear": Ctl.clear,
-             "set-objective": Ctl.set_objective, "objectives": Ctl.objectives,
+             "set-objective": Ctl.set_objective, "objectives": Ctl.objectives, "rollouts": Ctl.rollouts,
+             "rollout": Ctl.rollout,
              "watch": Ctl.watch, "calibration": Ctl.calibration, "report": Ctl.report}
 
 

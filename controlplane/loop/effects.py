@@ -69,6 +69,8 @@ class RolloutEvent:
     from_mode: str
     to_mode: str
     detail: str
+    actor: str = ""  # an operator who ended it ("": the controller's own verdict)
+    reason: str = ""
 
 
 @dataclass

@@ -30,7 +30,7 @@ import numpy as np
 
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.core.cost_sums import StepColumns
-from controlplane.core.types import CostModel, DeltaSource, Mode, ModePin, OperatorIntent, PolicyConfig, Reason
+from controlplane.core.types import CostModel, DeltaSource, OperatorIntent, PolicyConfig
 from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.effects import Decided, Effects, Forgotten, MembershipChange, Push, RolloutEvent
@@ -52,22 +52,10 @@ from controlplane.loop.objective import ObjectiveTracker, sync_tracker
 from controlplane.loop.outcomes import OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics
-from controlplane.loop.rollout import MIN_ENGINES, SLICE_S, PoolRollouts
+from controlplane.loop.rollout import MIN_ENGINES, SLICE_S, UNGUIDED_SOURCES, Asked, PoolRollouts, held_intent
 from controlplane.loop.rollout import Verdict as RolloutVerdict
 
 _EMPTY = np.zeros(0)
-_UNGUIDED = (DeltaSource.DEFAULT, DeltaSource.OBJECTIVE)
-
-
-def _held(intent: OperatorIntent, mode: Mode | None) -> OperatorIntent:
-    """The intent holding an engine on `mode` for a guarded rollout (unchanged when None): a pin that applies
-    only where the model asks for another mode, with reason rollout_hold."""
-    if mode is None:
-        return intent
-    return OperatorIntent(delta_s_per_token=intent.delta_s_per_token, delta_source=intent.delta_source,
-                          pin=ModePin(mode=mode, reason=Reason.ROLLOUT_HOLD))
-
-
 @dataclass(eq=False)
 class EngineRecord:
     """What the machine keeps per engine id: its decision loop, judging state and the stream holding it."""
@@ -97,7 +85,7 @@ class PoolRecord:
     num_excluded: int = 0
     blocks: dict[str, Block] = field(default_factory=dict)  # each connected engine's latest judged block
     distinct: set[str] = field(default_factory=set)  # engines serving a distinct workload (not in the reference)
-    rollouts: PoolRollouts = field(default_factory=PoolRollouts)  # its established mode and guarded changes
+    rollouts: PoolRollouts = field(default_factory=PoolRollouts)  # established modes and guarded changes
     rollout_checked_s: float = 0.0
 
 
@@ -381,25 +369,25 @@ class FleetState:
         base_intent = intent
         # Guarded: no pin, no explicit δ override (the operator's changes bypass rollouts), part of its pool.
         guarded = (self.guard_rollouts and intent.pin.mode is None and not intent.pin.advisory
-                   and intent.delta_source in _UNGUIDED and record.own is None
+                   and intent.delta_source in UNGUIDED_SOURCES and record.own is None
                    and pool.num_connected >= MIN_ENGINES)
         if guarded:
-            intent = _held(intent, pool.rollouts.hold_for(hello.engine_id))
+            intent = held_intent(intent, pool.rollouts.hold_for(hello.engine_id))
         started = self._timer() if self._timer is not None else 0.0
         outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
                               trigger_traceparent=trigger_traceparent)
         if guarded and outcome.decision.diagnostics.theta0 > 0:  # a data-driven verdict (not a cold start)
-            key = hello.pool_key
-            rollout = pool.rollouts.asked(loop.policy_state.mode, lambda: [
+            key, wanted = hello.pool_key, loop.policy_state.mode
+            asked, rollout = pool.rollouts.asked(hello.engine_id, wanted, lambda: [
                 e for e, r in self._engines.items() if r.connected and r.loop.hello.pool_key == key
                 and r.own is None], now_s)
             if rollout is not None:
-                effects.rollouts.append(RolloutEvent(hello.pool_key, "started", rollout.from_mode.value,
-                                                     rollout.to_mode.value, rollout.describe(pool.num_connected)))
-                self._decide_pool(hello.pool_key, now_s, effects, skip=hello.engine_id)
-                if hello.engine_id in rollout.canary_ids:
-                    outcome = loop.decide(estimate, intent=_held(base_intent, rollout.to_mode), now_s=now_s,
-                                          force_push=force_push, trigger_traceparent=trigger_traceparent)
+                effects.rollouts.append(RolloutEvent(key, "started", rollout.from_mode.value, rollout.to_mode.value,
+                                                     rollout.describe(pool.num_connected)))
+                self._decide_pool(key, now_s, effects, skip=hello.engine_id)
+            if asked is not Asked.NOTHING and outcome.decision.mode != wanted:
+                outcome = loop.decide(estimate, intent=held_intent(base_intent, wanted), now_s=now_s,
+                                      force_push=force_push, trigger_traceparent=trigger_traceparent)
         effects.num_computed += 1
         if self._timer is not None:
             effects.decide_latencies_s.append(self._timer() - started)
@@ -500,11 +488,25 @@ class FleetState:
             return
         pool.rollout_checked_s = now_s
         verdict = rollout.evaluate(now_s) if pool.num_connected >= MIN_ENGINES else RolloutVerdict.ABORTED
-        if verdict is None:
-            return
+        if verdict is not None:
+            self._end_rollout(key, verdict, now_s, effects)
+
+    def steer_rollout(self, key: str, verdict: RolloutVerdict, now_s: float) -> Effects | None:
+        """An operator ends the pool's rollout now (promoted or aborted); None when none is in progress."""
+        pool = self._pools.get(key)
+        if pool is None or pool.rollouts.active is None:
+            return None
+        effects = Effects()
+        self._end_rollout(key, verdict, now_s, effects)
+        return effects
+
+    def _end_rollout(self, key: str, verdict: RolloutVerdict, now_s: float, effects: Effects) -> None:
+        pool = self._pools[key]
+        rollout = pool.rollouts.active
+        detail = rollout.describe(pool.num_connected)
         effects.rollouts.append(RolloutEvent(key, verdict.value, rollout.from_mode.value, rollout.to_mode.value,
-                                             rollout.describe(pool.num_connected)))
-        pool.rollouts.finish(verdict, now_s)
+                                             detail))
+        pool.rollouts.finish(verdict, now_s, detail=detail)
         self._decide_pool(key, now_s, effects)
 
     def _decide_pool(self, key: str, now_s: float, effects: Effects, *, skip: str = "") -> None:
@@ -512,18 +514,14 @@ class FleetState:
             if record.connected and record.loop.hello.pool_key == key and engine_id != skip:
                 self._decide(record, now_s, effects)
 
-    def rollout_of(self, key: str) -> str:
-        """The pool's rollout in words ("" when none is running)."""
-        pool = self._pools.get(key)
-        if pool is None or pool.rollouts.active is None:
-            return ""
-        return pool.rollouts.active.describe(pool.num_connected)
+
 
     def _forget(self, engine_id: str, record: EngineRecord, reason: str, now_s: float, effects: Effects) -> None:
         del self._engines[engine_id]
         pool = self._pools.get(record.loop.hello.pool_key)
         if pool is not None:
             pool.distinct.discard(engine_id)
+            pool.rollouts.forget(engine_id)
         self._leave_disconnected_queue(engine_id, record)
         key = record.loop.hello.pool_key
         effects.forgotten.append(Forgotten(engine_id, key, reason, record.identity, now_s - record.disconnected_at_s))

@@ -1,11 +1,14 @@
 """Guarded rollouts: a pool's change of mode goes to a canary subset first, and is promoted or rolled back on
 measured throughput.
 
-A pool of MIN_ENGINES or more connected engines has an established mode (the mode its engines run; the first
-one decided). When the model (the crossover rule, δ included) asks an engine for another mode, a rollout
-starts: a canary subset of the pool's connected engines (CANARY_FRACTION, at least one, chosen by a hash of
-the engine ids and the rollout's start, so replicas and restarts pick alike) runs the new mode, every other
-engine (the control) holds the established one. Operators' pins bypass it.
+In a pool of MIN_ENGINES or more connected engines each engine has an established mode: the mode of its first
+data-driven verdict, then of each change it was let through (engines of one pool may differ: the crossover
+depends on each engine's occupancy). When the model (the crossover rule, δ included) asks an engine for another
+mode, a rollout of that change starts among the pool's engines of the same established mode (the
+participants): a canary subset of them (CANARY_FRACTION, at least one, at most all but one, chosen by a hash of
+the engine ids and the rollout's start, so replicas and restarts pick alike) runs the new mode, the other
+participants (the control) hold theirs. One change is under test per pool at a time; other changes wait, held.
+Operators' pins and explicit δ overrides bypass it.
 
 Both groups are measured on what they deliver: per engine and per SLICE_S seconds, output (decode) tokens per
 busy second (the sum of its steps' decode tokens over the sum of their durations), after WARMUP_S seconds for
@@ -18,8 +21,9 @@ lower bound (mean difference − bound standard errors) is above −TOLERANCE af
 or which is not beyond the bound after MAX_OBSERVE_S, is promoted. With Z_BOUND = 3.5 (one-sided 0.023% per look)
 and at most MAX_OBSERVE_S / SLICE_S = 36 looks, a change that makes no difference is rolled back with
 probability at most 36 × 0.023% ≈ 0.84% (Bonferroni; looks are correlated, so the real rate is lower). A
-rolled-back change is not tried again for COOLDOWN_S; the model asking for it meanwhile is answered by holding
-the established mode (reason rollout_hold).
+rolled-back (or aborted) change is not tried again for COOLDOWN_S: the model asking for it meanwhile is
+answered by holding the established mode (reason rollout_hold); a promoted one is let through at once for
+COOLDOWN_S (the control engines, and any other engine asking for the same change, switch).
 
 Pure: no I/O, no clock (times are passed in).
 """
@@ -32,7 +36,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controlplane.core.types import Mode
+from controlplane.core.types import DeltaSource, Mode, ModePin, OperatorIntent, Reason
 
 MIN_ENGINES = 2
 CANARY_FRACTION = 0.1
@@ -45,6 +49,19 @@ TOLERANCE = 0.01
 Z_BOUND = 3.5
 COOLDOWN_S = 600.0
 MIN_BUSY_S = 0.5  # a slice with less stepping says nothing about throughput
+
+
+# Where δ may come from in a guarded pool: an operator's explicit δ override bypasses the guard.
+UNGUIDED_SOURCES = (DeltaSource.DEFAULT, DeltaSource.OBJECTIVE)
+
+
+def held_intent(intent: OperatorIntent, mode: Mode | None) -> OperatorIntent:
+    """The intent holding an engine on `mode` for a guarded rollout (unchanged when None): a pin that applies
+    only where the model asks for another mode, with reason rollout_hold."""
+    if mode is None:
+        return intent
+    return OperatorIntent(delta_s_per_token=intent.delta_s_per_token, delta_source=intent.delta_source,
+                          pin=ModePin(mode=mode, reason=Reason.ROLLOUT_HOLD))
 
 
 class Verdict(enum.StrEnum):
@@ -128,11 +145,12 @@ class Rollout:
     to_mode: Mode
     started_at_s: float
     canary_ids: frozenset[str]
+    participants: frozenset[str] = frozenset()  # the engines of the change's established mode at its start
     slices: dict[str, _Slices] = field(default_factory=dict)
     last: Comparison | None = None
 
     def observe(self, engine_id: str, now_s: float, tokens: float, busy_s: float) -> None:
-        if now_s - self.started_at_s < WARMUP_S:
+        if now_s - self.started_at_s < WARMUP_S or (self.participants and engine_id not in self.participants):
             return
         self.slices.setdefault(engine_id, _Slices(start_s=now_s)).add(now_s, tokens, busy_s)
 
@@ -163,47 +181,88 @@ class Rollout:
                 f"({c.num_canary} / {c.num_control} slices)")
 
 
+class Asked(enum.Enum):
+    """What an engine's data-driven verdict asks of the pool's guard (`PoolRollouts.asked`)."""
+
+    NOTHING = "nothing"  # its established mode, a change held (blocked, or another rollout running), or too few
+    SWITCH = "switch"  # a change promoted recently: it runs it now (its established mode follows)
+    CANARY = "canary"  # a rollout of its change runs (or just started) with this engine as a canary
+
+
 @dataclass(slots=True)
 class PoolRollouts:
-    """A pool's established mode, its rollout in progress, and the changes rolled back recently."""
+    """Each engine's established mode (the mode of its first data-driven verdict, then of each change it was
+    let through), the pool's rollout in progress, and the changes rolled back or promoted recently."""
 
-    established: Mode | None = None
+    established: dict[str, Mode] = field(default_factory=dict)
     active: Rollout | None = None
     blocked_until_s: dict[tuple[Mode, Mode], float] = field(default_factory=dict)
-    history: list[tuple[float, Mode, Mode, Verdict]] = field(default_factory=list)
+    approved_until_s: dict[tuple[Mode, Mode], float] = field(default_factory=dict)
+    history: list[Ended] = field(default_factory=list)  # the latest verdicts, oldest first (at most 16)
 
     def hold_for(self, engine_id: str) -> Mode | None:
-        """The mode an engine must run while the pool is guarded: the change's for a canary, the established
-        one for the others; None before the pool's first decision."""
-        if self.active is not None:
-            return self.active.to_mode if engine_id in self.active.canary_ids else self.active.from_mode
-        return self.established
+        """The mode an engine is held on (only where the model asks for another): a canary's new mode, else
+        the engine's established mode; None before its first data-driven verdict."""
+        active = self.active
+        if active is not None and engine_id in active.canary_ids:
+            return active.to_mode
+        return self.established.get(engine_id)
 
-    def asked(self, wanted: Mode, connected: Callable[[], list[str]], now_s: float) -> Rollout | None:
-        """The model asked an engine for `wanted`: the rollout to start (None when none starts: no
-        established mode yet, the same mode, a rollout already running, the change blocked, or fewer than
-        MIN_ENGINES engines). `connected` lists the pool's engines; it is called only when one may start."""
-        if self.established is None:
-            self.established = wanted
-            return None
-        if wanted == self.established or self.active is not None:
-            return None
-        if self.blocked_until_s.get((self.established, wanted), -math.inf) > now_s:
-            return None
-        engine_ids = connected()
-        if len(engine_ids) < MIN_ENGINES:
-            return None
-        self.active = Rollout(self.established, wanted, now_s, canaries(engine_ids, now_s))
-        return self.active
+    def asked(self, engine_id: str, wanted: Mode, engines: Callable[[], list[str]], now_s: float
+              ) -> tuple[Asked, Rollout | None]:
+        """The model asked `engine_id` for `wanted` (a data-driven verdict). A change from the engine's
+        established mode is let through when promoted within COOLDOWN_S, held when rolled back within
+        COOLDOWN_S or while another change is under test, and otherwise starts a rollout among the pool's
+        engines (`engines()`, called only then) of the same established mode. Returns what the engine runs now
+        and the rollout started (None when none started)."""
+        established = self.established.setdefault(engine_id, wanted)
+        if wanted == established:
+            return Asked.NOTHING, None
+        change = (established, wanted)
+        if self.approved_until_s.get(change, -math.inf) > now_s:
+            self.established[engine_id] = wanted
+            return Asked.SWITCH, None
+        active = self.active
+        if active is not None:
+            same = (active.from_mode, active.to_mode) == change and engine_id in active.canary_ids
+            return (Asked.CANARY if same else Asked.NOTHING), None
+        if self.blocked_until_s.get(change, -math.inf) > now_s:
+            return Asked.NOTHING, None
+        participants = [e for e in engines() if self.established.get(e) == established]
+        if len(participants) < MIN_ENGINES:
+            return Asked.NOTHING, None
+        self.active = Rollout(established, wanted, now_s, canaries(participants, now_s), frozenset(participants))
+        return (Asked.CANARY if engine_id in self.active.canary_ids else Asked.NOTHING), self.active
 
-    def finish(self, verdict: Verdict, now_s: float) -> None:
+    def finish(self, verdict: Verdict, now_s: float, *, detail: str = "") -> None:
+        """End the rollout in progress: promoted (its change is let through for COOLDOWN_S, its canaries'
+        established mode is the new one), rolled back or aborted (the change is held off for COOLDOWN_S)."""
         rollout = self.active
         if rollout is None:
             return
+        change = (rollout.from_mode, rollout.to_mode)
         if verdict == Verdict.PROMOTED:
-            self.established = rollout.to_mode
-        elif verdict == Verdict.ROLLED_BACK:
-            self.blocked_until_s[(rollout.from_mode, rollout.to_mode)] = now_s + COOLDOWN_S
-        self.history.append((now_s, rollout.from_mode, rollout.to_mode, verdict))
+            self.approved_until_s[change] = now_s + COOLDOWN_S
+            self.blocked_until_s.pop(change, None)
+            for engine_id in rollout.canary_ids:
+                self.established[engine_id] = rollout.to_mode
+        else:
+            self.blocked_until_s[change] = now_s + COOLDOWN_S
+            self.approved_until_s.pop(change, None)
+        self.history.append(Ended(rollout, verdict, now_s, detail))
         del self.history[:-16]
         self.active = None
+
+    def forget(self, engine_id: str) -> None:
+        """An engine left the pool here."""
+        self.established.pop(engine_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A rollout's verdict: `detail` is its comparison in words when it ended."""
+
+    rollout: Rollout
+    verdict: Verdict
+    ended_at_s: float
+    detail: str

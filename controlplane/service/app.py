@@ -121,6 +121,7 @@ class ControllerApp:
             asyncio.create_task(self._supervised("scheduler", self._scheduler_loop), name="scheduler"),
             asyncio.create_task(self._supervised("pools", self._pool_loop), name="pools"),
             asyncio.create_task(self._supervised("writer", self.controller.writer.run), name="writer"),
+            asyncio.create_task(self._supervised("audit", self.controller.audits.run), name="audit"),
             asyncio.create_task(self._supervised("store", self._store_loop), name="store-loop"),
             asyncio.create_task(self._supervised("overrides", self._override_loop), name="override-loop"),
         ]

@@ -18,6 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import grpc
 
@@ -26,10 +27,13 @@ from controlplane.loop.codec import calibration_to_cost_model, cost_model_to_cal
 from controlplane.loop.fleet import Effects, FleetState
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.overrides import OverrideError, check_kind, check_override, check_reason
+from controlplane.loop.rollout import Ended
+from controlplane.loop.rollout import Verdict as RolloutVerdict
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
 from controlplane.protocol import VERSION_EPOCH_FACTOR
 from controlplane.service import fleet_view
+from controlplane.service.audit_writer import AuditWriter, rollout_audit
 from controlplane.service.config import ControllerConfig
 from controlplane.service.epochs import EpochReserver
 from controlplane.service.memory import collect_and_release
@@ -83,6 +87,7 @@ class Controller:
         self._pools = PoolSync(self.fleet, store, self._health, metrics, clock=clock)
         self._watchers = Watchers(metrics)
         self.writer = DecisionWriter(store, on_failure=self.note_store_failure, on_success=self._health.ok)
+        self._audits = AuditWriter(store, on_failure=self.note_store_failure)
         self._epochs = EpochReserver(store)
         self._capacity_warned_s = -math.inf
         self._gauges_at_s = float("-inf")
@@ -143,6 +148,11 @@ class Controller:
     @property
     def store_answered(self) -> bool:
         return self._health.answered
+
+    @property
+    def audits(self) -> AuditWriter:
+        """The audit entries of rollouts, appended by their own task (`service.audit_writer`)."""
+        return self._audits
 
     def note_store_failure(self, operation: str, exc: Exception) -> None:
         """Count a failed store operation and remember since when the store is down."""
@@ -282,6 +292,8 @@ class Controller:
                         event.detail)
             m.pool_rollouts.labels(pool=event.pool_key, event=event.event).inc()
             self._tracer.trace_rollout(event)
+            self._audits.submit(rollout_audit(event, actor=event.actor or f"controller {self.fleet.replica_id}",
+                                              at_s=self._clock()))
         if effects.forgotten:
             self._note_forgotten(effects)
         for key in effects.forgotten_pools:
@@ -397,6 +409,17 @@ class Controller:
                               operator_pb2.ScopeKind.Name(r.scope.kind).removeprefix("SCOPE_KIND_").lower(),
                               scope_key(r.scope), r.expires_at_s))
         self._metrics.show_overrides(shown)
+
+    def steer_rollout(self, pool_key: str, verdict: RolloutVerdict, *, actor: str, reason: str) -> Ended | None:
+        """An operator promotes or aborts the pool's rollout now (audited with `actor` and `reason`); the ended
+        rollout, or None when none is in progress here."""
+        check_reason(reason)
+        effects = self.fleet.steer_rollout(pool_key, verdict, self._clock())
+        if effects is None:
+            return None
+        effects.rollouts[:] = [replace(e, actor=actor, reason=reason) for e in effects.rollouts]
+        self._apply(effects)
+        return self.fleet.pool(pool_key).rollouts.history[-1]
 
     async def put_calibration(self, calibration: operator_pb2.Calibration, *, actor: str = "") -> \
             operator_pb2.Calibration:

@@ -21,6 +21,7 @@ from controlplane.loop.fleet import EngineRecord, FleetState
 from controlplane.loop.ingest import EngineSupport
 from controlplane.loop.objective import ObjectiveTracker
 from controlplane.loop.outcomes import OutcomeSummary
+from controlplane.loop.rollout import Ended, Rollout
 from controlplane.protocol import (
     MAX_SUPPORT_DETAIL_CHARS,
     MAX_SUPPORT_MISSING,
@@ -177,7 +178,9 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
             if record.decided_from_own:
                 view.latest.flags.append("engine_decided_from_own_statistics")
         summary, tracker = fleet.outcomes_of(engine_id), fleet.objective_of(loop.hello.pool_key)
-        rollout = fleet.rollout_of(loop.hello.pool_key)
+        pool = fleet.pool(loop.hello.pool_key)
+        active = pool.rollouts.active if pool is not None else None
+        rollout = active.describe(pool.num_connected) if active is not None else ""
         if summary is not None or tracker is not None or rollout:
             view.outcomes.CopyFrom(outcomes_message(summary, tracker))
             view.outcomes.rollout = rollout
@@ -188,6 +191,35 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
         pool = common_pb2.Pool(model=model, accelerator=accelerator)
         return operator_pb2.DecisionView(engine_id=engine_id, pool=pool, decision=restored[1])
     return None
+
+
+def rollout_view(key: str, rollout: Rollout, fleet: FleetState, *, ended: Ended | None = None
+                 ) -> operator_pb2.RolloutView:
+    """The wire form of a pool's rollout (in progress when `ended` is None)."""
+    model, _, accelerator = key.partition("|")
+    pool = fleet.pool(key)
+    num_engines = pool.num_connected if pool is not None else 0
+    return operator_pb2.RolloutView(
+        pool=common_pb2.Pool(model=model, accelerator=accelerator), from_mode=rollout.from_mode.value,
+        to_mode=rollout.to_mode.value, started_at_s=rollout.started_at_s,
+        ended_at_s=ended.ended_at_s if ended is not None else 0.0,
+        state=ended.verdict.value if ended is not None else "running", canary_engine_ids=sorted(rollout.canary_ids),
+        num_engines=num_engines, detail=ended.detail if ended is not None else rollout.describe(num_engines),
+        controller_id=fleet.replica_id)
+
+
+def rollouts_response(fleet: FleetState) -> operator_pb2.ListRolloutsResponse:
+    """This replica's rollouts in progress (by pool) and its pools' recent verdicts (newest first)."""
+    response = operator_pb2.ListRolloutsResponse()
+    recent = []
+    for key in sorted(fleet.pool_keys()):
+        rollouts = fleet.pool(key).rollouts
+        if rollouts.active is not None:
+            response.rollouts.append(rollout_view(key, rollouts.active, fleet))
+        recent += [(ended.ended_at_s, key, ended) for ended in rollouts.history]
+    for _, key, ended in sorted(recent, key=lambda item: -item[0])[:64]:
+        response.recent.append(rollout_view(key, ended.rollout, fleet, ended=ended))
+    return response
 
 
 def outcomes_message(summary: OutcomeSummary | None, tracker: ObjectiveTracker | None) -> operator_pb2.PoolOutcomes:

@@ -20,10 +20,17 @@ import grpc
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.loop.overrides import SCOPE_RANK, OverrideError, check_kind, check_reason, expiry_at
+from controlplane.loop.rollout import Verdict as RolloutVerdict
 from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key, pool_key_of
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
 from controlplane.service.controller import Controller
-from controlplane.service.fleet_view import engine_infos_yielding, merge_engine_infos_yielding, stored_decision_view
+from controlplane.service.fleet_view import (
+    engine_infos_yielding,
+    merge_engine_infos_yielding,
+    rollout_view,
+    rollouts_response,
+    stored_decision_view,
+)
 from controlplane.service.fleet_watch import SharedFollower
 from controlplane.service.read_gate import ReadGate
 from controlplane.service.scopes import scope_is_known, unknown_scope_warning
@@ -122,6 +129,26 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         cleared = await self._change(context, self._controller.clear_override(
             request.scope, request.kind, actor=self._actor(context), reason=request.reason))
         return with_warnings(cleared, await self._scope_warnings(request.scope))
+
+    async def ListRollouts(self, request: operator_pb2.ListRolloutsRequest,  # noqa: N802
+                           context: grpc.aio.ServicerContext) -> operator_pb2.ListRolloutsResponse:
+        return rollouts_response(self._controller.fleet)
+
+    async def SteerRollout(self, request: operator_pb2.SteerRolloutRequest,  # noqa: N802
+                           context: grpc.aio.ServicerContext) -> operator_pb2.RolloutView:
+        key = await _pool_key(context, request.pool)
+        verdict = _STEER.get(request.action)
+        if verdict is None:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         "action must be ROLLOUT_ACTION_PROMOTE or ROLLOUT_ACTION_ABORT")
+        try:
+            ended = self._controller.steer_rollout(key, verdict, actor=self._actor(context), reason=request.reason)
+        except OverrideError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if ended is None:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"no rollout in progress for pool {bounded(key)} on "
+                         f"this replica")
+        return rollout_view(key, ended.rollout, self._controller.fleet, ended=ended)
 
     async def ListOverrides(self, request: operator_pb2.ListOverridesRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> operator_pb2.ListOverridesResponse:
@@ -332,6 +359,10 @@ def pin_warnings(request: operator_pb2.PinModeRequest, engines: list[operator_pb
         warnings.append(f"no engine in scope {bounded(scope_key(scope))} is connected to this controller: k and n "
                         f"were not checked against engine limits")
     return warnings
+
+
+_STEER = {operator_pb2.ROLLOUT_ACTION_PROMOTE: RolloutVerdict.PROMOTED,
+          operator_pb2.ROLLOUT_ACTION_ABORT: RolloutVerdict.ABORTED}
 
 
 def audit_entry(row: dict[str, str]) -> operator_pb2.AuditEntry:

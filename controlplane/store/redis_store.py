@@ -342,6 +342,17 @@ class RedisStore(HistoryMixin, PoolStatisticsMixin):
                 in_force.append(record)
         return in_force
 
+    async def append_audit(self, entry: Mapping[str, str]) -> None:
+        """Append one audit entry that changes no record (a rollout started or ended, an operator's steering of
+        one): the fields as `read_audit` returns them ("action", "kind", "scope", "actor", "at_s", "reason",
+        "old", "new").
+
+        Raises:
+            StoreUnavailable: when Redis fails.
+        """
+        async with self._operation("append_audit"):
+            await self._redis.xadd(self._keys.audit, dict(entry), maxlen=self._audit_maxlen, approximate=True)
+
     async def read_audit(self, count: int) -> list[dict[str, str]]:
         """The latest `count` audit entries, newest first.
 

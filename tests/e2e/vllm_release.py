@@ -36,12 +36,17 @@ def wheel_name(version: str, machine: str | None = None) -> str:
 
 
 def fetch_wheel(version: str, cache_dir: Path = CACHE_DIR) -> Path:
-    """The release's wheel for this machine from PyPI, its sha256 checked against the index (kept in cache_dir).
+    """The release's wheel for this machine (`fetch_release_file`)."""
+    return fetch_release_file(wheel_name(version), cache_dir)
+
+
+def fetch_release_file(name: str, cache_dir: Path = CACHE_DIR) -> Path:
+    """One of vllm's release files on PyPI (a wheel, the sdist), its sha256 checked against the index (kept in
+    cache_dir; a file already there with the index's sha256 is not downloaded again).
 
     Raises:
-        RuntimeError: PyPI has no such wheel, or the download's sha256 differs from the index's.
+        RuntimeError: PyPI has no such file, or the download's sha256 differs from the index's.
     """
-    name = wheel_name(version)
     request = urllib.request.Request(INDEX_URL, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         files = json.load(response)["files"]

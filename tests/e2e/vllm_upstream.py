@@ -10,20 +10,18 @@ the scheduler reads a config, never weights or a tokenizer). `run_upstream` runs
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tarfile
-import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
-INDEX_URL = "https://pypi.org/simple/vllm/"
-CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "controlplane-tests"
+from tests.e2e.vllm_release import CACHE_DIR, fetch_release_file
+
 TEST_FILES = tuple(f"tests/v1/core/{name}.py" for name in (
     "test_scheduler", "test_async_scheduler", "test_priority_scheduler_random", "test_priority_preemption_bug",
     "test_deferred_block_free", "test_swa_inflight_window_free", "test_worker_slot_overflow", "test_prefix_replay",
@@ -41,33 +39,7 @@ FAILED_TEST_S = 300
 
 def fetch_sdist(version: str, cache_dir: Path = CACHE_DIR) -> Path:
     """vllm-<version>.tar.gz from PyPI, its sha256 checked against the index (kept in cache_dir)."""
-    name = f"vllm-{version}.tar.gz"
-    request = urllib.request.Request(INDEX_URL, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        files = json.load(response)["files"]
-    [entry] = [f for f in files if f["filename"] == name]
-    expected = entry["hashes"]["sha256"]
-    path = cache_dir / name
-    if path.exists() and _sha256(path) == expected:
-        return path
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".part")
-    with urllib.request.urlopen(entry["url"], timeout=300) as response, partial.open("wb") as out:
-        while chunk := response.read(1 << 20):
-            out.write(chunk)
-    if _sha256(partial) != expected:
-        partial.unlink()
-        raise RuntimeError(f"{name}: sha256 differs from the index's {expected}")
-    partial.replace(path)
-    return path
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return fetch_release_file(f"vllm-{version}.tar.gz", cache_dir)
 
 
 def extract_tests(sdist: Path, dest: Path) -> None:

@@ -399,3 +399,13 @@ def test_objective_commands_set_list_and_clear(demo: dict[str, str]) -> None:
     assert ctl_json("objectives", env=demo)["objectives"] == []
     audit = ctl_json("audit", "--limit", "2", env=demo)["entries"]
     assert [(a["action"], a["kind"]) for a in audit] == [("clear", "objective"), ("set", "objective")]
+
+
+def test_rollout_commands_list_and_refuse_a_pool_without_one(demo: dict[str, str]) -> None:
+    listed = ctl_json("rollouts", env=demo)
+    assert set(listed) == {"rollouts", "recent"}
+    assert all(r["state"] == "running" for r in listed["rollouts"])
+    table = _run("ctl", "rollouts", env=demo).stdout
+    assert "POOL" in table and "CHANGE" in table
+    missing = _run("ctl", "rollout", "abort", "--pool", "no/such|pool", "--reason", "test", env=demo)
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr

@@ -6,10 +6,10 @@ The golden rows were recorded on the controller before it became a shell around 
 re-recorded once since, when judging changed (`loop.judging`): the outlier engine a3's running requests no
 longer reach the pool while it is on probation (4 decisions of each other engine of its pool changed, μ̂_O
 126.8 instead of 140.5 against a true 128), and a3, kept out, is decided from its own statistics; and again
-when mode changes became guarded rollouts (`loop.rollout`): the pool's first data-driven mode (MB, at second 6)
-is established, the model's later EB goes to one canary engine while the others hold MB (reason rollout_hold)
-until it is promoted (the recording carries no steps, so it cannot be measured and is promoted after the
-warm-up), 11 rows fewer."""
+when mode changes became guarded rollouts (`loop.rollout`): each engine's first data-driven mode (MB, at second
+6) is established, the model's later EB goes to one canary engine while the others hold MB (reason
+rollout_hold) until it is promoted (the recording carries no steps, so it cannot be measured and is promoted
+after the warm-up); a3, first decided later, is established on EB at once; 10 rows fewer."""
 
 from __future__ import annotations
 

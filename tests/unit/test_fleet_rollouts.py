@@ -93,12 +93,12 @@ def test_a_change_that_is_as_good_is_promoted_to_the_pool() -> None:
     during: set[tuple[str, int]] = set()
     for t in range(31, 31 + 240):
         _run(fleet, streams, t, t, RATE, rng, events)
-        if fleet.rollout_of(POOL_KEY):
+        if fleet.pool(POOL_KEY).rollouts.active is not None:
             during |= set(_modes(fleet).items())
     assert [e.event for _, e in events] == ["started", "promoted"], events
     assert {mode for _, mode in during} == {common_pb2.MODE_MB, common_pb2.MODE_EB}  # canary and control
     assert set(_modes(fleet).values()) == {common_pb2.MODE_EB}
-    assert not fleet.rollout_of(POOL_KEY)
+    assert fleet.pool(POOL_KEY).rollouts.active is None
 
 
 def test_an_operators_pin_bypasses_the_guard() -> None:
@@ -109,4 +109,4 @@ def test_an_operators_pin_bypasses_the_guard() -> None:
     pin = operator_pb2.OverrideRecord(kind=operator_pb2.OVERRIDE_KIND_PIN, mode=operator_pb2.PINNED_MODE_EB,
                                       scope=operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET))
     fleet.set_overrides([pin], START_S + 30)
-    assert set(_modes(fleet).values()) == {common_pb2.MODE_EB} and not fleet.rollout_of(POOL_KEY)
+    assert set(_modes(fleet).values()) == {common_pb2.MODE_EB} and fleet.pool(POOL_KEY).rollouts.active is None

@@ -12,6 +12,7 @@ from controlplane.loop.rollout import (
     COOLDOWN_S,
     MAX_OBSERVE_S,
     MIN_OBSERVE_S,
+    Asked,
     PoolRollouts,
     Verdict,
     canaries,
@@ -24,8 +25,8 @@ def _run(rollouts: PoolRollouts, rng: np.random.Generator, *, canary_factor: flo
          noise: float = 0.05) -> tuple[Verdict | None, float]:
     """Feed one batch per engine per second (rate 1,000 tokens per busy second, the canaries' × canary_factor,
     each with `noise` relative noise) until a verdict; returns it and its time since the start."""
-    rollout = rollouts.asked(Mode.EB, lambda: ENGINES, start_s)
-    assert rollout is not None
+    asked, rollout = rollouts.asked(ENGINES[0], Mode.EB, lambda: ENGINES, start_s)
+    assert rollout is not None and asked == (Asked.CANARY if ENGINES[0] in rollout.canary_ids else Asked.NOTHING)
     for second in range(1, int(2 * MAX_OBSERVE_S) + 2):
         now_s = start_s + second
         for engine in ENGINES:
@@ -41,7 +42,8 @@ def _run(rollouts: PoolRollouts, rng: np.random.Generator, *, canary_factor: flo
 
 def _established(mode: Mode = Mode.MB) -> PoolRollouts:
     rollouts = PoolRollouts()
-    assert rollouts.asked(mode, lambda: ENGINES, 0.0) is None  # the first decision establishes the mode
+    for engine in ENGINES:  # each engine's first data-driven verdict establishes its mode
+        assert rollouts.asked(engine, mode, lambda: ENGINES, 0.0) == (Asked.NOTHING, None)
     return rollouts
 
 
@@ -49,16 +51,19 @@ def test_a_worse_canary_is_rolled_back_within_three_minutes_and_not_retried_duri
     rollouts = _established()
     verdict, after_s = _run(rollouts, np.random.default_rng(0), canary_factor=0.9)
     assert verdict == Verdict.ROLLED_BACK and after_s <= 180
-    assert rollouts.established == Mode.MB and rollouts.hold_for("engine-3") == Mode.MB
-    assert rollouts.asked(Mode.EB, lambda: ENGINES, after_s + 10) is None  # blocked
-    assert rollouts.asked(Mode.EB, lambda: ENGINES, after_s + COOLDOWN_S + 1) is not None  # tried again later
+    assert rollouts.hold_for("engine-3") == Mode.MB and set(rollouts.established.values()) == {Mode.MB}
+    assert rollouts.asked("engine-1", Mode.EB, lambda: ENGINES, after_s + 10) == (Asked.NOTHING, None)  # blocked
+    _, again = rollouts.asked("engine-1", Mode.EB, lambda: ENGINES, after_s + COOLDOWN_S + 1)
+    assert again is not None  # tried again later
 
 
-def test_a_better_canary_is_promoted_after_the_minimum_observation() -> None:
+def test_a_better_canary_is_promoted_after_the_minimum_observation_and_the_others_follow() -> None:
     rollouts = _established()
     verdict, after_s = _run(rollouts, np.random.default_rng(1), canary_factor=1.1)
     assert verdict == Verdict.PROMOTED and MIN_OBSERVE_S <= after_s <= MAX_OBSERVE_S
-    assert rollouts.established == Mode.EB and rollouts.hold_for("engine-0") == Mode.EB
+    control = next(e for e in ENGINES if rollouts.established[e] == Mode.MB)
+    assert rollouts.asked(control, Mode.EB, lambda: ENGINES, after_s + 1) == (Asked.SWITCH, None)
+    assert rollouts.established[control] == Mode.EB and rollouts.hold_for(control) == Mode.EB
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -75,11 +80,15 @@ def test_canaries_are_a_tenth_at_least_one_and_never_the_whole_pool() -> None:
     assert canaries(ENGINES, 5.0) == canaries(list(reversed(ENGINES)), 5.0)  # order-independent
 
 
-def test_while_a_rollout_runs_canaries_hold_the_new_mode_and_the_others_the_old() -> None:
+def test_while_a_rollout_runs_canaries_hold_the_new_mode_and_the_others_their_own() -> None:
     rollouts = _established(Mode.EB)
-    rollout = rollouts.asked(Mode.MB, lambda: ENGINES, 100.0)
-    assert rollout is not None and rollouts.asked(Mode.MB, lambda: ENGINES, 101.0) is None  # one at a time
+    rollouts.established["busy"] = Mode.MB  # an engine whose own verdict differs is not a participant
+    _, rollout = rollouts.asked("engine-0", Mode.MB, lambda: [*ENGINES, "busy"], 100.0)
+    assert rollout is not None and "busy" not in rollout.participants and "busy" not in rollout.canary_ids
+    assert rollouts.asked("engine-1", Mode.MB, lambda: ENGINES, 101.0)[1] is None  # one at a time
     for engine in ENGINES:
         assert rollouts.hold_for(engine) == (Mode.MB if engine in rollout.canary_ids else Mode.EB)
     assert "canary eb→mb" in rollout.describe(len(ENGINES))
-    assert PoolRollouts().asked(Mode.EB, lambda: ["only"], 0.0) is None
+    lone = PoolRollouts()
+    lone.asked("only", Mode.MB, lambda: ["only"], 0.0)
+    assert lone.asked("only", Mode.EB, lambda: ["only"], 1.0) == (Asked.NOTHING, None)  # fewer than two engines

@@ -38,6 +38,12 @@ class ObjectiveState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OBJECTIVE_STATE_MEETING: _ClassVar[ObjectiveState]
     OBJECTIVE_STATE_ADJUSTING: _ClassVar[ObjectiveState]
     OBJECTIVE_STATE_INFEASIBLE: _ClassVar[ObjectiveState]
+
+class RolloutAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLLOUT_ACTION_UNSPECIFIED: _ClassVar[RolloutAction]
+    ROLLOUT_ACTION_PROMOTE: _ClassVar[RolloutAction]
+    ROLLOUT_ACTION_ABORT: _ClassVar[RolloutAction]
 SCOPE_KIND_UNSPECIFIED: ScopeKind
 SCOPE_KIND_FLEET: ScopeKind
 SCOPE_KIND_POOL: ScopeKind
@@ -56,6 +62,9 @@ OBJECTIVE_STATE_NO_LATENCY_DATA: ObjectiveState
 OBJECTIVE_STATE_MEETING: ObjectiveState
 OBJECTIVE_STATE_ADJUSTING: ObjectiveState
 OBJECTIVE_STATE_INFEASIBLE: ObjectiveState
+ROLLOUT_ACTION_UNSPECIFIED: RolloutAction
+ROLLOUT_ACTION_PROMOTE: RolloutAction
+ROLLOUT_ACTION_ABORT: RolloutAction
 
 class Scope(_message.Message):
     __slots__ = ("kind", "pool", "engine_id")
@@ -362,6 +371,52 @@ class ListAuditResponse(_message.Message):
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
     def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...
+
+class RolloutView(_message.Message):
+    __slots__ = ("pool", "from_mode", "to_mode", "started_at_s", "ended_at_s", "state", "canary_engine_ids", "num_engines", "detail", "controller_id")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    FROM_MODE_FIELD_NUMBER: _ClassVar[int]
+    TO_MODE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CANARY_ENGINE_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENGINES_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    pool: _common_pb2.Pool
+    from_mode: str
+    to_mode: str
+    started_at_s: float
+    ended_at_s: float
+    state: str
+    canary_engine_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_engines: int
+    detail: str
+    controller_id: str
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., from_mode: _Optional[str] = ..., to_mode: _Optional[str] = ..., started_at_s: _Optional[float] = ..., ended_at_s: _Optional[float] = ..., state: _Optional[str] = ..., canary_engine_ids: _Optional[_Iterable[str]] = ..., num_engines: _Optional[int] = ..., detail: _Optional[str] = ..., controller_id: _Optional[str] = ...) -> None: ...
+
+class ListRolloutsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListRolloutsResponse(_message.Message):
+    __slots__ = ("rollouts", "recent")
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    rollouts: _containers.RepeatedCompositeFieldContainer[RolloutView]
+    recent: _containers.RepeatedCompositeFieldContainer[RolloutView]
+    def __init__(self, rollouts: _Optional[_Iterable[_Union[RolloutView, _Mapping]]] = ..., recent: _Optional[_Iterable[_Union[RolloutView, _Mapping]]] = ...) -> None: ...
+
+class SteerRolloutRequest(_message.Message):
+    __slots__ = ("pool", "action", "reason")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    pool: _common_pb2.Pool
+    action: RolloutAction
+    reason: str
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., action: _Optional[_Union[RolloutAction, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ListHistoryRequest(_message.Message):
     __slots__ = ("limit", "engine_id", "pool")

@@ -89,6 +89,16 @@ class OperatorServiceStub:
                 request_serializer=controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
                 _registered_method=True)
+        self.ListRollouts = channel.unary_unary(
+                '/controlplane.v1.OperatorService/ListRollouts',
+                request_serializer=controlplane_dot_v1_dot_operator__pb2.ListRolloutsRequest.SerializeToString,
+                response_deserializer=controlplane_dot_v1_dot_operator__pb2.ListRolloutsResponse.FromString,
+                _registered_method=True)
+        self.SteerRollout = channel.unary_unary(
+                '/controlplane.v1.OperatorService/SteerRollout',
+                request_serializer=controlplane_dot_v1_dot_operator__pb2.SteerRolloutRequest.SerializeToString,
+                response_deserializer=controlplane_dot_v1_dot_operator__pb2.RolloutView.FromString,
+                _registered_method=True)
         self.ListHistory = channel.unary_unary(
                 '/controlplane.v1.OperatorService/ListHistory',
                 request_serializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryRequest.SerializeToString,
@@ -178,6 +188,20 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRollouts(self, request, context):
+        """The guarded rollouts of the pools this replica holds: those in progress, then the recent verdicts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SteerRollout(self, request, context):
+        """Promote or abort a pool's rollout in progress now (NOT_FOUND when none runs on this replica); audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListHistory(self, request, context):
         """Decisions written to the history stream, the latest written first (optionally of one engine or pool).
         """
@@ -242,6 +266,16 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.FromString,
                     response_serializer=controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'ListRollouts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRollouts,
+                    request_deserializer=controlplane_dot_v1_dot_operator__pb2.ListRolloutsRequest.FromString,
+                    response_serializer=controlplane_dot_v1_dot_operator__pb2.ListRolloutsResponse.SerializeToString,
+            ),
+            'SteerRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.SteerRollout,
+                    request_deserializer=controlplane_dot_v1_dot_operator__pb2.SteerRolloutRequest.FromString,
+                    response_serializer=controlplane_dot_v1_dot_operator__pb2.RolloutView.SerializeToString,
             ),
             'ListHistory': grpc.unary_unary_rpc_method_handler(
                     servicer.ListHistory,
@@ -546,6 +580,60 @@ class OperatorService:
             '/controlplane.v1.OperatorService/ListAudit',
             controlplane_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
             controlplane_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRollouts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.v1.OperatorService/ListRollouts',
+            controlplane_dot_v1_dot_operator__pb2.ListRolloutsRequest.SerializeToString,
+            controlplane_dot_v1_dot_operator__pb2.ListRolloutsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SteerRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.v1.OperatorService/SteerRollout',
+            controlplane_dot_v1_dot_operator__pb2.SteerRolloutRequest.SerializeToString,
+            controlplane_dot_v1_dot_operator__pb2.RolloutView.FromString,
             options,
             channel_credentials,
             insecure,

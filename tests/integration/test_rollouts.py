@@ -1,0 +1,92 @@
+"""Guarded rollouts through a real controller (loopback gRPC, a real redis-server): a calibration put into a
+running pool of three engines asks for another mode; one canary runs it while the others hold the established
+mode; ListRollouts shows it, an operator aborts it with SteerRollout (audited with the controller's own entry of
+its start), and the canary is back on the established mode."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import grpc
+import numpy as np
+import pytest
+
+from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.loop.codec import calibration_to_cost_model, cost_model_to_calibration
+from testbench.messages import geometric_batch
+from tests.integration.controller_harness import (
+    AgentStream,
+    calibration_for,
+    is_data_driven,
+    make_config,
+    operator_stub,
+    running_controller,
+)
+
+POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000 rollouts")
+ENGINES = ("r0", "r1", "r2")
+
+
+def _mb_favouring() -> operator_pb2.Calibration:
+    """The pool's profile with a prefill four times slower: EB's prefill-only steps cost more, MB wins."""
+    costs = calibration_to_cost_model(calibration_for(POOL))
+    return cost_model_to_calibration(replace(costs, beta_p_s_per_token=4 * costs.beta_p_s_per_token), POOL,
+                                     source="mb-favouring")
+
+
+async def test_an_operator_aborts_a_rollout_and_the_canary_returns_to_the_established_mode(redis_url: str) -> None:
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        stub = operator_stub(channel)
+        await stub.PutCalibration(operator_pb2.PutCalibrationRequest(calibration=_mb_favouring()))
+        agents = {e: await AgentStream(channel, e, POOL).open() for e in ENGINES}
+        rng = np.random.default_rng(30)
+        for seq in range(1, 9):
+            for agent in agents.values():
+                await agent.send_batch(geometric_batch(seq, rng, num=250))
+        for agent in agents.values():
+            decision = await agent.next_decision(where=is_data_driven)
+            assert decision.mode == common_pb2.MODE_MB, decision
+        assert not (await stub.ListRollouts(operator_pb2.ListRolloutsRequest())).rollouts
+
+        await stub.PutCalibration(operator_pb2.PutCalibrationRequest(calibration=calibration_for(POOL)))
+        rollouts = []
+        for _ in range(100):
+            rollouts = list((await stub.ListRollouts(operator_pb2.ListRolloutsRequest())).rollouts)
+            if rollouts:
+                break
+            await asyncio.sleep(0.1)
+        assert len(rollouts) == 1, rollouts
+        rollout = rollouts[0]
+        assert (rollout.from_mode, rollout.to_mode, rollout.state) == ("mb", "eb", "running")
+        [canary] = rollout.canary_engine_ids
+        held = [e for e in ENGINES if e != canary]
+        views = {e: await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=e)) for e in ENGINES}
+        assert views[canary].decision.mode == common_pb2.MODE_EB
+        assert all(views[e].decision.mode == common_pb2.MODE_MB and views[e].latest.reason == "rollout_hold"
+                   for e in held), {e: (v.decision.mode, v.latest.reason) for e, v in views.items()}
+        assert views[canary].outcomes.rollout.startswith("canary mb→eb")
+
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.SteerRollout(operator_pb2.SteerRolloutRequest(
+                pool=common_pb2.Pool(model="m", accelerator="none"), action=operator_pb2.ROLLOUT_ACTION_ABORT))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        ended = await stub.SteerRollout(operator_pb2.SteerRolloutRequest(
+            pool=POOL, action=operator_pb2.ROLLOUT_ACTION_ABORT, reason="not during the launch"))
+        assert ended.state == "aborted" and ended.ended_at_s > 0
+        back = await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=canary))
+        assert back.decision.mode == common_pb2.MODE_MB and back.latest.reason == "rollout_hold"
+        listed = await stub.ListRollouts(operator_pb2.ListRolloutsRequest())
+        assert not listed.rollouts and listed.recent[0].state == "aborted"
+
+        audit = []
+        for _ in range(50):  # the audit writer appends within about half a second
+            audit = [e for e in (await stub.ListAudit(operator_pb2.ListAuditRequest())).entries if e.kind == "rollout"]
+            if len(audit) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert [(e.action, e.actor) for e in audit] == [("rollout_aborted", "anonymous"),
+                                                        ("rollout_started", "controller controller-0")], audit
+        assert audit[0].reason == "not during the launch" and audit[0].target == f"pool:{POOL.model}|{POOL.accelerator}"
+        for agent in agents.values():
+            await agent.close()
