@@ -328,3 +328,18 @@ def test_the_model_reads_only_its_keyword_arguments(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("CP_THETA_MAX", "0.3")
     assert ControllerSettings().theta_max == PolicyConfig().theta_max
     assert ControllerSettings(theta_max=0.3).theta_max == 0.3
+
+
+def test_the_sample_settings_file_the_readme_names_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/controller.yaml validates, and every key in it is a setting taken from the file."""
+    import yaml
+
+    sample = REPO / "examples" / "controller.yaml"
+    assert "--config examples/controller.yaml" in (REPO / "README.md").read_text(encoding="utf-8")
+    monkeypatch.setenv("CP_DATA_DIR", str(tmp_path))
+    assert main(["config", "show", "--config", str(sample), "-o", "json"]) == 0
+    rows = {row["setting"] if "setting" in row else row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    keys = [f"{section}.{key}" for section, values in yaml.safe_load(sample.read_text(encoding="utf-8")).items()
+            for key in values]
+    assert keys and all(any(row["source"] == f"file {sample} ({key})" for row in rows.values()) for key in keys), keys
