@@ -434,7 +434,7 @@ class FleetState:
         self._overrides = list(records)
         for key, pool in self._pools.items():
             tracker = sync_tracker(self._trackers, self._overrides, key, now_s)
-            if tracker is not None:
+            if tracker is not None and not tracker.evaluated:
                 tracker.evaluate(now_s, pool.stats.outcomes.total, force=True)
         return self.redecide_all(now_s)
 
@@ -513,8 +513,6 @@ class FleetState:
         for engine_id, record in self.engines():
             if record.connected and record.loop.hello.pool_key == key and engine_id != skip:
                 self._decide(record, now_s, effects)
-
-
 
     def _forget(self, engine_id: str, record: EngineRecord, reason: str, now_s: float, effects: Effects) -> None:
         del self._engines[engine_id]

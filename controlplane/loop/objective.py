@@ -104,6 +104,11 @@ class ObjectiveTracker:
     _violated_at_s: float = -math.inf
     measured_s: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def evaluated(self) -> bool:
+        """Whether the loop has run once (a new objective is evaluated as soon as it is set)."""
+        return self._evaluated_at_s > -math.inf
+
     def evaluate(self, now_s: float, latencies: LatencySet | None, *, force: bool = False) -> bool:
         """One step of the loop at now_s over the window's `latencies`; True when δ changed. Does nothing
         before EVALUATE_EVERY_S since the last evaluation (unless force)."""

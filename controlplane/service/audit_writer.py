@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
 
 from controlplane.loop.effects import RolloutEvent
+from controlplane.service.writer import flush_forever
 from controlplane.store import Store, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -63,9 +63,5 @@ class AuditWriter:
         return True
 
     async def run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=self._flush_interval_s)
-            self._wakeup.clear()
-            if self._pending and not await self.flush():
-                await asyncio.sleep(self._flush_interval_s)
+        await flush_forever(self._wakeup, lambda: bool(self._pending), self.flush, interval_s=self._flush_interval_s,
+                            retry_s=self._flush_interval_s)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import NoReturn
 
 import grpc
@@ -82,36 +82,30 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             await _abort(context, grpc.StatusCode.UNAVAILABLE,
                          f"not applied, it could not be made durable: {exc}")
 
-    async def SetDelta(self, request: operator_pb2.SetDeltaRequest,  # noqa: N802
-                       context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
+    async def _set(self, context: grpc.aio.ServicerContext, request, kind: int, *,
+                   warnings: Callable[[], list[str]] | None = None, **fields) -> operator_pb2.OverrideRecord:
+        """Store the override of `kind` a Set/Pin request describes (its scope, expiry and reason, and `fields`),
+        answered with the scope's warnings and, once stored, those `warnings()` gives."""
         await _check_scope(context, request.scope)
         record = operator_pb2.OverrideRecord(
-            scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_DELTA, delta_s_per_token=request.delta_s_per_token,
-            expires_at_s=await self._expiry(context, request.expires_in_s), reason=request.reason,
-        )
+            scope=request.scope, kind=kind, expires_at_s=await self._expiry(context, request.expires_in_s),
+            reason=request.reason, **fields)
         stored = await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
-        return with_warnings(stored, await self._scope_warnings(request.scope))
+        return with_warnings(stored, [*await self._scope_warnings(request.scope), *(warnings() if warnings else ())])
+
+    async def SetDelta(self, request: operator_pb2.SetDeltaRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
+        return await self._set(context, request, operator_pb2.OVERRIDE_KIND_DELTA,
+                               delta_s_per_token=request.delta_s_per_token)
 
     async def PinMode(self, request: operator_pb2.PinModeRequest,  # noqa: N802
                       context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
-        await _check_scope(context, request.scope)
-        record = operator_pb2.OverrideRecord(
-            scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_PIN, mode=request.mode, k=request.k, n=request.n,
-            expires_at_s=await self._expiry(context, request.expires_in_s), reason=request.reason,
-        )
-        stored = await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
-        return with_warnings(stored, [*await self._scope_warnings(request.scope),
-                                      *pin_warnings(request, self._controller.engine_infos())])
+        return await self._set(context, request, operator_pb2.OVERRIDE_KIND_PIN, mode=request.mode, k=request.k,
+                               n=request.n, warnings=lambda: pin_warnings(request, self._controller.engine_infos()))
 
     async def SetObjective(self, request: operator_pb2.SetObjectiveRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:
-        await _check_scope(context, request.scope)
-        record = operator_pb2.OverrideRecord(
-            scope=request.scope, kind=operator_pb2.OVERRIDE_KIND_OBJECTIVE, objective=request.objective,
-            expires_at_s=await self._expiry(context, request.expires_in_s), reason=request.reason,
-        )
-        stored = await self._change(context, self._controller.set_override(record, actor=self._actor(context)))
-        return with_warnings(stored, await self._scope_warnings(request.scope))
+        return await self._set(context, request, operator_pb2.OVERRIDE_KIND_OBJECTIVE, objective=request.objective)
 
     async def ClearOverride(self, request: operator_pb2.ClearOverrideRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> operator_pb2.OverrideRecord:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from controlplane.api.v1 import common_pb2
 from controlplane.store import DecisionWrite, Store, StoreUnavailable
@@ -68,9 +68,17 @@ class DecisionWriter:
 
     async def run(self) -> None:
         """The writer task: flush on a short interval, back off while the store fails."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=self._flush_interval_s)
-            self._wakeup.clear()
-            if self._pending and not await self.flush():
-                await asyncio.sleep(self._retry_s)
+        await flush_forever(self._wakeup, lambda: bool(self._pending), self.flush, interval_s=self._flush_interval_s,
+                            retry_s=self._retry_s)
+
+
+async def flush_forever(wakeup: asyncio.Event, pending: Callable[[], bool], flush: Callable[[], Awaitable[bool]], *,
+                        interval_s: float, retry_s: float) -> None:
+    """A store writer's task: every `interval_s`, or as soon as `wakeup` is set, `flush()` what is `pending()`;
+    after a flush that left work (the store failed), wait `retry_s` before the next."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wakeup.wait(), timeout=interval_s)
+        wakeup.clear()
+        if pending() and not await flush():
+            await asyncio.sleep(retry_s)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,9 @@ from controlplane.cli.main import main as cli_main
 from tests.integration.controller_harness import LIMITS, make_config, operator_stub, running_controller
 from tests.integration.fuzz_messages import LiveAgent
 from tests.unit.test_agent_scheduler import make_scheduler, model_dir
-from tests.unit.test_vllm_probe import _engine_class
+from tests.unit.test_vllm_probe import _engine_class, engines
 
-__all__ = ["model_dir"]  # a fixture shared with the unit tests
+__all__ = ["engines", "model_dir"]  # fixtures shared with the unit tests
 POOL_KEY = "tiny|cpu"
 ACTIVE_CAP = next(internal for internal in INTERNALS if internal.name == "Scheduler.max_num_active_reqs")
 
@@ -48,14 +47,6 @@ async def _until(predicate, *, timeout_s: float = 15.0):
         if value or asyncio.get_running_loop().time() > deadline:
             return value
         await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-def engines() -> Iterator[list[Any]]:
-    made: list[Any] = []
-    yield made
-    for scheduler in made:
-        scheduler.shutdown()
 
 
 async def test_the_controller_keeps_lists_and_counts_each_engines_verdict(
