@@ -58,7 +58,6 @@ _DECODE_ONLY = StepKind.DECODE_ONLY
 _HOOK_SAMPLES = 4096
 _NO_REQUESTS: tuple[Any, ...] = ()
 _NO_IDS: frozenset[str] = frozenset()
-_MODE_TO_PROTO = MODE_TO_PROTO
 _PASSTHROUGH = common_pb2.MODE_PASSTHROUGH
 # Admission stamps kept at most (one per request in the engine; finished requests drop theirs).
 _MAX_ADMITTED = 1 << 20
@@ -295,7 +294,7 @@ class AgentRuntime:
         decode_tokens = total - prefill_tokens
         num_decode_reqs = len(counts) - num_prefill_reqs
         enforcer = self.enforcer
-        mode = _MODE_TO_PROTO[enforcer.active_policy.mode] if enforcer.steers else _PASSTHROUGH
+        mode = MODE_TO_PROTO[enforcer.active_policy.mode] if enforcer.steers else _PASSTHROUGH
         self._pending_steps.append((prefill_tokens, decode_tokens, num_decode_reqs, started, mode,
                                     s.max_num_scheduled_tokens))
         preempted = output.preempted_req_ids

@@ -137,7 +137,6 @@ class BucketStats:
                    latencies=LatencySet.from_bytes(parts[4]) if known_latencies else None)
 
 
-
 def fair_share_rows(ranges: dict[str, list[tuple[int, int]]], size: int) -> tuple[np.ndarray | None,
                                                                                   dict[str, float]]:
     """The rows of `size` kept when each engine (its row ranges in `ranges`) counts for at most its fair share:

@@ -45,8 +45,9 @@ MAX_RUNNING_BINS = 4096
 MAX_ADMITTED_AGE_S = 7 * 86_400.0
 # A latency (time to first token, per output token, in the queue) beyond this is not believed (an hour).
 MAX_LATENCY_S = 3600.0
-# Arrival and admission stamps come from two processes of one engine (the API server, the engine core): an
-# admission up to this much before the arrival is clock jitter (counted as no wait), beyond it impossible.
+# A request's stamps come from two processes of one engine (its arrival from the API server, its admission and
+# first token from the engine core): a latency down to this much below zero is clock jitter (counted as 0),
+# below it impossible.
 LATENCY_CLOCK_SLACK_S = 0.05
 
 

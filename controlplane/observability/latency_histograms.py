@@ -16,7 +16,7 @@ import numpy as np
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from controlplane.core.latency_sketch import GAMMA, MAX_S, MIN_S, LatencySketch
+from controlplane.core.latency_sketch import LatencySketch, representative_s
 from controlplane.loop.outcomes import LatencySet
 
 BOUNDS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -36,8 +36,7 @@ class _Cumulative:
     def add(self, sketch: LatencySketch) -> None:
         indices, counts = sketch.buckets()
         if counts.size:
-            values_s = np.clip(2.0 * GAMMA ** indices.astype(np.float64) / (GAMMA + 1.0), MIN_S, MAX_S)
-            np.add.at(self.counts, np.searchsorted(_BOUNDS, values_s, side="left"), counts)
+            np.add.at(self.counts, np.searchsorted(_BOUNDS, representative_s(indices), side="left"), counts)
             self.sum_s += sketch.sum_s
 
 
