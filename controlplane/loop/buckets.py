@@ -5,8 +5,10 @@ A closed bucket holds a sparse histogram of output lengths, the count and sum of
 normal-equation sums of the step costs (`core.cost_sums.CostSums`), the histogram of the output lengths so
 far of the requests running when it closed, and both by the bucket each request was first scheduled in when
 the engines report it (`core.admitted_counts`), and the latency sketches of its finished requests when the
-engines report their stamps (`loop.outcomes.LatencySet`). Formats v1 (no running requests), v2 (no
-admissions) and v3 (no latencies) are still read; v4 is written.
+engines report their stamps (`loop.outcomes.LatencySet`), and the running requests of the engines that
+entered or left the pool during it (`loop.turnover.Turnover`). Formats v1 (no running requests), v2 (no
+admissions), v3 (no latencies) and v4 (no turnover) are still read; v5 is written for a bucket with turnover,
+v4 otherwise (a replica of the previous release reads every bucket but those).
 
 Pure: no I/O, no clock.
 """
@@ -25,6 +27,7 @@ from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.types import CostModel
 from controlplane.loop.outcomes import LatencySet
+from controlplane.loop.turnover import Turnover
 
 # Replica id of a persisted window seeded at start (warm start).
 SNAPSHOT_REPLICA = "snapshot"
@@ -44,7 +47,7 @@ MIN_ACTIVE_ENGINES = 3
 # is fitted on the requests admitted since its change point only while that point is at most this far back.
 MAX_ADMISSION_LAG_BUCKETS = 600
 _LATENCY_KIND_CODES = np.array([0.0, 1.0, 2.0])
-# Bucket formats: v1 (no running requests) and v2 (no admissions) are still read; v3 is written.
+# Bucket formats (see the module docstring): each magic with its header.
 _MAGIC_V1 = b"CPB1"
 _HEADER_V1 = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
 _MAGIC_V2 = b"CPB2"
@@ -53,9 +56,12 @@ _HEADER_V2 = struct.Struct("<4sqdIBI")
 _MAGIC_V3 = b"CPB3"
 # v2's, then for the completions' and the running requests' admissions: known (0/1), byte length
 _HEADER_V3 = struct.Struct("<4sqdIBIBIBI")
-_MAGIC = b"CPB4"
+_MAGIC_V4 = b"CPB4"
 # v3's, then for the latencies: known (0/1), byte length
-_HEADER = struct.Struct("<4sqdIBIBIBIBI")
+_HEADER_V4 = struct.Struct("<4sqdIBIBIBIBI")
+_MAGIC = b"CPB5"
+# v4's, then for the turnover: known (0/1), byte length
+_HEADER = struct.Struct("<4sqdIBIBIBIBIBI")
 
 
 @dataclass(slots=True)
@@ -68,6 +74,8 @@ class BucketStats:
     admitted_running: `running` by admission bucket (None: an engine did not report its running requests'
       admissions).
     latencies: the finished requests' latency sketches (None: no engine reported latency stamps).
+    turnover: the running requests of the engines that entered or left the pool in the bucket (None: none
+      did, or a bucket of a format before v5).
     """
 
     outputs: LengthHistogram
@@ -78,6 +86,7 @@ class BucketStats:
     admitted_outputs: AdmittedCounts | None = None
     admitted_running: AdmittedCounts | None = None
     latencies: LatencySet | None = None
+    turnover: Turnover | None = None
 
     @classmethod
     def empty(cls) -> BucketStats:
@@ -91,18 +100,21 @@ class BucketStats:
         admitted_running = self.admitted_running.to_bytes() if self.admitted_running is not None else b""
         latencies = self.latencies.to_bytes() if self.latencies is not None else b""
         costs = self.costs.to_array().astype("<f8").tobytes()
-        header = _HEADER.pack(_MAGIC, self.prompt_count, self.prompt_sum_tokens, len(hist),
-                              int(self.running is not None), len(running), int(self.admitted_outputs is not None),
-                              len(admitted), int(self.admitted_running is not None), len(admitted_running),
-                              int(self.latencies is not None), len(latencies))
-        return header + hist + running + admitted + admitted_running + latencies + costs
+        fields = (self.prompt_count, self.prompt_sum_tokens, len(hist), int(self.running is not None), len(running),
+                  int(self.admitted_outputs is not None), len(admitted), int(self.admitted_running is not None),
+                  len(admitted_running), int(self.latencies is not None), len(latencies))
+        body = hist + running + admitted + admitted_running + latencies
+        if self.turnover is None:
+            return _HEADER_V4.pack(_MAGIC_V4, *fields) + body + costs
+        turnover = self.turnover.to_bytes()
+        return _HEADER.pack(_MAGIC, *fields, 1, len(turnover)) + body + turnover + costs
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> BucketStats:
-        """Any format (v1: running None; v1 and v2: admissions None; v1 to v3: latencies None). Raises
-        ValueError for a payload that is not a bucket."""
+        """Any format (v1: running None; v1 and v2: admissions None; v1 to v3: latencies None; v1 to v4:
+        turnover None). Raises ValueError for a payload that is not a bucket."""
         known_admitted = known_admitted_running = admitted_len = admitted_running_len = 0
-        known_latencies = latencies_len = 0
+        known_latencies = latencies_len = known_turnover = turnover_len = 0
         if payload[:4] == _MAGIC_V1 and len(payload) >= _HEADER_V1.size:
             _, count, total, hist_len = _HEADER_V1.unpack_from(payload)
             known, running_len, offset = 0, 0, _HEADER_V1.size
@@ -113,15 +125,20 @@ class BucketStats:
             (_, count, total, hist_len, known, running_len, known_admitted, admitted_len, known_admitted_running,
              admitted_running_len) = _HEADER_V3.unpack_from(payload)
             offset = _HEADER_V3.size
+        elif payload[:4] == _MAGIC_V4 and len(payload) >= _HEADER_V4.size:
+            (_, count, total, hist_len, known, running_len, known_admitted, admitted_len, known_admitted_running,
+             admitted_running_len, known_latencies, latencies_len) = _HEADER_V4.unpack_from(payload)
+            offset = _HEADER_V4.size
         elif payload[:4] == _MAGIC and len(payload) >= _HEADER.size:
             (_, count, total, hist_len, known, running_len, known_admitted, admitted_len, known_admitted_running,
-             admitted_running_len, known_latencies, latencies_len) = _HEADER.unpack_from(payload)
+             admitted_running_len, known_latencies, latencies_len, known_turnover,
+             turnover_len) = _HEADER.unpack_from(payload)
             offset = _HEADER.size
         else:
             raise ValueError("not a pool-statistics bucket")
-        sections = (hist_len, running_len, admitted_len, admitted_running_len, latencies_len)
+        sections = (hist_len, running_len, admitted_len, admitted_running_len, latencies_len, turnover_len)
         if (count < 0 or not math.isfinite(total)
-                or max(known, known_admitted, known_admitted_running, known_latencies) > 1
+                or max(known, known_admitted, known_admitted_running, known_latencies, known_turnover) > 1
                 or offset + sum(sections) > len(payload)):
             raise ValueError("not a pool-statistics bucket")
         parts = []
@@ -134,7 +151,8 @@ class BucketStats:
                    running=LengthHistogram.from_bytes(parts[1]) if known else None,
                    admitted_outputs=AdmittedCounts.from_bytes(parts[2]) if known_admitted else None,
                    admitted_running=AdmittedCounts.from_bytes(parts[3]) if known_admitted_running else None,
-                   latencies=LatencySet.from_bytes(parts[4]) if known_latencies else None)
+                   latencies=LatencySet.from_bytes(parts[4]) if known_latencies else None,
+                   turnover=Turnover.from_bytes(parts[5]) if known_turnover else None)
 
 
 def fair_share_rows(ranges: dict[str, list[tuple[int, int]]], size: int) -> tuple[np.ndarray | None,
@@ -260,7 +278,7 @@ class OpenBucket:
         return keep
 
     def close(self, reference_costs: CostModel | None, running: LengthHistogram | None,
-              admitted_running: AdmittedCounts | None = None) -> BucketStats:
+              admitted_running: AdmittedCounts | None = None, turnover: Turnover | None = None) -> BucketStats:
         """The closed bucket, each engine's completions counted at most its fair share (`_fair_share`)."""
         costs = CostSums()
         if self.steps.size:
@@ -279,32 +297,4 @@ class OpenBucket:
         return BucketStats(outputs=LengthHistogram.from_samples(outputs), prompt_count=self.prompt_count,
                            prompt_sum_tokens=self.prompt_sum_tokens, costs=costs, running=running,
                            admitted_outputs=admitted, admitted_running=admitted_running,
-                           latencies=self._latency_set())
-
-
-def running_sum(reports: list[tuple[np.ndarray, np.ndarray]]) -> LengthHistogram | None:
-    """The sum of the engines' latest running histograms, each (lengths, counts); None when one is malformed."""
-    if not reports:
-        return LengthHistogram.empty()
-    try:
-        return LengthHistogram.from_counts(np.concatenate([lengths for lengths, _ in reports]),
-                                           np.concatenate([counts for _, counts in reports]))
-    except ValueError:
-        return None
-
-
-def admitted_running_sum(reports: list[tuple[np.ndarray, np.ndarray]], admitted: list[np.ndarray | None],
-                         bucket_id: int) -> AdmittedCounts | None:
-    """The engines' latest running histograms by admission bucket (each report's admission buckets in
-    `admitted`, None: not known), as of bucket_id; None when one is not known or is malformed."""
-    if not reports:
-        return AdmittedCounts.empty()
-    if any(a is None for a in admitted):
-        return None
-    try:
-        counts = AdmittedCounts.from_columns(np.concatenate(admitted),  # type: ignore[arg-type]
-                                             np.concatenate([lengths for lengths, _ in reports]),
-                                             np.concatenate([counts for _, counts in reports]))
-    except ValueError:
-        return None
-    return counts.cap_admission(bucket_id - MAX_ADMISSION_LAG_BUCKETS)
+                           latencies=self._latency_set(), turnover=turnover)

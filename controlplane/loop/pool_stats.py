@@ -15,8 +15,9 @@ The estimate used at time t is the one for the window ending at bucket `estimate
 
 The window: the newest buckets up to the end bucket until they hold the configured number of completions,
 prompts and steps, never older than max_window_s. Its completions are fitted with the requests running at
-its close (right-censored) and at its opening (left-truncated), when both are known (`core.survival`); a
-window that would start at a bucket whose opening is unknown (the pool's first) starts one bucket later.
+its close (right-censored) and at its opening (left-truncated), when both are known (`core.survival`), those of
+the engines that left or entered the pool inside it with them (`loop.turnover`); a window that would start at a
+bucket whose opening is unknown (the pool's first) starts one bucket later.
 Shifts: each refresh first feeds the settled buckets to a `loop.shift_tracker.ShiftTracker`; after a
 confirmed shift the completions and prompts of the window never reach back before the change point's bucket
 (the window is re-based; costs are not, a workload shift is not a hardware one). An alarm of the length
@@ -39,7 +40,6 @@ Pure: no I/O, no clock (times are arguments). A bucket and its wire format: `loo
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -69,19 +69,15 @@ from controlplane.loop.buckets import (
     SNAPSHOT_REPLICA,
     BucketStats,
     OpenBucket,
-    admitted_running_sum,
     evenly_spaced,
-    running_sum,
 )
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.estimate import Cohort, PoolEstimate, Window
 from controlplane.loop.ingest import Latencies
 from controlplane.loop.outcomes import OUTCOME_WINDOW_S, OutcomeWindow
+from controlplane.loop.running_reports import RunningReports
 from controlplane.loop.shift_tracker import PRE_BUCKETS, REWIND_BUCKETS, PoolShift, ShiftTracker
 
-# Engines whose first running report a pool keeps for its running-only floor (a pool with more engines and
-# no completion yet has no such floor).
-MAX_ENTERED_ENGINES = 10_000
 # The most admission buckets before a shift's latest change point that `_cohort_start` scans.
 MAX_SCAN_BUCKETS = 4 * PRE_BUCKETS
 # A change point in admission time found by `_cohort_start` is one of the data through a multiple of this many
@@ -99,20 +95,12 @@ class PoolStatistics:
         self.settle_s = settle_s
         self._open: OpenBucket | None = None
         self._buckets: dict[int, dict[str, BucketStats]] = {}
-        # Each engine's latest running-requests histogram (lengths, counts), summed when a bucket closes, and
-        # the admission bucket of each entry (None: not reported).
-        self._running: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self._running_admitted: dict[str, np.ndarray | None] = {}
+        # Each engine's latest running-requests histogram, summed when a bucket closes, and the turnover.
+        self._running = RunningReports()
         self._shifts = ShiftTracker(ShiftDetector()) if config.shift_detection else None
         self.estimate: PoolEstimate | None = None
         self.last_window: BucketStats | None = None
         self._keep_from: int | None = None  # set by refresh: older buckets can enter no later window
-        # Until a bucket with completions is held (the running requests are then no longer every request the
-        # pool started, and `running_mean_lower_bound` no longer applies: None): each engine's first running
-        # report here. Its requests count at risk only past those lengths (an engine that joins with old
-        # requests had its short ones finish unseen). Kept after the engine leaves (its requests stay in the
-        # buckets already closed); at most MAX_ENTERED_ENGINES, else None.
-        self._entered: dict[str, LengthHistogram] | None = {}
         # The latest change point `_cohort_start` found, with what it was found from.
         self._change_point: tuple[tuple, int] | None = None
         # The latencies of the last OUTCOME_WINDOW_S of closed buckets, every replica's.
@@ -156,17 +144,13 @@ class PoolStatistics:
         """
         closed = self.close_due(now_s)
         if running_lengths is not None and running_counts is not None:
-            self._running[engine_id] = (running_lengths, running_counts)
             ages = running_admitted_age_s
             known = ages is not None and ages.size == running_lengths.size and bool(np.isfinite(ages).all())
-            self._running_admitted[engine_id] = self._admission_buckets(now_s, ages) if known else None
-            entered = self._entered
-            if entered is not None and engine_id not in entered:
-                if len(entered) >= MAX_ENTERED_ENGINES:
-                    self._entered = None  # no running-only floor for this pool
-                else:
-                    with contextlib.suppress(ValueError):  # malformed: the bucket's running is unknown anyway
-                        entered[engine_id] = LengthHistogram.from_counts(running_lengths, running_counts)
+            if self._running.report(engine_id, (running_lengths, running_counts),
+                                    self._admission_buckets(now_s, ages) if known else None):
+                # The engine enters: its requests that finished since it was last seen were in flight unseen,
+                # and they are no observation of a window (`loop.turnover`).
+                outputs = outputs[:0]
         bucket = self._open
         if bucket is None:
             bucket = self._open = OpenBucket(bucket_id=self.bucket_of(now_s))
@@ -196,9 +180,9 @@ class PoolStatistics:
         return np.floor((now_s - np.asarray(ages_s, dtype=np.float64)) / self._config.bucket_s)
 
     def forget_engine(self, engine_id: str) -> None:
-        """Stop counting an engine's running requests (it disconnected, left the pool or was kept out of it)."""
-        self._running.pop(engine_id, None)
-        self._running_admitted.pop(engine_id, None)
+        """Stop counting an engine's running requests (it disconnected, left the pool or was kept out of it):
+        they leave the pool at the next bucket close, right-censored there (`loop.turnover`)."""
+        self._running.forget(engine_id)
 
     def close_due(self, now_s: float) -> tuple[BucketStats, int] | None:
         """Close the open bucket when now_s is past its end; returns (stats, bucket id) or None."""
@@ -206,10 +190,9 @@ class PoolStatistics:
         if bucket is None or self.bucket_of(now_s) <= bucket.bucket_id:
             return None
         self._open = None
-        reports = list(self._running.values())
-        admitted = [self._running_admitted.get(engine) for engine in self._running]
-        stats = bucket.close(self.estimate.costs if self.estimate is not None else None, running_sum(reports),
-                             admitted_running_sum(reports, admitted, bucket.bucket_id))
+        running, admitted, turnover = self._running.close(bucket.bucket_id)
+        stats = bucket.close(self.estimate.costs if self.estimate is not None else None, running, admitted,
+                             turnover)
         self._buckets.setdefault(bucket.bucket_id, {})[self.replica_id] = stats
         self._note_completions(stats)
         if stats.latencies is not None:
@@ -218,7 +201,7 @@ class PoolStatistics:
 
     def _note_completions(self, stats: BucketStats) -> None:
         if stats.outputs.count > 0:
-            self._entered = None
+            self._running.first_reports = None
 
     def put_remote(self, bucket_id: int, replica_id: str, stats: BucketStats) -> None:
         """Another replica's closed bucket (its own replica id is ignored: local data wins)."""
@@ -304,14 +287,14 @@ class PoolStatistics:
         replica's engines' first reports, and for another replica's the running requests of the first of its
         buckets held (what it saw of them before is not known here). 1 when a running report is unknown."""
         running = self._running_at(end_bucket)
-        if running is None or self._entered is None:
+        if running is None or self._running.first_reports is None:
             return 1.0
         first_of: dict[str, int] = {}
         for bucket_id in sorted(b for b in self._buckets if b <= end_bucket):
             for replica in self._buckets[bucket_id]:
                 if replica not in (self.replica_id, SNAPSHOT_REPLICA):
                     first_of.setdefault(replica, bucket_id)
-        entered = list(self._entered.values())
+        entered = list(self._running.first_reports.values())
         for replica, bucket_id in first_of.items():
             first = self._buckets[bucket_id][replica].running
             if first is None:
@@ -322,10 +305,33 @@ class PoolStatistics:
 
     def _segment(self, first: int, last: int) -> tuple[LengthHistogram, LengthHistogram | None,
                                                          LengthHistogram | None]:
-        """(completions, running at the close of `last`, running at the close of first − 1) of the buckets
-        [first, last]; a running histogram is None when unknown."""
+        """(completions, censored, truncated) of the buckets [first, last]: the running requests at the close
+        of `last` and of first − 1, with the turnover between (`_ends`); None when unknown."""
         completed = sum_of(self._completions_of(b) for b in range(first, last + 1) if b in self._buckets)
-        return completed, self._running_at(last), self._running_at(first - 1)
+        return (completed, *self._ends(self._running_at(last), self._running_at(first - 1), first, last))
+
+    def _ends(self, closing: LengthHistogram | None, opening: LengthHistogram | None, first: int, last: int, *,
+              admitted_since: int | None = None) -> tuple[LengthHistogram | None, LengthHistogram | None]:
+        """(censored, truncated) of the buckets [first, last], from the running requests at their close and
+        opening with the turnover between (`loop.turnover`; admitted_since: only the requests admitted in that
+        bucket or later); (None, None) when an end, or an admission asked for, is unknown."""
+        if closing is None or opening is None:
+            return None, None
+        left, entered = [closing], [opening]
+        for bucket_id in range(first, last + 1):
+            for stats in self._buckets.get(bucket_id, {}).values():
+                turnover = stats.turnover
+                if turnover is None:
+                    continue
+                if admitted_since is None:
+                    left.append(turnover.left)
+                    entered.append(turnover.entered)
+                elif turnover.left_admitted is None or turnover.entered_admitted is None:
+                    return None, None
+                else:
+                    left.append(turnover.left_admitted.since(admitted_since))
+                    entered.append(turnover.entered_admitted.since(admitted_since))
+        return sum_of(left), sum_of(entered)
 
     def _compare_at_shift(self, pre_first: int, start_bucket: int, through_bucket: int) -> HazardComparison | None:
         """The shift tracker's confirmation test (`loop.shift_tracker.Compare`): the hazards of the buckets
@@ -415,6 +421,8 @@ class PoolStatistics:
                     and first_output < last_output and SNAPSHOT_REPLICA not in self._buckets[first_output]
                     and self._running_at(first_output) is not None):
                 return self._window(end_bucket, opens_after=first_output)
+            if opening is not None:
+                censored, truncated = self._ends(censored, truncated, opening + 1, last_output)
             if censored is None or truncated is None or (censored.count == 0 and truncated.count == 0):
                 censored = truncated = None
         cohort = None
@@ -474,9 +482,9 @@ class PoolStatistics:
                 part = stats.admitted_outputs.since(since)
                 parts.append(part)
                 num_completed += part.count
-        censored = self._running_at(last_bucket, admitted_since=since)
-        truncated = (self._running_at(first - 1, admitted_since=since) if first > since
-                     else LengthHistogram.empty())
+        censored, truncated = self._ends(self._running_at(last_bucket, admitted_since=since),
+                                         self._running_at(first - 1, admitted_since=since) if first > since
+                                         else LengthHistogram.empty(), first, last_bucket, admitted_since=since)
         if censored is None or truncated is None:
             return None
         return Cohort(sum_of(parts) if parts else LengthHistogram.empty(), censored, truncated, first)
@@ -532,12 +540,6 @@ class PoolStatistics:
         first = max(last_shift.episode_start_bucket - PRE_BUCKETS - REWIND_BUCKETS, rebase - MAX_SCAN_BUCKETS)
         return max(first, min(self._buckets, default=first))
 
-    def window(self, end_bucket: int) -> tuple[BucketStats, int, tuple[str, ...]]:
-        """The window ending at end_bucket (see the module docstring): (summed stats, buckets used,
-        contributing replicas)."""
-        window = self._window(end_bucket)
-        return window.stats, window.num_buckets, window.contributors
-
     def refresh(self, now_s: float, *, calibration: CostModel | None) -> PoolEstimate:
         """Feed the settled buckets to the shift tracker, then fit the estimate for estimate_bucket(now_s)
         (kept as `self.estimate`)."""
@@ -579,7 +581,7 @@ class PoolStatistics:
             if costs is None:
                 source = "none"
         lower = fit.mu_o_lower_tokens if fit is not None else 1.0
-        if fit is None and self._entered is not None:
+        if fit is None and self._running.first_reports is not None:
             lower = self._running_only_floor(end_bucket)
         self.estimate = PoolEstimate(
             pool_key=self.pool_key, end_bucket=end_bucket, fit=fit, mu_o_lower_tokens=lower,

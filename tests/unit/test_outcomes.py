@@ -29,9 +29,9 @@ def test_a_bucket_carries_its_latencies_and_older_formats_still_read() -> None:
     assert BucketStats.from_bytes(payload).latencies == stats.latencies
     without = BucketStats.empty().to_bytes()
     assert BucketStats.from_bytes(without).latencies is None
-    v3 = b"CPB3" + without[4:buckets._HEADER_V3.size] + without[buckets._HEADER.size:]
+    v3 = b"CPB3" + without[4:buckets._HEADER_V3.size] + without[buckets._HEADER_V4.size:]
     assert BucketStats.from_bytes(v3).latencies is None and BucketStats.from_bytes(v3).outputs.count == 0
-    start = buckets._HEADER.size + sum(len(part) for part in (stats.outputs.to_bytes(),))
+    start = buckets._HEADER_V4.size + sum(len(part) for part in (stats.outputs.to_bytes(),))
     corrupt = bytearray(payload)
     corrupt[start + 1] ^= 0xFF  # inside the latency set's magic
     with pytest.raises(ValueError):
