@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -24,9 +25,10 @@ import numpy as np
 
 from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.cost_sums import CostSums, StepColumns
+from controlplane.core.latency_sketch import LatencyAccumulator
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.types import CostModel
-from controlplane.loop.outcomes import LatencySet
+from controlplane.loop.outcomes import KINDS, LatencySet
 from controlplane.loop.turnover import Turnover
 
 # Replica id of a persisted window seeded at start (warm start).
@@ -46,7 +48,6 @@ MIN_ACTIVE_ENGINES = 3
 # How many buckets back a bucket keeps its requests' admission exact (older ones sit at that bound): a window
 # is fitted on the requests admitted since its change point only while that point is at most this far back.
 MAX_ADMISSION_LAG_BUCKETS = 600
-_LATENCY_KIND_CODES = np.array([0.0, 1.0, 2.0])
 # Bucket formats (see the module docstring): each magic with its header.
 _MAGIC_V1 = b"CPB1"
 _HEADER_V1 = struct.Struct("<4sqdI")  # magic, prompt count, prompt sum, histogram byte length
@@ -163,22 +164,36 @@ def fair_share_rows(ranges: dict[str, list[tuple[int, int]]], size: int) -> tupl
     each (one busy engine among idle ones is not outvoting anyone). Returns (keep mask, or None when every
     row is kept; the fraction kept of each engine cut)."""
     counts = {engine: sum(end - start for start, end in parts) for engine, parts in ranges.items()}
-    ordered = sorted(counts.values())
-    if len(ordered) < MIN_ACTIVE_ENGINES or ordered[-MIN_ACTIVE_ENGINES] < MIN_FAIR_SHARE:
-        return None, {}  # fewer than MIN_ACTIVE_ENGINES engines busy: no typical engine to measure a share by
-    cap = max(MIN_FAIR_SHARE, math.ceil(FAIR_SHARE_FACTOR * ordered[(len(ordered) - 1) // 2]))
-    if ordered[-1] <= cap:
+    cap = fair_share_cap(counts.values())
+    if cap is None:
         return None, {}
     keep = np.ones(size, dtype=bool)
     fractions = {}
     for engine, parts in ranges.items():
         if counts[engine] <= cap:
             continue
-        rows = np.concatenate([np.arange(start, end) for start, end in parts])
-        keep[rows] = False
-        keep[rows[evenly_spaced(rows.size, cap)]] = True
+        keep[rows_beyond_share(parts, cap)] = False
         fractions[engine] = cap / counts[engine]
     return keep, fractions
+
+
+def fair_share_cap(counts: Collection[int]) -> int | None:
+    """The most rows an engine keeps, given every engine's row count (`fair_share_rows`); None when no engine
+    has more, or fewer than MIN_ACTIVE_ENGINES engines have MIN_FAIR_SHARE rows. O(engines log engines)."""
+    ordered = sorted(counts)
+    if len(ordered) < MIN_ACTIVE_ENGINES or ordered[-MIN_ACTIVE_ENGINES] < MIN_FAIR_SHARE:
+        return None  # fewer than MIN_ACTIVE_ENGINES engines busy: no typical engine to measure a share by
+    cap = max(MIN_FAIR_SHARE, math.ceil(FAIR_SHARE_FACTOR * ordered[(len(ordered) - 1) // 2]))
+    return cap if ordered[-1] > cap else None
+
+
+def rows_beyond_share(parts: list[tuple[int, int]], cap: int) -> np.ndarray:
+    """The rows an engine with row ranges `parts` (more than `cap` rows) does not keep: all but `cap` evenly
+    spaced ones (int64, increasing)."""
+    rows = np.concatenate([np.arange(start, end) for start, end in parts])
+    beyond = np.ones(rows.size, dtype=bool)
+    beyond[evenly_spaced(rows.size, cap)] = False
+    return rows[beyond]
 
 
 @lru_cache(maxsize=64)
@@ -219,7 +234,8 @@ class Columns:
 @dataclass(slots=True)
 class OpenBucket:
     """The bucket being filled: batches are only appended (amortised O(batch)); the histogram and the cost
-    sums are computed once, vectorised over the whole bucket, when it closes."""
+    sums are computed once, vectorised over the whole bucket, when it closes (the latency sketches fold their
+    rows a few thousand at a time as they arrive: `core.latency_sketch.LatencyAccumulator`)."""
 
     bucket_id: int
     outputs: Columns = field(default_factory=lambda: Columns(1))
@@ -230,29 +246,31 @@ class OpenBucket:
     steps: Columns = field(default_factory=lambda: Columns(4))  # prefill, decode, requests, duration
     # Per engine: its completions' row ranges in `outputs` and its prompts' count and sum (the fair share).
     shares: dict[str, list[tuple[int, int, int, float]]] = field(default_factory=dict)
-    latencies: Columns = field(default_factory=lambda: Columns(2))  # kind (0 ttft, 1 tpot, 2 queue), seconds
+    # The ttft, tpot and queue rows, folded into the three sketches' counts as they arrive (`core.latency_sketch`).
+    latencies: LatencyAccumulator = field(default_factory=lambda: LatencyAccumulator(len(KINDS)))
     latency_shares: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # per engine: its row ranges
+    latency_rows: dict[str, int] = field(default_factory=dict)  # per engine: its rows (the fair share)
 
     def add_latencies(self, engine_id: str, ttft_s: np.ndarray, tpot_s: np.ndarray, queue_s: np.ndarray) -> None:
-        """Append one engine's finished requests' latencies (`ingest.Latencies`)."""
-        values = np.concatenate((ttft_s, tpot_s, queue_s))
-        if not values.size:
-            self.latency_shares.setdefault(engine_id, [])  # the engine reports stamps: the bucket has latencies
-            return
-        kinds = np.repeat(_LATENCY_KIND_CODES, (ttft_s.size, tpot_s.size, queue_s.size))
-        start = self.latencies.size
-        self.latencies.append(kinds, values)
-        self.latency_shares.setdefault(engine_id, []).append((start, self.latencies.size))
+        """Append one engine's finished requests' latencies (`ingest.Latencies`): O(its values), plus now and
+        then one fold of about FOLD_ROWS rows (`LatencyAccumulator.append`)."""
+        start, end = self.latencies.append(ttft_s, tpot_s, queue_s)
+        parts = self.latency_shares.setdefault(engine_id, [])  # an engine sending stamps marks the bucket
+        if end > start:
+            parts.append((start, end))
+        self.latency_rows[engine_id] = self.latency_rows.get(engine_id, 0) + end - start
 
     def _latency_set(self) -> LatencySet | None:
-        """The bucket's latencies, each engine counted at most its fair share; None when no engine reported."""
-        if not self.latency_shares:
+        """The bucket's latencies, each engine counted at most its fair share; None when no engine reported.
+        O(engines log engines + MAX_ENTRIES) plus at most one fold and the rows cut."""
+        if not self.latency_rows:
             return None
-        kinds, values = self.latencies.view()
-        keep, _ = fair_share_rows(self.latency_shares, self.latencies.size)
-        if keep is not None:
-            kinds, values = kinds[keep], values[keep]
-        return LatencySet.from_values(values[kinds == 0], values[kinds == 1], values[kinds == 2])
+        cap = fair_share_cap(self.latency_rows.values())
+        cut = None
+        if cap is not None:
+            cut = np.concatenate([rows_beyond_share(self.latency_shares[engine], cap)
+                                  for engine, rows in self.latency_rows.items() if rows > cap])
+        return LatencySet(*self.latencies.sketches(cut))
 
     def add_completions(self, engine_id: str, prompts: np.ndarray, outputs: np.ndarray,
                         admitted: np.ndarray) -> None:

@@ -103,6 +103,9 @@ SMOKES = (
         r"^what\s+ms\s+baseline ms\s+ratio$",
         rf"^bucket close \(one callback\)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}$",
         rf"^refresh: shifts, window, fits \(one callback\)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}$",
+        rf"^latency sketches in the close \(difference\)\s+{NUMBER}\s*$",
+        rf"^latency stamps in the add \(difference\)\s+{NUMBER}\s*$",
+        rf"^latency sketches alone: close \+ window merge\s+{NUMBER}\s*$",
         rf"^detector update, 1,024 samples\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}$",
     )),
     Smoke("shift_e2e.py", (

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controlplane.core import latency_sketch
 from controlplane.core.latency_sketch import (
+    FOLD_ROWS,
     GAMMA,
     MAX_COUNT,
     MAX_ENTRIES,
@@ -21,6 +23,7 @@ from controlplane.core.latency_sketch import (
     MIN_INDEX,
     MIN_S,
     RELATIVE_ACCURACY,
+    LatencyAccumulator,
     LatencySketch,
     bucket_indices,
     representative_s,
@@ -451,3 +454,91 @@ def test_equality_hash_and_repr() -> None:
         hash(sketch)
     text = repr(sketch)
     assert text.startswith("LatencySketch(count=3, ") and len(text) < 110
+
+
+# --------------------------------------------------------------------------------- accumulating batches
+
+_junk = st.sampled_from([math.nan, -1.0, math.inf, -math.inf, -1e-300])
+_batch = st.lists(st.lists(st.one_of(_any_latency, _junk), max_size=40), min_size=3, max_size=3)
+
+
+def _assert_exactly(built: LatencySketch, values: list[float]) -> None:
+    """`built` is `from_values(values)`: equal, and subtracting that sketch leaves nothing (the exact sums agree
+    to the 2⁻⁶⁶ s unit, not only after rounding to float)."""
+    direct = LatencySketch.from_values(np.array(values, dtype=np.float64))
+    assert built == direct
+    rest = built.copy()
+    rest.subtract(direct)
+    assert rest == LatencySketch()
+
+
+def _accumulate(batches: list[list[np.ndarray]]) -> tuple[LatencyAccumulator, list[tuple[int, float]]]:
+    """An accumulator of three sketches fed `batches`, and its rows as (sketch, value)."""
+    accumulator = LatencyAccumulator(3)
+    rows: list[tuple[int, float]] = []
+    for batch in batches:
+        start, end = accumulator.append(*batch)
+        assert (start, end) == (len(rows), len(rows) + sum(column.size for column in batch))
+        rows += [(k, value) for k, column in enumerate(batch) for value in column.tolist()]
+    return accumulator, rows
+
+
+def _assert_sketches_without(accumulator: LatencyAccumulator, rows: list[tuple[int, float]],
+                             drop: list[int]) -> None:
+    built = accumulator.sketches(np.array(drop, dtype=np.int64))
+    left_out = set(drop)
+    for k, sketch in enumerate(built):
+        _assert_exactly(sketch, [value for row, (kind, value) in enumerate(rows) if kind == k and row not in left_out])
+
+
+@pytest.mark.parametrize("fold_rows", [FOLD_ROWS, 1, 37])
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(_batch, max_size=30), data=st.data())
+def test_an_accumulator_builds_what_from_values_builds(fold_rows: int, batches: list[list[list[float]]],
+                                                       data: st.DataObject) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(latency_sketch, "FOLD_ROWS", fold_rows)  # folds after every batch, or now and then
+        accumulator, rows = _accumulate([[np.array(column, dtype=np.float64) for column in batch]
+                                         for batch in batches])
+    drop = data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=len(rows)) if rows else st.just([]))
+    _assert_sketches_without(accumulator, rows, drop)
+    _assert_sketches_without(accumulator, rows, [])  # asked again, without leaving anything out
+    assert accumulator.num_rejected == sum(not (math.isfinite(value) and value >= 0.0) for _, value in rows)
+
+
+def test_an_accumulator_stays_exact_across_folds_and_large_batches() -> None:
+    """Tens of folds, a batch past the float64-exact running sums (2¹⁴ rows of values near an hour: their sum
+    in 2⁻⁶⁶ s units passes 2⁵³ in float64), rows left out both folded and still waiting."""
+    rng = np.random.default_rng(11)
+    batches = [[rng.lognormal(math.log(0.3), 1.0, int(rng.integers(0, 300))) for _ in range(3)] for _ in range(400)]
+    batches.insert(150, [rng.uniform(3000.0, MAX_S, 30_000), np.zeros(0), rng.exponential(1e-4, 20_000)])
+    accumulator, rows = _accumulate(batches)
+    assert len(rows) > 20 * FOLD_ROWS
+    drop = rng.choice(len(rows), size=len(rows) // 3, replace=False)
+    _assert_sketches_without(accumulator, rows, [*drop.tolist(), len(rows) - 1, len(rows) - 1])
+
+
+def test_an_accumulator_sums_beyond_int64_exactly() -> None:
+    """A fold whose running sums would pass int64 sums over Python integers (the bound lowered to reach it)."""
+    values = np.random.default_rng(12).uniform(3000.0, MAX_S, 50_000)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(latency_sketch, "_EXACT_INT_ROWS", 40_000)
+        accumulator, rows = _accumulate([[values, values[:10], np.zeros(0)]])
+        _assert_sketches_without(accumulator, rows, [3, 50_004])
+
+
+def test_an_empty_accumulator_and_bad_arguments() -> None:
+    accumulator = LatencyAccumulator(2)
+    assert accumulator.sketches() == (LatencySketch(), LatencySketch())
+    assert accumulator.append(np.zeros(0), np.zeros(0)) == (0, 0)
+    assert accumulator.sketches() == (LatencySketch(), LatencySketch()) and accumulator.size == 0
+    with pytest.raises(ValueError, match="at least one sketch"):
+        LatencyAccumulator(0)
+    with pytest.raises(ValueError, match="2 columns expected, got 3"):
+        accumulator.append(np.ones(2), np.ones(2), np.ones(2))
+    assert accumulator.size == 0
+    accumulator.append(np.array([0.1, 0.2]), np.array([0.3]))
+    for rows in ([-1], [3], [0, 3]):
+        with pytest.raises(ValueError, match=r"must lie in \[0, 3\)"):
+            accumulator.sketches(np.array(rows))
+    _assert_exactly(accumulator.sketches(np.array([1]))[0], [0.1])

@@ -4,9 +4,12 @@ buckets go."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from controlplane.core.latency_sketch import FOLD_ROWS, LatencySketch
 from controlplane.loop import buckets
 from controlplane.loop.buckets import BucketStats, OpenBucket
 from controlplane.loop.config import DecisionLoopConfig
@@ -52,6 +55,38 @@ def test_one_engine_flooding_latencies_counts_at_most_its_fair_share() -> None:
     assert latencies.ttft.count <= 600 + 2 * 200  # the flood weighs like at most two typical engines
     # Without the cap the median would be the flood's 30 s; with it, it stays among the honest engines' values.
     assert latencies.ttft.quantile(0.5) <= np.quantile(np.concatenate(honest), 0.9)
+
+
+def test_a_closed_bucket_holds_the_sketches_of_the_rows_each_engine_keeps() -> None:
+    """Engines cut to their fair share keep evenly spaced rows over all their batches (ttft, tpot, queue rows
+    of each batch in turn), as for completions, exactly as sketched from the kept values; enough rows that
+    the bucket folds many times before it closes."""
+    rng = np.random.default_rng(4)
+    bucket = OpenBucket(bucket_id=3)
+    rows: dict[str, list[tuple[int, float]]] = {}
+    for _ in range(6):
+        for engine in [f"e{i}" for i in range(40)] + ["flood", "busy"]:
+            size = {"flood": 2000, "busy": 400}.get(engine, int(rng.integers(0, 120)))
+            columns = (rng.lognormal(np.log(0.3), 0.8, size), rng.lognormal(np.log(0.02), 0.3, size // 2),
+                       rng.exponential(0.1, size // 3))
+            bucket.add_latencies(engine, *columns)
+            rows.setdefault(engine, []).extend((kind, value) for kind, column in enumerate(columns)
+                                               for value in column.tolist())
+    assert sum(map(len, rows.values())) > 10 * FOLD_ROWS
+    ordered = sorted(len(engine_rows) for engine_rows in rows.values())
+    cap = max(buckets.MIN_FAIR_SHARE, math.ceil(buckets.FAIR_SHARE_FACTOR * ordered[(len(ordered) - 1) // 2]))
+    kept = []
+    for engine_rows in rows.values():
+        if len(engine_rows) > cap:
+            engine_rows = [engine_rows[i] for i in np.linspace(0, len(engine_rows) - 1, cap).astype(int).tolist()]
+        kept += engine_rows
+    assert len(kept) < sum(map(len, rows.values()))  # flood and busy were cut
+    want = LatencySet.from_values(*(np.array([value for kind, value in kept if kind == k]) for k in range(3)))
+    got = bucket.close(None, None).latencies
+    assert got is not None and got == want
+    for mine, theirs in zip(got.sketches(), want.sketches(), strict=True):
+        mine.subtract(theirs)  # exact sums: nothing is left
+        assert mine == LatencySketch()
 
 
 def test_an_engine_that_sends_stamps_but_no_latency_still_marks_the_bucket() -> None:
