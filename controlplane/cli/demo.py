@@ -3,7 +3,8 @@
 Two pools (Qwen3-8B on H200 and on RTX PRO 6000, the EB paper's published cost profiles) of twin
 engines (`controlplane.sim.engine`, scheduled by the agent's own enforcement code) stream telemetry over
 real gRPC; the controller decides from it and the engines apply and ACK
-the decisions. The terminal shows every engine's decision as it changes. Ctrl-C stops everything.
+the decisions. The terminal shows every engine's decision as it changes, laid out for its width
+(`controlplane.cli.demo_view`). Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
+from pathlib import Path
 
 from controlplane.api.v1 import common_pb2
 from controlplane.cli.ctl import DEFAULT_ADDRESS
+from controlplane.cli.demo_view import EngineRow, Status, ctl_program, render_view
 from controlplane.cli.serve import add_server_arguments, config_from_args
 from controlplane.fleet import FleetPool, SyntheticFleet
 from controlplane.fleet.profiles import (
@@ -56,33 +60,43 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run, port=DEMO_PORT, decision_interval_s=2.0, cooldown_s=10.0)
 
 
-def listening_line(host: str, port: int) -> str:
-    """Where the demo's controller listens and the ctl command that reaches it."""
+def listening_line(host: str, port: int, program: str = "controlplane") -> str:
+    """Where the demo's controller listens and the ctl command that reaches it (`program`: how to run
+    `controlplane` from here, `demo_view.ctl_program`)."""
     address = f"{host}:{port}"
-    ctl = "controlplane ctl list" if address == DEFAULT_ADDRESS else f"controlplane ctl --address {address} list"
+    ctl = f"{program} ctl list" if address == DEFAULT_ADDRESS else f"{program} ctl --address {address} list"
     return f"controller listening on {address} — try: {ctl}"
 
 
-def _view(app: ControllerApp, fleet: SyntheticFleet, started_s: float) -> str:
+def _program() -> str:
+    return ctl_program(argv0=sys.argv[0], executable=sys.executable, cwd=Path.cwd(), path=os.environ.get("PATH"))
+
+
+def _rows(app: ControllerApp) -> list[EngineRow]:
     assert app.controller is not None
-    stats = fleet.stats()
-    lines = [listening_line(app.config.host, app.port),
-             f"redis {app.redis_url}  up {time.monotonic() - started_s:5.0f} s  "
-             f"engines {stats.num_connected}/{stats.num_engines}  batches {stats.num_batches_sent}  "
-             f"decisions applied {stats.num_decisions_applied}  completed {stats.num_completed}",
-             f"{'engine':<34} {'mode':<5} {'k':>5} {'N':>5} {'B_max':>6} {'B_cap':>6} {'ver':>4} {'ack':>4} "
-             f"{'p0':>8} {'theta*':>7} {'LHS-RHS':>10}  reason"]
+    rows = []
     for info in app.controller.engine_infos():
         view = app.controller.decision_view(info.engine_id)
         if view is None:
             continue
         d = view.decision
         diag = d.diagnostics
-        lines.append(
-            f"{info.engine_id:<34} {common_pb2.Mode.Name(d.mode)[5:]:<5} {d.k:>5} {d.n:>5} "
-            f"{d.budget.b_max_tokens:>6} {d.budget.b_cap_tokens:>6} {d.version:>4} {info.acked_version:>4} "
-            f"{diag.p0:>8.5f} {diag.theta_star:>7.4f} {diag.lhs_s_per_token - diag.rhs_s_per_token:>10.2e}  {d.reason}")
-    return "\n".join(lines)
+        rows.append(EngineRow(
+            engine_id=info.engine_id, model=view.pool.model, accelerator=view.pool.accelerator,
+            mode=common_pb2.Mode.Name(d.mode).removeprefix("MODE_"), k=d.k, n=d.n,
+            b_max_tokens=d.budget.b_max_tokens, b_cap_tokens=d.budget.b_cap_tokens, version=d.version,
+            acked_version=info.acked_version, p0_per_token=diag.p0, theta_star=diag.theta_star,
+            lhs_minus_rhs_s_per_token=diag.lhs_s_per_token - diag.rhs_s_per_token, reason=d.reason))
+    return rows
+
+
+def _view(app: ControllerApp, fleet: SyntheticFleet, started_s: float, *, width: int) -> str:
+    stats = fleet.stats()
+    status = Status(listening=listening_line(app.config.host, app.port, _program()), redis_url=app.redis_url,
+                    up_s=time.monotonic() - started_s, num_connected=stats.num_connected,
+                    num_engines=stats.num_engines, num_batches_sent=stats.num_batches_sent,
+                    num_decisions_applied=stats.num_decisions_applied, num_completed=stats.num_completed)
+    return render_view(status, _rows(app), width=width)
 
 
 async def _demo(args: argparse.Namespace, app: ControllerApp) -> None:
@@ -97,7 +111,7 @@ async def _demo(args: argparse.Namespace, app: ControllerApp) -> None:
         raise
     try:
         assert app.controller is not None
-        print(listening_line(app.config.host, app.port), flush=True)
+        print(listening_line(app.config.host, app.port, _program()), flush=True)
         for pool in POOLS:
             await app.controller.put_calibration(cost_model_to_calibration(
                 pool.cost_model, common_pb2.Pool(model=pool.model, accelerator=pool.accelerator),
@@ -113,7 +127,8 @@ async def _demo(args: argparse.Namespace, app: ControllerApp) -> None:
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.refresh_s)
-                text = _view(app, fleet, started_s)
+                # The terminal's width (COLUMNS when set; 120 when the output is not a terminal).
+                text = _view(app, fleet, started_s, width=shutil.get_terminal_size((120, 24)).columns)
                 print(("\x1b[H\x1b[2J" if tty else "\n") + text, flush=True)
         finally:
             await fleet.stop()

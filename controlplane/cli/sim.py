@@ -7,6 +7,8 @@
   controlplane sim profiles
 
 `run` runs every scheduler on one scenario; `sweep` runs the cross product of scenarios × schedulers × seeds.
+Sizes: --requests N (a closed-loop scenario's requests), --duration-s S (an open-loop scenario's simulated
+seconds) and --max-num-seqs N (the simulated engine's batch limit) override the scenario's and the profile's.
 Both print a table and, with --out DIR, write DIR/table.csv, DIR/table.txt, DIR/throughput_latency.png and
 one DIR/timeline_<scenario>_<scheduler>_<seed>.png per run (mode, k, N, budget over time); `run` with
 --steps-out FILE also writes the first run's steps as JSON lines (the format fit-profile reads).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from controlplane.sim.fit import fit_profile, read_steps, steps_to_jsonl
@@ -26,7 +29,7 @@ from controlplane.sim.plots import plot_throughput_latency, plot_timeline
 from controlplane.sim.profiles import PROFILES, EngineShape, SimProfile, get_profile, load_profile, profile_to_json
 from controlplane.sim.report import csv_table, text_table
 from controlplane.sim.runner import RunResult, run_scenario
-from controlplane.sim.scenarios import parse_scenario
+from controlplane.sim.scenarios import DEFAULT_NUM_REQUESTS, parse_scenario, resize
 from controlplane.sim.schedulers import parse_scheduler
 
 
@@ -38,7 +41,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                             ("sweep", "scenarios × schedulers × seeds")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--scenario", action="append", required=True,
-                       help="scenario spelling (repeat for sweep), e.g. closed:balanced:c=2048")
+                       help="scenario spelling (repeat for sweep): closed:SHAPE:c=C[:n=N], "
+                            "poisson:SHAPE:rate=R:for=S, bursty:SHAPE:burst=R, dist-shift, conc-shift; "
+                            "e.g. closed:balanced:c=2048")
         p.add_argument("--scheduler", action="append", required=True,
                        help="v1, v0, eb:K[:N], eb-kstar, eb+[:DELTA], mbt:B, ppas:BMAX:BCAP[:NTH], ppas+:... "
                             "(repeatable; @n=<max_num_seqs>, @b=<budget> override the profile)")
@@ -46,6 +51,15 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help=f"shipped profile ({', '.join(PROFILES)}); default rtx-pro-6000-qwen3-8b")
         p.add_argument("--profile-file", type=Path,
                        help="a profile JSON file (e.g. from fit-profile); wins over --profile")
+        p.add_argument("--requests", type=int, metavar="N",
+                       help=f"closed-loop scenarios: N requests in all, spread over their phases (default: the "
+                            f"spelling's n=, else {DEFAULT_NUM_REQUESTS}; a shift scenario's own phase sizes)")
+        p.add_argument("--duration-s", type=float, metavar="S",
+                       help="open-loop scenarios (poisson, bursty): S simulated seconds in all, phases scaled in "
+                            "proportion (default: the spelling's for=; bursty: 5 phases of 10 s)")
+        p.add_argument("--max-num-seqs", type=int, metavar="N",
+                       help="the simulated engine's max_num_seqs for every scheduler without its own @n= "
+                            "(default: the profile's)")
         p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
         p.add_argument("--seeds", type=int, default=1, help="number of seeds from --seed (default 1)")
         p.add_argument("--out", type=Path, help="directory for table.csv, table.txt and the PNG plots")
@@ -89,12 +103,18 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.seeds < 1:
         parser.error(f"--seeds must be ≥ 1, got {args.seeds}")
     profile = _profile(args, parser)
+    for flag, value in (("--requests", args.requests), ("--max-num-seqs", args.max_num_seqs)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be ≥ 1, got {value}")
     try:
         limit = profile.shape.max_model_len_tokens
-        workloads = [parse_scenario(s, max_model_len_tokens=limit, profile_name=profile.name) for s in args.scenario]
+        workloads = [resize(parse_scenario(s, max_model_len_tokens=limit, profile_name=profile.name),
+                            num_requests=args.requests, duration_s=args.duration_s) for s in args.scenario]
         schedulers = [parse_scheduler(s) for s in args.scheduler]
     except ValueError as exc:
         parser.error(str(exc))
+    if args.max_num_seqs is not None:
+        schedulers = [s if s.max_num_seqs else replace(s, max_num_seqs=args.max_num_seqs) for s in schedulers]
     results: list[RunResult] = []
     for workload in workloads:
         for scheduler in schedulers:

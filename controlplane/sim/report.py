@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from controlplane.sim.runner import RunResult
 
 COLUMNS = (
-    ("scenario", "{:<30}", lambda r: r.scenario[:30]),
+    ("scenario", "{:<30}", lambda r: r.scenario[:60]),
     ("scheduler", "{:<18}", lambda r: r.scheduler[:18]),
     ("seed", "{:>4}", lambda r: r.seed),
     ("done", "{:>6}", lambda r: r.metrics.num_completed),
@@ -39,7 +39,7 @@ def text_table(results: Sequence[RunResult]) -> str:
     """One line per run, with a header."""
     if not results:
         return "(no runs)"
-    widths = [max(len(name), len(_cell(fmt, getter(results[0])))) for name, fmt, getter in COLUMNS]
+    widths = [max(len(name), *(len(_cell(fmt, getter(r))) for r in results)) for name, fmt, getter in COLUMNS]
     lines = [" ".join(name.ljust(w) if "<" in fmt else name.rjust(w)
                       for (name, fmt, _), w in zip(COLUMNS, widths, strict=True))]
     for result in results:

@@ -15,6 +15,9 @@ ppas-long-context) or uniform-<μ_L>-<μ_O> (the EB paper's
 synthetic form, lengths uniform on 0.5–1.5× the mean) or a pair of distributions "<prompt>,<output>" in
 the `parse_length_distribution` spelling (e.g. "fixed:25000,fixed:32", "uniform:512,geometric:256").
 
+`resize` sets a scenario's size from outside its spelling (`controlplane sim run --requests N` for a closed
+loop, `--duration-s S` for an open loop).
+
 Given the engine's max_model_len (`parse_scenario(..., max_model_len_tokens=...)` or `check_fits`), a scenario
 whose prompts can reach it is refused when it is built, with the prompt length and the limit in the message:
 vLLM refuses a prompt of max_model_len tokens or more (an output that would pass the limit is cut there, as
@@ -22,6 +25,9 @@ vLLM's length stop does). Pure; raises ValueError naming the problem.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 from controlplane.sim.arrivals import Phase, Workload, bursty, closed_loop, poisson
 from controlplane.sim.lengths import (
@@ -147,3 +153,38 @@ def _parse_scenario(text: str) -> Workload:
         return Workload(text, workload.phases)
     raise ValueError(f"unknown scenario {text!r}: closed:<shape>:c=<C>[:n=<N>], poisson:<shape>:rate=<R>:for=<S>, "
                      "bursty:<shape>:burst=<R>, dist-shift, conc-shift")
+
+
+def resize(workload: Workload, *, num_requests: int | None = None, duration_s: float | None = None) -> Workload:
+    """`workload` with `num_requests` requests in all (closed loop: spread evenly over its phases, the earlier
+    phases taking the remainder) or lasting `duration_s` simulated seconds in all (open loop: every phase
+    scaled in proportion, rates unchanged); the name says the new size. None leaves that size as it is.
+
+    Raises:
+        ValueError: a size for the other kind of workload (requests of an open loop, a duration of a closed
+            one), fewer requests than phases, or a duration that is not a positive finite number.
+    """
+    if num_requests is None and duration_s is None:
+        return workload
+    if num_requests is not None:
+        if not workload.is_closed:
+            raise ValueError(f"scenario {workload.name}: a number of requests sizes a closed-loop scenario; "
+                             "this one is open-loop (give its duration instead)")
+        if num_requests < len(workload.phases):
+            raise ValueError(f"scenario {workload.name}: {num_requests} requests for {len(workload.phases)} "
+                             "phases; each phase needs at least one")
+        share, extra = divmod(num_requests, len(workload.phases))
+        phases = tuple(replace(phase, num_requests=share + (i < extra)) for i, phase in enumerate(workload.phases))
+        workload = Workload(f"{workload.name} n={num_requests}", phases)
+    if duration_s is not None:
+        if workload.is_closed:
+            raise ValueError(f"scenario {workload.name}: a duration sizes an open-loop scenario; this one is "
+                             "closed-loop (give its number of requests instead)")
+        if not (math.isfinite(duration_s) and duration_s > 0):
+            raise ValueError(f"scenario {workload.name}: the duration must be a positive number of seconds, "
+                             f"got {duration_s}")
+        total_s = sum(phase.duration_s for phase in workload.phases)
+        phases = tuple(replace(phase, duration_s=phase.duration_s * duration_s / total_s)
+                       for phase in workload.phases)
+        workload = Workload(f"{workload.name} for={duration_s:g}s", phases)
+    return workload

@@ -127,6 +127,10 @@ def test_prometheus_config(compose: dict[str, Any], tmp_path: Path) -> None:
     jobs = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
     assert jobs["controlplane"] == ["controller:9464"]
     assert "--metrics-port=9464" in compose["services"]["controller"]["command"]
+    # The engine's vLLM metrics, on its API port (the chart's enginePodMonitor relabels its job to `vllm` too).
+    engine_port = next(arg.removeprefix("--port=") for arg in compose["services"]["engine"]["command"]
+                       if arg.startswith("--port="))
+    assert jobs["vllm"] == [f"engine:{engine_port}"]
     for targets in jobs.values():
         for target in targets:
             assert target.split(":")[0] in {*compose["services"], "localhost"}

@@ -17,7 +17,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from controlplane.cli.serve import add_server_arguments
-from tests.deploy.paths import DEPLOY, REPO
+from controlplane.cli.settings_flags import resolve_from_args
+from tests.deploy.paths import DEPLOY, HEALTH_CHECK_SCRIPT, REPO
 
 DOCKER = DEPLOY / "docker"
 
@@ -158,21 +159,38 @@ def test_copied_sources_exist_and_are_in_the_build_context(name: str) -> None:
             assert sent_to_build(relative, ignore), f"{name}: {relative} is excluded by {ignore.name}"
 
 
+def copied_files(instructions: list[Instruction]) -> dict[str, Path]:
+    """The files the final stage copies from the build context: image path → repository file."""
+    return {ins.arguments.split()[-1]: REPO / ins.arguments.split()[0] for ins in instructions
+            if ins.keyword == "COPY" and not any(flag.startswith("--from") for flag in ins.flags)}
+
+
+def image_command(instructions: list[Instruction]) -> list[str]:
+    """ENTRYPOINT + CMD (exec form) with every path the image copies replaced by the repository file."""
+    entrypoint = json.loads(next(ins.arguments for ins in instructions if ins.keyword == "ENTRYPOINT"))
+    command = json.loads(next(ins.arguments for ins in instructions if ins.keyword == "CMD"))
+    copies = copied_files(instructions)
+    return [str(copies.get(arg, arg)) for arg in entrypoint + command]
+
+
 def test_controller_image_runs_controlplane_serve_with_a_health_check() -> None:
     instructions = parse(DOCKER / "controller.Dockerfile")
-    entrypoint = json.loads(next(ins.arguments for ins in instructions if ins.keyword == "ENTRYPOINT"))
-    assert entrypoint == ["controlplane", "serve"]
-    command = json.loads(next(ins.arguments for ins in instructions if ins.keyword == "CMD"))
+    command = image_command(instructions)
+    assert command[:2] == ["controlplane", "serve"]
     parser = argparse.ArgumentParser()
     add_server_arguments(parser)
-    args, unknown = parser.parse_known_args(command)
+    args, unknown = parser.parse_known_args(command[2:])
     assert unknown == []
-    assert (args.host, args.port, args.metrics_port) == ("0.0.0.0", 50151, 9464)
-    copies = {ins.arguments.split()[-1]: ins.arguments.split()[0] for ins in instructions if ins.keyword == "COPY"}
-    assert copies["/usr/local/bin/cp-grpc-health"] == "deploy/docker/grpc_health_check.py"
+    settings = resolve_from_args(args, {}).settings  # the settings file the image copies, as the image reads it
+    assert (settings.host, settings.port, settings.metrics_port, settings.metrics_host) == (
+        "127.0.0.1", 50151, 9464, "0.0.0.0")
+    exposed = {int(port) for ins in instructions if ins.keyword == "EXPOSE" for port in ins.arguments.split()}
+    assert exposed == {settings.port, settings.metrics_port}
+    copies = copied_files(instructions)
+    assert copies["/usr/local/bin/cp-grpc-health"] == HEALTH_CHECK_SCRIPT
     healthcheck = next(ins for ins in instructions if ins.keyword == "HEALTHCHECK")
     assert json.loads(healthcheck.arguments.removeprefix("CMD").strip())[:3] == [
-        "cp-grpc-health", "--address", f"127.0.0.1:{args.port}"]
+        "cp-grpc-health", "--address", f"127.0.0.1:{settings.port}"]
 
 
 def test_agent_image_is_the_matching_vllm_with_the_scheduler_class() -> None:

@@ -35,24 +35,6 @@ OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 EXTERNAL_URL = "rediss://:s3cret@redis.example.internal:6380/2"
 
 
-@pytest.fixture(scope="module")
-def pem(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A CA and a server certificate for cp-vllm-controlplane.llm.svc, made by openssl."""
-    directory = tmp_path_factory.mktemp("pem")
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-            "-subj", "/CN=test-ca")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj",
-            f"/CN={FULLNAME}.{NAMESPACE}.svc")
-    (directory / "san.ext").write_text(f"subjectAltName=DNS:{FULLNAME}.{NAMESPACE}.svc\n")
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-            "tls.crt", "-days", "2", "-extfile", "san.ext")
-    return {name: (directory / name).read_text() for name in ("ca.crt", "tls.crt", "tls.key")}
-
-
 def variants(pem: dict[str, str]) -> dict[str, dict[str, Any]]:
     return {
         "defaults": {},
@@ -76,7 +58,8 @@ def variants(pem: dict[str, str]) -> dict[str, dict[str, Any]]:
                     "redis": {"bundled": {"persistence": {"enabled": False}}},
                     "auth": {"agentTokens": "pool-a:aaaaaaaaaaaaaaaa1,pool-b:bbbbbbbbbbbbbbbb2",
                              "operatorTokens": "alice:cccccccccccccccc3"},
-                    "controller": {"extraArgs": ["--min-samples=800"], "logLevel": "DEBUG"}},
+                    "controller": {"extraArgs": ["--min-samples=800"], "logLevel": "DEBUG"},
+                    "helmTest": {"enabled": False}},
     }
 
 

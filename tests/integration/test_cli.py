@@ -65,7 +65,8 @@ def test_demo_listens_on_the_ctl_default_and_its_help_states_its_defaults() -> N
     assert (args.port, args.decision_interval_s, args.cooldown_s) == (50151, 2.0, 10.0)
     assert build_parser().parse_args(["ctl", "list"]).address is None  # resolved at run: CP_ADDRESS, then default
     assert listening_line("127.0.0.1", 50151) == "controller listening on 127.0.0.1:50151 — try: controlplane ctl list"
-    assert listening_line("127.0.0.1", 50999).endswith("try: controlplane ctl --address 127.0.0.1:50999 list")
+    assert listening_line("127.0.0.1", 50999, ".venv/bin/controlplane").endswith(
+        "try: .venv/bin/controlplane ctl --address 127.0.0.1:50999 list")
     result = _run("demo", "--help")
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
@@ -80,23 +81,52 @@ def test_demo_listens_on_the_ctl_default_and_its_help_states_its_defaults() -> N
 
 def test_demo_runs_decisions_through_the_fleet(tmp_path: Path) -> None:
     port = free_port()
-    result = _run("demo", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--duration-s", "12",
-                  "--refresh-s", "1", timeout_s=90)
+    result = subprocess.run([sys.executable, "-m", "controlplane", "demo", "--data-dir", str(tmp_path / "data"),
+                             "--port", str(port), "--duration-s", "12", "--refresh-s", "1"], capture_output=True,
+                            text=True, timeout=90, check=False, env={**os.environ, "COLUMNS": "120"})
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.splitlines()[0] == (f"controller listening on 127.0.0.1:{port} — try: controlplane ctl "
-                                             f"--address 127.0.0.1:{port} list")
+    program = f"{Path(sys.executable).relative_to(ROOT)}" if Path(sys.executable).is_relative_to(ROOT) \
+        else sys.executable
+    assert result.stdout.splitlines()[0] == (f"controller listening on 127.0.0.1:{port} — try: {program} -m "
+                                             f"controlplane ctl --address 127.0.0.1:{port} list")
     last = result.stdout.strip().split("\n\n")[-1].splitlines()
     assert last[0].startswith(f"controller listening on 127.0.0.1:{port}")
     assert "engines 4/4" in last[1]
-    rows = [line.split() for line in last[3:]]
-    assert len(rows) == 4
-    modes = {row[0]: row[1] for row in rows}
+    assert max(len(line) for line in last) <= 120
+    header = next(i for i, line in enumerate(last) if line.startswith("engine "))
+    assert last[header].split() == ["engine", "pool", "mode", "k", "N", "B_max", "B_cap", "ver", "ack", "p0", "θ*",
+                                    "LHS−RHS", "reason"]
+    rows = [line.split() for line in last[header + 1:header + 5]]
+    assert all(row[0].startswith("sim-") for row in rows)
+    pools = {row[0]: row[1] for row in rows}
     # The H200 pool stays on mixed batching, the bandwidth-bound RTX PRO 6000 pool goes exclusive.
-    assert {modes[e] for e in modes if e.startswith("sim-0-")} == {"MB"}
-    assert {modes[e] for e in modes if e.startswith("sim-1-")} == {"EB"}
+    assert {pools[e] for e in pools if e.startswith("sim-0-")} == {"H200"}
+    assert {pools[e] for e in pools if e.startswith("sim-1-")} == {"RTX"}  # RTX PRO 6000, split on spaces
     for row in rows:
-        version, acked = int(row[6]), int(row[7])
-        assert acked == version >= 2
+        cells = row[:2] + row[4:] if row[1] == "RTX" else row  # the pool's label as one cell
+        mode, k, version, ack = cells[2], cells[3], cells[7], cells[8]
+        assert mode == ("MB" if row[0].startswith("sim-0-") else "EB")
+        assert (k == "–") == (mode == "MB")
+        assert ack == "✓" and 2 <= int(version) < 10**6  # the version's sequence, ACKed
+
+
+def test_the_demos_hint_runs_as_printed(tmp_path: Path) -> None:
+    """The command the demo's first line suggests works from the directory the demo was started in."""
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if key not in ("CP_ADDRESS", "CP_OPERATOR_TOKEN")}
+    process = subprocess.Popen([sys.executable, "-m", "controlplane", "demo", "--data-dir", str(tmp_path / "data"),
+                                "--port", str(port), "--duration-s", "60"], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        hint = first.split(" — try: ", 1)[1]
+        result = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+        assert result.returncode == 0, (hint, result.stderr)
+        assert result.stdout.split()[:2] == ["ENGINE", "POOL"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=30)
 
 
 def test_demo_on_a_busy_port_is_a_clear_error(tmp_path: Path) -> None:

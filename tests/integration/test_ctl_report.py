@@ -1,6 +1,6 @@
 """`controlplane ctl report` against a real controller, rendered by headless Chromium: one timeline per engine
 with one marker per decision of the history stream, mode bands drawn in their colours, the overrides and
-the explain view; and the file loads nothing from anywhere."""
+the explain view of each pool; and the file loads nothing from anywhere."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class TimelineDom(HTMLParser):
         elif tag == "table":
             self.tables.update(classes)
             if "explain" in classes:
-                self.explained.add(values["data-engine-id"] or "")
+                self.explained.add(values["data-pool"] or "")
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "svg":
@@ -147,7 +147,7 @@ async def test_report_renders_a_timeline_per_engine_in_chromium(redis_url: str, 
         assert sorted(int(m["data-version"]) for m in markers) == wanted
     assert {m["data-mode"] for m in dom.timelines["e1"]["markers"]} == {"mb", "eb"}
     assert {"mode-eb", "mode-mb"} <= set(dom.timelines["e1"]["bands"])
-    assert dom.explained == {"e1", "e2"}
+    assert dom.explained == {"Qwen/Qwen3-8B|RTX PRO 6000", "Qwen/Qwen3-8B|NVIDIA H200"}  # one table per pool
     assert dom.tables["overrides"] == 1 and dom.tables["audit"] == 1 and dom.tables["engines"] == 1
     assert "compare" in page  # the pin's reason, in the overrides table
 

@@ -35,6 +35,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: vllm-controlplane
 {{- end -}}
 
+{{/* The `helm test` pod's labels: not the controller's, so that no Service or PodDisruptionBudget selects it. */}}
+{{- define "cp.testSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "cp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: helm-test
+{{- end -}}
+
 {{- define "cp.redis.fullname" -}}
 {{- printf "%s-valkey" (include "cp.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -113,12 +120,34 @@ Cross-field checks the schema cannot express; each failure names the values to c
 {{- if and (not .Values.tls.enabled) (not .Values.allowPlaintext) -}}
 {{- fail "tls.enabled is false and allowPlaintext is false: enable TLS or allow plaintext gRPC" -}}
 {{- end -}}
+{{- $podMonitor := .Values.metrics.enginePodMonitor -}}
+{{- if and $podMonitor.enabled (not $podMonitor.selector.matchLabels) (not $podMonitor.selector.matchExpressions) -}}
+{{- fail "metrics.enginePodMonitor: set selector.matchLabels or selector.matchExpressions to the engine pods' labels (an empty selector would scrape every pod)" -}}
+{{- end -}}
+{{- $volumes := list "tmp" -}}
+{{- if .Values.tls.enabled -}}{{- $volumes = append $volumes "tls" -}}{{- end -}}
+{{- range .Values.controller.extraVolumes -}}
+{{- if has .name $volumes -}}
+{{- fail (printf "controller.extraVolumes: the volume name %q is taken (the chart's own: tmp, tls)" .name) -}}
+{{- end -}}
+{{- $volumes = append $volumes .name -}}
+{{- end -}}
+{{- range .Values.controller.extraVolumeMounts -}}
+{{- if not (has .name $volumes) -}}
+{{- fail (printf "controller.extraVolumeMounts: %q names no volume of the pod (add it to controller.extraVolumes)" .name) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Arguments of the cp-grpc-health check (exec probes, used when TLS is on): the first CA file that exists. */}}
 {{- define "cp.healthCheckCommand" -}}
 - cp-grpc-health
 - --address=127.0.0.1:{{ .Values.controller.grpcPort }}
+{{ include "cp.healthCheckTlsArgs" . }}
+{{- end -}}
+
+{{/* cp-grpc-health's TLS arguments with the chart's Secret mounted at /etc/controlplane/tls. */}}
+{{- define "cp.healthCheckTlsArgs" -}}
 - --tls-ca=/etc/controlplane/tls/ca.crt
 - --tls-ca=/etc/controlplane/tls/tls.crt
 - --tls-server-name={{ default (printf "%s.%s.svc" (include "cp.fullname" .) .Release.Namespace) .Values.tls.serverName }}
