@@ -13,6 +13,7 @@ from typing import Any
 
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.cli.output import enum_name, iso_utc, message_to_dict
+from controlplane.loop.estimate import FIT_HELD_FLAG
 
 # (key in the terms dict, symbol, unit, meaning), in the order of the derivation.
 TERMS: tuple[tuple[str, str, str, str], ...] = (
@@ -88,7 +89,8 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
         "first_bucket": diag.window_first_bucket, "end_bucket": diag.pool_window_end_bucket,
         "num_samples": diag.num_samples, "rebased": diag.window_rebased, "transient": diag.window_transient,
         "num_censored": diag.num_censored, "num_truncated": diag.num_truncated, "num_shifts": diag.num_shifts,
-        "num_unconfirmed_shifts": diag.num_unconfirmed_shifts,
+        "num_unconfirmed_shifts": diag.num_unconfirmed_shifts, "data_age_s": diag.data_age_s,
+        "fit_held": FIT_HELD_FLAG in decision.flags,
         "last_shift": None if shift is None else {
             "start_bucket": shift.start_bucket, "detected_bucket": shift.detected_bucket,
             "direction": "longer" if shift.direction > 0 else "shorter", "mean_ratio": shift.mean_ratio},
@@ -150,12 +152,17 @@ def _window_text(window: dict[str, Any]) -> str:
             if window["first_bucket"] else f"{window['num_samples']} completions up to bucket {window['end_bucket']}")
     if window["num_censored"] or window["num_truncated"]:
         text += f", running {window['num_censored']} at close / {window['num_truncated']} at opening"
+    if window["data_age_s"]:
+        text += f"; newest data {window['data_age_s']:.1f} s old when decided"
     shift = window["last_shift"]
     if window["rebased"] and shift is not None:
         text += (f"; re-based at bucket {shift['start_bucket']} after outputs got {shift['mean_ratio']:.2f}× "
                  f"({shift['direction']}, detected at bucket {shift['detected_bucket']})")
         if window["transient"]:
             text += ", transient"
+        if window["fit_held"]:
+            text += ("; its fit is held (too few completions since the shift, or a mean on the wrong side of it): "
+                     "the terms are the previous fit's")
     elif shift is not None:
         text += f"; {window['num_shifts']} shift(s) detected, the last at bucket {shift['start_bucket']}"
     if window["num_unconfirmed_shifts"]:

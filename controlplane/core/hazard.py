@@ -62,6 +62,11 @@ SLOPE_SIGNIFICANCE_Z = 2.0
 # 50-130% (the twin, H200, c = 2,048, geometric 128 → 1,024: k̂* 11-18 against a steady 7.6 in runs of
 # consecutive refreshes). At z = 3 the slope of a uniform law is still kept from its first completions.
 SHIFT_SLOPE_Z = 3.0
+# And while such a window holds fewer than YOUNG_WINDOW_SAMPLES completions: at z = 3 a window of about a
+# hundred completions at 10 completions/s (geometric 1,024 → 256, one engine end to end) still kept a slope
+# in one refresh of fourteen, and k̂* went from 34 to 103 for that decision (`shift_slope_z`).
+YOUNG_SLOPE_Z = 4.5
+YOUNG_WINDOW_SAMPLES = 500
 # The fit allocates O(t95) memory; beyond this span (far longer than any real output) it is not attempted
 # and the geometric MLE fallback is used instead.
 MAX_FIT_SPAN_TOKENS = 1 << 20
@@ -396,3 +401,9 @@ def _wls_from_sums(sums: _LineSums | None, *, slope_z: float = SLOPE_SIGNIFICANC
     if abs(eta) < slope_z * eta_std_error:
         return h_mean, 0.0
     return h_mean - eta * t_mean, eta
+
+
+def shift_slope_z(num_completed: int) -> float:
+    """The slope test of a window re-based at a shift holding num_completed completions: YOUNG_SLOPE_Z standard
+    errors below YOUNG_WINDOW_SAMPLES, SHIFT_SLOPE_Z from there."""
+    return YOUNG_SLOPE_Z if num_completed < YOUNG_WINDOW_SAMPLES else SHIFT_SLOPE_Z

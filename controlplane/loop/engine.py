@@ -27,7 +27,7 @@ from controlplane.core.policy import decide
 from controlplane.core.types import Decision, Observations, OperatorIntent, PolicyConfig, PolicyState
 from controlplane.loop.codec import decision_to_proto
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.estimate import WINDOW_COHORT_FLAG, WINDOW_REBASED_FLAG, PoolEstimate
+from controlplane.loop.estimate import FIT_HELD_FLAG, WINDOW_COHORT_FLAG, WINDOW_REBASED_FLAG, PoolEstimate
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.protocol import VERSION_EPOCH_FACTOR, compose_version
 
@@ -156,9 +156,11 @@ class EngineLoop:
 
     # ---- timing ----
 
-    def is_due(self, now_s: float) -> bool:
+    def is_due(self, now_s: float, *, urgent_since_s: float = float("-inf")) -> bool:
+        """Due after recompute_completions completions or interval_s seconds, and at once when the engine was
+        last decided before urgent_since_s (its pool's estimate moved on a shift since: `FleetState.refresh_pool`)."""
         return (self.completions_since_decision >= self.config.recompute_completions
-                or now_s - self.last_decided_s >= self.config.interval_s)
+                or now_s - self.last_decided_s >= self.config.interval_s or self.last_decided_s < urgent_since_s)
 
     def keepalive_due(self, now_s: float) -> bool:
         return self.current is not None and now_s - self.last_sent_s >= self.config.keepalive_s
@@ -237,6 +239,7 @@ class EngineLoop:
         if estimate is not None:
             diag = message.diagnostics
             diag.pool_window_end_bucket = estimate.end_bucket
+            diag.data_age_s = max(0.0, now_s - (estimate.end_bucket + 1) * self.config.bucket_s)
             diag.cost_source = estimate.cost_source
             diag.window_first_bucket = estimate.window_first_bucket or 0
             diag.window_rebased = estimate.window_rebased
@@ -255,6 +258,8 @@ class EngineLoop:
                 message.flags.append(WINDOW_REBASED_FLAG)
             if estimate.window_cohort:
                 message.flags.append(WINDOW_COHORT_FLAG)
+            if estimate.fit_held:
+                message.flags.append(FIT_HELD_FLAG)
         return message
 
     def _next_version(self) -> int:

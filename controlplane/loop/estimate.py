@@ -16,6 +16,8 @@ from controlplane.loop.shift_tracker import PoolShift
 WINDOW_REBASED_FLAG = "window_rebased_after_shift"
 # The decision flag of an estimate fitted on the requests admitted since the latest shift's law began.
 WINDOW_COHORT_FLAG = "window_admitted_since_shift"
+# The decision flag of an estimate whose re-based window was not fitted: the previous fit stands (`fit_held`).
+FIT_HELD_FLAG = "fit_held_after_shift"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,8 @@ class PoolEstimate:
       requests admitted since its new law began alone (`PoolStatistics._cohort`). window_transient: re-based,
       and the requests in flight at its opening still weigh on it (the fit keeps p0, with η = 0 and
       μ_O = 1/p0). fit_held: the window was re-based (or is a cohort) but holds fewer than shift_min_samples
-      completions: `fit` is the previous estimate's.
+      completions, or its fit contradicts the shift's direction (`contradicts_shift`): `fit` is the previous
+      estimate's (decisions carry FIT_HELD_FLAG).
     num_censored / num_truncated: requests running at the window's close / opening used by the fit (0 when
       either end is unknown). last_shift: the latest shift detected in the pool (None: none yet); num_shifts:
       how many were detected (and confirmed); num_unconfirmed_shifts: the detector's alarms the hazard test
@@ -87,3 +90,40 @@ class Cohort:
     censored: LengthHistogram
     truncated: LengthHistogram
     first_bucket: int
+
+
+def moved_on_shift(previous: PoolEstimate | None, estimate: PoolEstimate) -> bool:
+    """Whether a refreshed estimate must reach the pool's engines at once rather than at their next interval: a
+    shift was confirmed since `previous`, or this is the first fit of the shift's own window (re-based or a
+    cohort, no longer held). Later refreshes of that young window reach the engines at their usual cadence: at a
+    few completions a second its fits are noisy, and deciding on each would show the engines every wobble."""
+    if previous is None:
+        return False
+    if estimate.num_shifts > previous.num_shifts:
+        return True
+    young = estimate.window_rebased or estimate.window_cohort
+    was_young_fit = (previous.window_rebased or previous.window_cohort) and not previous.fit_held
+    return young and not estimate.fit_held and estimate.fit is not None and not was_young_fit
+
+
+def episode_reference(before_episode: tuple[int, float] | None, shift: PoolShift | None,
+                      previous: PoolEstimate | None) -> tuple[int, float] | None:
+    """(first bucket of the latest shift's episode, μ̂_O of the fit in force when it was confirmed): kept while
+    the episode lasts, taken from `previous` (the estimate before this refresh) when a new episode begins."""
+    if shift is None or (before_episode is not None and before_episode[0] == shift.episode_start_bucket):
+        return before_episode
+    if previous is None or previous.fit is None:
+        return None
+    return shift.episode_start_bucket, previous.fit.stats.mu_o_tokens
+
+
+def contradicts_shift(fit: HazardFit | None, shift: PoolShift | None,
+                      before_episode: tuple[int, float] | None) -> bool:
+    """Whether a fit of a window re-based at `shift` puts μ̂_O on the wrong side of the μ̂_O in force when the
+    shift's episode was confirmed (`before_episode`: its first bucket and that μ̂_O): above it after a shift to
+    shorter outputs, below it after one to longer outputs. The hazard test confirmed the direction; such a fit
+    extrapolates its tail from a handful of completions and young survivors (after 1,024 → 256 tokens at
+    1,000 completions/s on four engines the first one put μ̂_O at 2,446), and the previous fit stands instead."""
+    if fit is None or shift is None or before_episode is None or before_episode[0] != shift.episode_start_bucket:
+        return False
+    return shift.direction * (fit.stats.mu_o_tokens - before_episode[1]) < 0

@@ -35,7 +35,7 @@ from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.effects import Decided, Effects, Forgotten, MembershipChange, Push, RolloutEvent
 from controlplane.loop.engine import EngineLoop
-from controlplane.loop.estimate import PoolEstimate
+from controlplane.loop.estimate import PoolEstimate, moved_on_shift
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.judging import (
     CONFIRM_BLOCKS,
@@ -87,6 +87,8 @@ class PoolRecord:
     distinct: set[str] = field(default_factory=set)  # engines serving a distinct workload (not in the reference)
     rollouts: PoolRollouts = field(default_factory=PoolRollouts)  # established modes and guarded changes
     rollout_checked_s: float = 0.0
+    # Engines decided before this are due at once: the pool's estimate moved on a shift (`refresh_pool`).
+    urgent_since_s: float = float("-inf")
 
 
 class FleetState:
@@ -280,7 +282,7 @@ class FleetState:
                   running_counts=None if held else batch.running_counts,
                   admitted_age_s=admitted_age_s, running_admitted_age_s=batch.running_admitted_age_s,
                   latencies=batch.latencies)
-        if loop.is_due(now_s):
+        if loop.is_due(now_s, urgent_since_s=pool.urgent_since_s):
             self._decide(record, now_s, effects, trigger_traceparent=batch.traceparent)
         return effects
 
@@ -467,7 +469,7 @@ class FleetState:
                 if now_s - record.disconnected_at_s >= self.loop_config.engine_ttl_s:
                     self._forget(engine_id, record, "ttl", now_s, effects)
                 continue
-            if loop.is_due(now_s):
+            if loop.is_due(now_s, urgent_since_s=self._pools[loop.hello.pool_key].urgent_since_s):
                 self._decide(record, now_s, effects)
             elif loop.keepalive_due(now_s + keepalive_lead_s):
                 self._push(record, loop.current, now_s, effects)
@@ -581,7 +583,10 @@ class FleetState:
         if pool is None:
             return None
         end_bucket = pool.stats.estimate_bucket(now_s)
+        previous = pool.stats.estimate
         estimate = pool.stats.refresh(now_s, calibration=self._calibrations.get(key))
+        if moved_on_shift(previous, estimate):
+            pool.urgent_since_s = now_s
         pool.stats.prune(now_s)
         pool.refreshed_bucket = end_bucket
         tracker = sync_tracker(self._trackers, self._overrides, key, now_s)

@@ -14,26 +14,26 @@ The estimate used at time t is the one for the window ending at bucket `estimate
 `settle_s` later, so two replicas compute an estimate for the same end bucket from the same data.
 
 The window: the newest buckets up to the end bucket until they hold the configured number of completions,
-prompts and steps, never older than max_window_s. Its completions are fitted with the requests running at
-its close (right-censored) and at its opening (left-truncated), when both are known (`core.survival`), those of
-the engines that left or entered the pool inside it with them (`loop.turnover`); a window that would start at a
+prompts and steps, never older than max_window_s. Its completions are fitted with the requests running at its
+close (right-censored) and at its opening (left-truncated), when both are known (`core.survival`), those of the
+engines that left or entered the pool inside it with them (`loop.turnover`); a window that would start at a
 bucket whose opening is unknown (the pool's first) starts one bucket later.
-Shifts: each refresh first feeds the settled buckets to a `loop.shift_tracker.ShiftTracker`; after a
-confirmed shift the completions and prompts of the window never reach back before the change point's bucket
-(the window is re-based; costs are not, a workload shift is not a hardware one). An alarm of the length
-detector is confirmed by a log-rank test of the hazard between the buckets before its change point and those
-since, each with its running requests at both ends (`_compare_at_shift`), so that a length-biased completion
-stream of one law does not re-base the window. A re-based window is fitted
-once it holds shift_min_samples completions (the previous fit stands until then), and while the requests in
-flight at its opening still weigh on it, it is fitted as transient (`core.survival.is_shift_transient`).
-After a shift, when every bucket read knows its requests' admissions, the window holds only the requests
-admitted since the new law began (`_cohort`, `_cohort_start`): the change point's bucket after a shift towards
-shorter outputs, where the admissions changed after one towards longer outputs (`core.admission_change`). The
-old law's requests, in flight for an old lifetime after the shift, are not part of it, and nothing of it was
-in flight at its opening until it alone fills output_window. A re-based or cohort window keeps a hazard slope
-only at SHIFT_SLOPE_Z standard errors (`core.hazard`). A shift is not a cold start: a decision from a
-re-based window is made whatever its size (`core.policy.decide(established=True)`, passed by `loop.engine`),
-and every count shown is the one fitted.
+
+Shifts: each refresh first feeds the settled buckets to a `loop.shift_tracker.ShiftTracker`; after a confirmed
+shift the completions and prompts of the window never reach back before the change point's bucket (re-based;
+costs are not, a workload shift is not a hardware one). An alarm of the length detector is confirmed by a log-
+rank test of the hazard between the buckets before its change point and those since, each with its running
+requests at both ends (`_compare_at_shift`): a length-biased completion stream of one law does not re-base the
+window. A re-based window is fitted once it holds shift_min_samples completions, and only when its μ̂_O lies on
+the shift's side of the one in force at the shift (`estimate.contradicts_shift`); the previous fit stands until
+then. While the requests in flight at its opening still weigh on it, it is fitted as transient
+(`core.survival.is_shift_transient`). After a shift, when every bucket read knows its requests' admissions, the
+window holds only the requests admitted since the new law began (`_cohort`, `_cohort_start`): the change point's
+bucket after a shift towards shorter outputs, where the admissions changed after one towards longer outputs
+(`core.admission_change`); the old law's requests, in flight for an old lifetime after the shift, are not part
+of it. A re-based or cohort window keeps a hazard slope only at `core.hazard.shift_slope_z` standard errors. A
+shift is not a cold start: a decision from a re-based window is made whatever its size
+(`core.policy.decide(established=True)`, passed by `loop.engine`), and every count shown is the one fitted.
 
 Pure: no I/O, no clock (times are arguments). A bucket and its wire format: `loop.buckets`.
 """
@@ -50,9 +50,9 @@ from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_sums import CostSums, StepColumns
 from controlplane.core.hazard import (
     MEAN_LOWER_BOUND_Z,
-    SHIFT_SLOPE_Z,
     SLOPE_SIGNIFICANCE_Z,
     fit_hazard_histogram,
+    shift_slope_z,
 )
 from controlplane.core.length_histogram import LengthHistogram, sum_of
 from controlplane.core.survival import (
@@ -72,7 +72,7 @@ from controlplane.loop.buckets import (
     evenly_spaced,
 )
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.estimate import Cohort, PoolEstimate, Window
+from controlplane.loop.estimate import Cohort, PoolEstimate, Window, contradicts_shift, episode_reference
 from controlplane.loop.ingest import Latencies
 from controlplane.loop.outcomes import OUTCOME_WINDOW_S, OutcomeWindow
 from controlplane.loop.running_reports import RunningReports
@@ -103,6 +103,8 @@ class PoolStatistics:
         self._keep_from: int | None = None  # set by refresh: older buckets can enter no later window
         # The latest change point `_cohort_start` found, with what it was found from.
         self._change_point: tuple[tuple, int] | None = None
+        # The latest shift episode's first bucket and μ̂_O of the fit in force when it was confirmed.
+        self._before_episode: tuple[int, float] | None = None
         # The latencies of the last OUTCOME_WINDOW_S of closed buckets, every replica's.
         self.outcomes = OutcomeWindow(max(1, math.ceil(OUTCOME_WINDOW_S / config.bucket_s)), config.bucket_s)
 
@@ -230,16 +232,11 @@ class PoolStatistics:
         return replica_id in self._buckets.get(bucket_id, {})
 
     def prune(self, now_s: float) -> None:
-        """Forget buckets that can no longer enter a window: older than max_window_s, or older than what the
-        latest refresh's window read (`Window.keep_from`).
-
-        A later window reads no older bucket than the latest one did: buckets only gain data, a window sums
-        the newest first until it is full, and the change point it must not reach behind only moves forward
-        (kept: the buckets the window would read without it, in case a rewind of the shift tracker undoes
-        it; the bucket before the window, for its opening; the buckets a shift confirmation may read, the last
-        PRE_BUCKETS + 2 · REWIND_BUCKETS + 1 and those of a pending one, `ShiftTracker.keep_from`). A busy pool
-        fills its window in a few buckets, so it holds a few buckets instead of max_window_s of them.
-        """
+        """Forget buckets no later window can read (a later window reads no older bucket than the latest one:
+        buckets only gain data and the change point only moves forward): older than max_window_s or than what
+        the latest refresh read (`Window.keep_from`: what the window would read without its change point's
+        floor and the bucket before, for its opening; what a shift confirmation may read, the last PRE_BUCKETS +
+        2 · REWIND_BUCKETS + 1 and those of a pending one). A busy pool holds a few buckets."""
         oldest = self.oldest_bucket(self.estimate_bucket(now_s))
         if self._keep_from is not None:
             oldest = max(oldest, self._keep_from)
@@ -262,24 +259,19 @@ class PoolStatistics:
         if admitted_since is not None:
             admitted = self._admitted_running(bucket_id)
             return sum_of(a.since(admitted_since) for a in admitted) if admitted else None
-        parts = []
-        for replica, stats in sorted(self._buckets.get(bucket_id, {}).items()):
-            if replica != SNAPSHOT_REPLICA:
-                if stats.running is None:
-                    return None
-                parts.append(stats.running)
+        parts = self._per_replica(bucket_id, "running")
         return sum_of(parts) if parts else None
 
     def _admitted_running(self, bucket_id: int) -> list[AdmittedCounts] | None:
         """Each replica's running requests by admission bucket when the bucket closed (a persisted window counts
         for none); None when one of them does not know their admissions."""
-        parts = []
-        for replica, stats in sorted(self._buckets.get(bucket_id, {}).items()):
-            if replica != SNAPSHOT_REPLICA:
-                if stats.admitted_running is None:
-                    return None
-                parts.append(stats.admitted_running)
-        return parts
+        return self._per_replica(bucket_id, "admitted_running")
+
+    def _per_replica(self, bucket_id: int, name: str) -> list | None:
+        """Attribute `name` of each replica's bucket (a persisted window counts for none); None when one is."""
+        parts = [getattr(stats, name) for replica, stats in sorted(self._buckets.get(bucket_id, {}).items())
+                 if replica != SNAPSHOT_REPLICA]
+        return None if any(part is None for part in parts) else parts
 
     def _running_only_floor(self, end_bucket: int) -> float:
         """What the running requests at end_bucket prove about μ_O before any completion
@@ -561,6 +553,8 @@ class PoolStatistics:
         transient = is_shift_transient(rebased=window.rebased, num_completed=stats.outputs.count,
                                        truncated=window.truncated)
         previous = self.estimate
+        last_shift = shifts.last_shift if shifts is not None else None
+        self._before_episode = episode_reference(self._before_episode, last_shift, previous)
         held = ((window.rebased or window.cohort) and stats.outputs.count < self._config.shift_min_samples
                 and previous is not None and previous.fit is not None)
         if held:
@@ -572,8 +566,11 @@ class PoolStatistics:
                 fit = fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,
                                            prompt_sum_tokens=stats.prompt_sum_tokens, censored=window.censored,
                                            truncated=window.truncated, shift_transient=transient,
-                                           slope_z=SHIFT_SLOPE_Z if window.rebased or window.cohort
-                                           else SLOPE_SIGNIFICANCE_Z)
+                                           slope_z=shift_slope_z(stats.outputs.count)
+                                           if window.rebased or window.cohort else SLOPE_SIGNIFICANCE_Z)
+            if ((window.rebased or window.cohort) and previous is not None and previous.fit is not None
+                    and contradicts_shift(fit, last_shift, self._before_episode)):
+                fit, held = previous.fit, True
         cost_fit = stats.costs.fit()
         costs, source = calibration, "calibration"
         if costs is None:
@@ -593,7 +590,7 @@ class PoolStatistics:
             window_transient=transient and not held, fit_held=held,
             num_censored=window.censored.count if window.censored is not None and not held else 0,
             num_truncated=window.truncated.count if window.truncated is not None and not held else 0,
-            last_shift=shifts.last_shift if shifts is not None else None,
+            last_shift=last_shift,
             num_shifts=shifts.num_shifts if shifts is not None else 0,
             num_unconfirmed_shifts=shifts.num_unconfirmed if shifts is not None else 0,
         )

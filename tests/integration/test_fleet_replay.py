@@ -9,11 +9,15 @@ longer reach the pool while it is on probation (4 decisions of each other engine
 when mode changes became guarded rollouts (`loop.rollout`): each engine's first data-driven mode (MB, at second
 6) is established, the model's later EB goes to one canary engine while the others hold MB (reason
 rollout_hold) until it is promoted (the recording carries no steps, so it cannot be measured and is promoted
-after the warm-up); a3, first decided later, is established on EB at once; 10 rows fewer; and when the pool
-started counting the engines that enter or leave it inside a window (`loop.turnover`: an engine's batch that
-carries its first running report is no observation, its requests then are left-truncated, and those of an engine
-that leaves are censored at its last report; 23 rows differ, in the fit's terms only: μ̂_O 533.3 instead of 527.2 at second 68; every mode, k and N is
-the same)."""
+after the warm-up); a3, first decided later, is established on EB at once; 10 rows fewer. Re-recorded twice
+since: when the pool started counting the engines that enter or leave it inside a window (`loop.turnover`: an
+engine's batch that carries its first running report is no observation, its requests then are left-truncated, and
+those of an engine that leaves are censored at its last report; 23 rows differed, in the fit's terms only: μ̂_O
+533.3 instead of 527.2 at second 68, every mode, k and N the same); and when a pool's engines became due at once
+when a shift is confirmed or its window's first fit is made (`estimate.moved_on_shift`): after the shift at
+second 46 the pool's engines are decided at seconds 47 and 49 instead of 48 (μ̂_O 848, against 508–535 from
+second 49 on) and 50 (4 rows more, 150), and a3's decision at second 47 stands on its held fit, now flagged
+`fit_held_after_shift`."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from controlplane.cli.explain import TERMS, explain, explain_rows
 from controlplane.cli.main import build_parser, main
 from controlplane.cli.output import cell_text, iso_utc, message_to_dict, print_data, print_fields
 from controlplane.cli.report import render_report
+from controlplane.loop.estimate import FIT_HELD_FLAG
 from controlplane.store.records import record_json
 
 
@@ -125,8 +126,15 @@ def test_explain_shows_the_pool_window_and_its_last_shift() -> None:
         "the last at bucket 111; 2 length alarm(s) not confirmed by the hazard (length-biased completions of one law)")
     assert explain(view(lhs=1e-5, rhs=2e-6, delta=0.0, latest=False))["window"] == {
         "first_bucket": 0, "end_bucket": 0, "num_samples": 0, "rebased": False, "transient": False, "num_censored": 0,
-        "num_truncated": 0, "num_shifts": 0, "num_unconfirmed_shifts": 0, "last_shift": None,
-        "text": "no pool window"}
+        "num_truncated": 0, "num_shifts": 0, "num_unconfirmed_shifts": 0, "data_age_s": 0.0, "fit_held": False,
+        "last_shift": None, "text": "no pool window"}
+    diag.window_rebased, diag.data_age_s = True, 1.75
+    rebased.decision.flags.append(FIT_HELD_FLAG)
+    assert explain(rebased)["window"]["text"] == (
+        "240 completions, buckets 111–130, running 256 at close / 250 at opening; newest data 1.8 s old when decided; "
+        "re-based at bucket 111 after outputs got 2.04× (longer, detected at bucket 114), transient; its fit is held "
+        "(too few completions since the shift, or a mean on the wrong side of it): the terms are the previous fit's; "
+        "2 length alarm(s) not confirmed by the hazard (length-biased completions of one law)")
 
 
 def test_report_escapes_what_it_is_given() -> None:

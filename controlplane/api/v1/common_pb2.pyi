@@ -41,7 +41,7 @@ class BudgetPolicy(_message.Message):
     def __init__(self, b_max_tokens: _Optional[int] = ..., b_cap_tokens: _Optional[int] = ..., n_th: _Optional[int] = ..., t_large_tokens: _Optional[int] = ..., n_d_large: _Optional[int] = ...) -> None: ...
 
 class Diagnostics(_message.Message):
-    __slots__ = ("p0", "eta", "mu_l_tokens", "mu_o_tokens", "sigma_o_tokens", "t95_tokens", "theta0", "delta_theta", "theta_star", "n_star", "k_star", "lhs_s_per_token", "rhs_s_per_token", "n_obs", "num_samples", "num_rejected_samples", "pool_window_end_bucket", "cost_source", "window_first_bucket", "window_rebased", "window_transient", "num_censored", "num_truncated", "num_shifts", "last_shift", "num_unconfirmed_shifts", "mu_o_lower_tokens", "cold_start_mu_l_tokens", "cold_start_mu_o_tokens", "cold_start_p0")
+    __slots__ = ("p0", "eta", "mu_l_tokens", "mu_o_tokens", "sigma_o_tokens", "t95_tokens", "theta0", "delta_theta", "theta_star", "n_star", "k_star", "lhs_s_per_token", "rhs_s_per_token", "n_obs", "num_samples", "num_rejected_samples", "pool_window_end_bucket", "cost_source", "window_first_bucket", "window_rebased", "window_transient", "num_censored", "num_truncated", "num_shifts", "last_shift", "num_unconfirmed_shifts", "mu_o_lower_tokens", "cold_start_mu_l_tokens", "cold_start_mu_o_tokens", "cold_start_p0", "data_age_s")
     P0_FIELD_NUMBER: _ClassVar[int]
     ETA_FIELD_NUMBER: _ClassVar[int]
     MU_L_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class Diagnostics(_message.Message):
     COLD_START_MU_L_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COLD_START_MU_O_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COLD_START_P0_FIELD_NUMBER: _ClassVar[int]
+    DATA_AGE_S_FIELD_NUMBER: _ClassVar[int]
     p0: float
     eta: float
     mu_l_tokens: float
@@ -102,7 +103,8 @@ class Diagnostics(_message.Message):
     cold_start_mu_l_tokens: float
     cold_start_mu_o_tokens: float
     cold_start_p0: float
-    def __init__(self, p0: _Optional[float] = ..., eta: _Optional[float] = ..., mu_l_tokens: _Optional[float] = ..., mu_o_tokens: _Optional[float] = ..., sigma_o_tokens: _Optional[float] = ..., t95_tokens: _Optional[float] = ..., theta0: _Optional[float] = ..., delta_theta: _Optional[float] = ..., theta_star: _Optional[float] = ..., n_star: _Optional[int] = ..., k_star: _Optional[int] = ..., lhs_s_per_token: _Optional[float] = ..., rhs_s_per_token: _Optional[float] = ..., n_obs: _Optional[float] = ..., num_samples: _Optional[int] = ..., num_rejected_samples: _Optional[int] = ..., pool_window_end_bucket: _Optional[int] = ..., cost_source: _Optional[str] = ..., window_first_bucket: _Optional[int] = ..., window_rebased: _Optional[bool] = ..., window_transient: _Optional[bool] = ..., num_censored: _Optional[int] = ..., num_truncated: _Optional[int] = ..., num_shifts: _Optional[int] = ..., last_shift: _Optional[_Union[PoolShift, _Mapping]] = ..., num_unconfirmed_shifts: _Optional[int] = ..., mu_o_lower_tokens: _Optional[float] = ..., cold_start_mu_l_tokens: _Optional[float] = ..., cold_start_mu_o_tokens: _Optional[float] = ..., cold_start_p0: _Optional[float] = ...) -> None: ...
+    data_age_s: float
+    def __init__(self, p0: _Optional[float] = ..., eta: _Optional[float] = ..., mu_l_tokens: _Optional[float] = ..., mu_o_tokens: _Optional[float] = ..., sigma_o_tokens: _Optional[float] = ..., t95_tokens: _Optional[float] = ..., theta0: _Optional[float] = ..., delta_theta: _Optional[float] = ..., theta_star: _Optional[float] = ..., n_star: _Optional[int] = ..., k_star: _Optional[int] = ..., lhs_s_per_token: _Optional[float] = ..., rhs_s_per_token: _Optional[float] = ..., n_obs: _Optional[float] = ..., num_samples: _Optional[int] = ..., num_rejected_samples: _Optional[int] = ..., pool_window_end_bucket: _Optional[int] = ..., cost_source: _Optional[str] = ..., window_first_bucket: _Optional[int] = ..., window_rebased: _Optional[bool] = ..., window_transient: _Optional[bool] = ..., num_censored: _Optional[int] = ..., num_truncated: _Optional[int] = ..., num_shifts: _Optional[int] = ..., last_shift: _Optional[_Union[PoolShift, _Mapping]] = ..., num_unconfirmed_shifts: _Optional[int] = ..., mu_o_lower_tokens: _Optional[float] = ..., cold_start_mu_l_tokens: _Optional[float] = ..., cold_start_mu_o_tokens: _Optional[float] = ..., cold_start_p0: _Optional[float] = ..., data_age_s: _Optional[float] = ...) -> None: ...
 
 class PoolShift(_message.Message):
     __slots__ = ("start_bucket", "detected_bucket", "direction", "mean_ratio")
