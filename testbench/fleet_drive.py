@@ -73,6 +73,18 @@ class Outcome:
     memberships: list[tuple[int, str, bool]]  # (second, engine, kept out) for every membership change
 
 
+def attach_engines(fleet: FleetState, engine_ids: list[str], now_s: float, *, limits: EngineLimits = LIMITS,
+                   model: str = MODEL, accelerator: str = ACCELERATOR) -> dict[str, object]:
+    """Attach the engines (vLLM 0.32, one identity) and push each its first decision; their streams by id."""
+    streams = {e: object() for e in engine_ids}
+    for engine_id in engine_ids:
+        hello = EngineHello(engine_id=engine_id, model=model, accelerator=accelerator, vllm_version="0.32.0",
+                            agent_version="drive", limits=limits, block_size_tokens=16)
+        fleet.attach(hello, identity="drive", epoch=1, stream=streams[engine_id], now_s=now_s)
+        fleet.first_decision(engine_id, streams[engine_id], now_s)
+    return streams
+
+
 def drive(engines: dict[str, Workload], *, seconds: int = 60, seed: int = 0,
           shift: tuple[int, dict[str, Workload]] | None = None) -> Outcome:
     """Run the engines (id → workload) of one pool through a FleetState for `seconds` simulated seconds;
@@ -81,13 +93,8 @@ def drive(engines: dict[str, Workload], *, seconds: int = 60, seed: int = 0,
     fleet = FleetState(loop, PolicyConfig(min_samples=400, cooldown_s=0.0), replica_id="drive")
     fleet.set_calibration(POOL_KEY, H200_QWEN3_8B, START_S, refresh=False)
     rngs = {e: np.random.default_rng([seed, zlib.crc32(e.encode())]) for e in engines}
-    streams = {e: object() for e in engines}
+    streams = attach_engines(fleet, list(engines), START_S)
     memberships: list[tuple[int, str, bool]] = []
-    for engine_id in engines:
-        hello = EngineHello(engine_id=engine_id, model=MODEL, accelerator=ACCELERATOR, vllm_version="0.32.0",
-                            agent_version="drive", limits=LIMITS, block_size_tokens=16)
-        fleet.attach(hello, identity="drive", epoch=1, stream=streams[engine_id], now_s=START_S)
-        fleet.first_decision(engine_id, streams[engine_id], START_S)
     for t in range(1, seconds + 1):
         now_s = START_S + t
         fleet.close_bucket(POOL_KEY, now_s)

@@ -13,10 +13,9 @@ from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.core.types import PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.fleet import FleetState
-from controlplane.loop.ingest import EngineHello
 from controlplane.loop.rollout import COOLDOWN_S
 from controlplane.sim.profiles import H200_QWEN3_8B
-from testbench.fleet_drive import ACCELERATOR, HONEST, LIMITS, MODEL, POOL_KEY, START_S, synthetic_batch
+from testbench.fleet_drive import HONEST, POOL_KEY, START_S, attach_engines, synthetic_batch
 
 ENGINES = [f"e{i}" for i in range(6)]
 # Output tokens per busy second each mode delivers on these engines (the truth the model may get wrong).
@@ -27,13 +26,7 @@ def _fleet(costs) -> tuple[FleetState, dict[str, object]]:
     loop = DecisionLoopConfig(recompute_completions=1_000_000, interval_s=2.0, ttl_s=60.0)
     fleet = FleetState(loop, PolicyConfig(min_samples=400, cooldown_s=0.0), replica_id="rollouts")
     fleet.set_calibration(POOL_KEY, costs, START_S, refresh=False)
-    streams = {e: object() for e in ENGINES}
-    for engine_id in ENGINES:
-        hello = EngineHello(engine_id=engine_id, model=MODEL, accelerator=ACCELERATOR, vllm_version="0.32.0",
-                            agent_version="test", limits=LIMITS, block_size_tokens=16)
-        fleet.attach(hello, identity="test", epoch=1, stream=streams[engine_id], now_s=START_S)
-        fleet.first_decision(engine_id, streams[engine_id], START_S)
-    return fleet, streams
+    return fleet, attach_engines(fleet, ENGINES, START_S)
 
 
 def _run(fleet: FleetState, streams: dict[str, object], first_s: int, last_s: int, rates: dict[int, float],

@@ -19,12 +19,13 @@ from controlplane.loop import pool_stats as pool_stats_module
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.estimate import FIT_HELD_FLAG, contradicts_shift, episode_reference
 from controlplane.loop.fleet import FleetState
-from controlplane.loop.ingest import EngineHello, validate_batch
+from controlplane.loop.ingest import validate_batch
 from controlplane.loop.shift_tracker import PoolShift
 from controlplane.protocol import pool_key_of
 from controlplane.sim.lengths import GeometricLengths
 from controlplane.sim.profiles import H200_QWEN3_8B
 from testbench.closed_loop import ClosedLoopEngine
+from testbench.fleet_drive import attach_engines
 from testbench.messages import LIMITS as MESSAGE_LIMITS
 
 MODEL, ACCELERATOR = "Qwen/Qwen3-8B", "NVIDIA H200"
@@ -57,12 +58,7 @@ def _run(seed: int, *, until_s: float = 24.0) -> Run:
     rng = np.random.default_rng(seed)
     engines = {e: ClosedLoopEngine(GeometricLengths.from_mean(1024.0), num_slots=512, rate_per_s=250.0, rng=rng,
                                    now_s=START_S) for e in ENGINES}
-    streams = {e: object() for e in ENGINES}
-    for engine_id in ENGINES:
-        hello = EngineHello(engine_id=engine_id, model=MODEL, accelerator=ACCELERATOR, vllm_version="0.32.0",
-                            agent_version="test", limits=LIMITS, block_size_tokens=16)
-        fleet.attach(hello, identity="test", epoch=1, stream=streams[engine_id], now_s=START_S)
-        fleet.first_decision(engine_id, streams[engine_id], START_S)
+    streams = attach_engines(fleet, list(ENGINES), START_S, limits=LIMITS, model=MODEL, accelerator=ACCELERATOR)
     run = Run()
     pending: float | None = None  # the latest urgent refresh whose engines are not all decided yet
     for tick in range(1, round(until_s * 10) + 1):
