@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
 from controlplane.loop.codec import cost_model_to_calibration  # noqa: E402
-from controlplane.loop.estimate import FIT_HELD_FLAG  # noqa: E402
+from controlplane.loop.estimate import FIT_HELD_FLAG, WINDOW_COHORT_FLAG  # noqa: E402
 from controlplane.sim.lengths import ClippedLogNormalLengths, GeometricLengths, UniformLengths  # noqa: E402
 from controlplane.sim.profiles import H200_QWEN3_8B  # noqa: E402
 from testbench.closed_loop import (  # noqa: E402
@@ -472,7 +472,7 @@ def print_timeline(run: Run) -> None:
     print(f"\ntimeline: {run.shift.label} @{run.rate_per_s:g}/s ×{run.engines}, seed {run.seed}, engine 0 (t from the "
           "shift; window: its data's age s, samples, first bucket's age s; requests censored, truncated)")
     print(f"{'t s':>7} {'done':>6} {'new':>6} {'k̂*':>7} {'N̂*':>5} {'μ̂_O':>7} {'p0·1e3':>7} {'η·1e6':>7} "
-          f"{'window':>16} {'cens':>5} {'trunc':>5} {'shifts':>6}  reason, re-based/transient/held")
+          f"{'window':>16} {'cens':>5} {'trunc':>5} {'shifts':>6}  reason, re-based/transient/cohort/held")
     for t, k, n, mu, _, engine_id in sorted(run.rows):
         if engine_id != run.engine_ids[0]:
             continue
@@ -480,11 +480,12 @@ def print_timeline(run: Run) -> None:
         done = np.searchsorted(every, t, side="right") - base
         new = np.searchsorted(new_law, t, side="right")
         held = FIT_HELD_FLAG in run.latest[t].flags
+        cohort = WINDOW_COHORT_FLAG in run.latest[t].flags
         print(f"{t - run.shift_s:>7.2f} {done:>6} {new:>6} {k:>7.2f} {n:>5.0f} {mu:>7.1f} {d.p0 * 1e3:>7.3f} "
               f"{d.eta * 1e6:>7.3f} {d.data_age_s:>4.1f} {d.num_samples:>5} {t - d.window_first_bucket:>5.0f} "
               f"{d.num_censored:>5} {d.num_truncated:>5} {d.num_shifts:>6}  {reason}"
               f"{', re-based' if d.window_rebased else ''}{', transient' if d.window_transient else ''}"
-              f"{', held' if held else ''}")
+              f"{', cohort' if cohort else ''}{', held' if held else ''}")
 
 
 # ---- CPU ----

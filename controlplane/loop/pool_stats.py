@@ -555,6 +555,9 @@ class PoolStatistics:
         previous = self.estimate
         last_shift = shifts.last_shift if shifts is not None else None
         self._before_episode = episode_reference(self._before_episode, last_shift, previous)
+        # A full window starting at the change point still holds the old law's stragglers: tested as re-based.
+        rebase = shifts.rebase_bucket if shifts is not None else None
+        after_shift = window.rebased or window.cohort or (rebase is not None and window.first_output_bucket == rebase)
         held = ((window.rebased or window.cohort) and stats.outputs.count < self._config.shift_min_samples
                 and previous is not None and previous.fit is not None)
         if held:
@@ -566,8 +569,8 @@ class PoolStatistics:
                 fit = fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,
                                            prompt_sum_tokens=stats.prompt_sum_tokens, censored=window.censored,
                                            truncated=window.truncated, shift_transient=transient,
-                                           slope_z=shift_slope_z(stats.outputs.count)
-                                           if window.rebased or window.cohort else SLOPE_SIGNIFICANCE_Z)
+                                           slope_z=shift_slope_z(stats.outputs.count) if after_shift
+                                           else SLOPE_SIGNIFICANCE_Z)
             if ((window.rebased or window.cohort) and previous is not None and previous.fit is not None
                     and contradicts_shift(fit, last_shift, self._before_episode)):
                 fit, held = previous.fit, True
