@@ -42,7 +42,8 @@ def test_the_licence_is_the_full_apache_licence_the_metadata_declares() -> None:
     assert "END OF TERMS AND CONDITIONS" in text
     assert "Copyright 2026 The vllm-controlplane authors" in text
     assert "[name of copyright owner]" not in text
-    assert _pyproject()["project"]["license"] == {"text": "Apache-2.0"}
+    assert _pyproject()["project"]["license"] == "Apache-2.0"  # an SPDX expression
+    assert _pyproject()["project"]["license-files"] == ["LICENSE"]
 
 
 def test_the_version_is_written_once_in_the_package() -> None:
