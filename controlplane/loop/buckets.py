@@ -25,7 +25,7 @@ import numpy as np
 
 from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.cost_sums import CostSums, StepColumns
-from controlplane.core.latency_sketch import LatencyAccumulator
+from controlplane.core.latency_accumulator import LatencyAccumulator
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.types import CostModel
 from controlplane.loop.outcomes import KINDS, LatencySet
@@ -235,7 +235,7 @@ class Columns:
 class OpenBucket:
     """The bucket being filled: batches are only appended (amortised O(batch)); the histogram and the cost
     sums are computed once, vectorised over the whole bucket, when it closes (the latency sketches fold their
-    rows a few thousand at a time as they arrive: `core.latency_sketch.LatencyAccumulator`)."""
+    rows a few thousand at a time as they arrive: `core.latency_accumulator.LatencyAccumulator`)."""
 
     bucket_id: int
     outputs: Columns = field(default_factory=lambda: Columns(1))

@@ -469,7 +469,7 @@ class FleetState:
                 if now_s - record.disconnected_at_s >= self.loop_config.engine_ttl_s:
                     self._forget(engine_id, record, "ttl", now_s, effects)
                 continue
-            if loop.is_due(now_s, urgent_since_s=self._pools[loop.hello.pool_key].urgent_since_s):
+            if loop.is_due(now_s):  # an urgent pool's engines are decided at their batches, spread over them
                 self._decide(record, now_s, effects)
             elif loop.keepalive_due(now_s + keepalive_lead_s):
                 self._push(record, loop.current, now_s, effects)

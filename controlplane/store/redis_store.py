@@ -26,9 +26,8 @@ Contracts:
 - Retention: with `engine_retention_s` > 0, an engine's decision and epoch keys expire that long after its
   last decision write or epoch reservation (an engine id seen once does not stay in Redis forever), a
   pool's history stream 0.9–1× that long after its latest entry (its expiry is renewed at most once per
-  tenth of the retention, or per hour if that is shorter: nor does a pool name stay), and
-  epochs are floored at the server's Unix time so that versions still increase after an expiry; 0 keeps
-  them forever.
+  tenth of the retention, or per hour if that is shorter: nor does a pool name stay), and epochs are floored
+  at the server's Unix time so that versions still increase after an expiry; 0 keeps them forever.
 - An override or calibration change writes the record, appends an audit entry and (overrides) publishes a
   notice in one script on the operator slot, as a compare-and-set against the record read just before, so
   the old value in the audit is exactly the one replaced.

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.core import latency_sketch
+from controlplane.core import latency_accumulator
+from controlplane.core.latency_accumulator import FOLD_ROWS, LatencyAccumulator
 from controlplane.core.latency_sketch import (
-    FOLD_ROWS,
     GAMMA,
     MAX_COUNT,
     MAX_ENTRIES,
@@ -23,7 +23,6 @@ from controlplane.core.latency_sketch import (
     MIN_INDEX,
     MIN_S,
     RELATIVE_ACCURACY,
-    LatencyAccumulator,
     LatencySketch,
     bucket_indices,
     representative_s,
@@ -497,7 +496,7 @@ def _assert_sketches_without(accumulator: LatencyAccumulator, rows: list[tuple[i
 def test_an_accumulator_builds_what_from_values_builds(fold_rows: int, batches: list[list[list[float]]],
                                                        data: st.DataObject) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(latency_sketch, "FOLD_ROWS", fold_rows)  # folds after every batch, or now and then
+        patch.setattr(latency_accumulator, "FOLD_ROWS", fold_rows)  # folds after every batch, or now and then
         accumulator, rows = _accumulate([[np.array(column, dtype=np.float64) for column in batch]
                                          for batch in batches])
     drop = data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=len(rows)) if rows else st.just([]))
@@ -522,7 +521,7 @@ def test_an_accumulator_sums_beyond_int64_exactly() -> None:
     """A fold whose running sums would pass int64 sums over Python integers (the bound lowered to reach it)."""
     values = np.random.default_rng(12).uniform(3000.0, MAX_S, 50_000)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(latency_sketch, "_EXACT_INT_ROWS", 40_000)
+        patch.setattr(latency_accumulator, "_EXACT_INT_ROWS", 40_000)
         accumulator, rows = _accumulate([[values, values[:10], np.zeros(0)]])
         _assert_sketches_without(accumulator, rows, [3, 50_004])
 

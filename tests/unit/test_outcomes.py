@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from controlplane.core.latency_sketch import FOLD_ROWS, LatencySketch
+from controlplane.core.latency_accumulator import FOLD_ROWS
+from controlplane.core.latency_sketch import LatencySketch
 from controlplane.loop import buckets
 from controlplane.loop.buckets import BucketStats, OpenBucket
 from controlplane.loop.config import DecisionLoopConfig
