@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.protocol import ENGINE_ID_PATTERN, bounded, is_valid_engine_id, pool_name_problem
+from controlplane.protocol import (
+    ENGINE_ID_PATTERN,
+    KV_ROLE_FROM_VLLM,
+    KvRole,
+    bounded,
+    is_valid_engine_id,
+    pool_name_problem,
+)
 
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$")
 _TRUE, _FALSE = ("1", "true"), ("", "0", "false")
@@ -218,17 +225,29 @@ def pool_model_default(served_model_name: str | Sequence[str] | None, model: str
     return model
 
 
-def engine_data_parallel_rank(*, size: int, index: int) -> int | None:
+def engine_data_parallel_rank(*, size: int, index: int, master_port: int = 0) -> int | None:
     """The rank to append to the engine id, or None without data parallelism.
 
     Args:
         size: vLLM's parallel_config.data_parallel_size as the engine sees it.
         index: parallel_config.data_parallel_index (the original data-parallel rank).
-    vLLM runs each rank of a dense model as an independent engine (size reset to 1, the rank kept in the
-    index), so a dense model's rank 0 cannot be told from a plain engine and keeps the plain id; every other
-    rank, and every rank of a model vLLM keeps in one data-parallel group (MoE), gets its rank.
+        master_port: parallel_config.data_parallel_master_port (0: not set).
+    vLLM runs each rank of a dense model as an independent engine: it resets the size to 1 and the rank to 0,
+    and keeps the rank in the index. The master port it picked for the deployment stays set (vLLM takes one
+    whenever data parallelism is configured; it is 0 on an engine started without, unless VLLM_DP_MASTER_PORT
+    says otherwise), which tells a dense model's rank 0 from a plain engine. A model vLLM keeps in one
+    data-parallel group (MoE) keeps its size. So every rank of a data-parallel engine gets its rank.
     """
-    return index if size > 1 or index > 0 else None
+    return index if size > 1 or index > 0 or master_port > 0 else None
+
+
+def engine_kv_role(kv_transfer_config: object) -> KvRole:
+    """The engine's role in disaggregated prefill/decode from vLLM's `vllm_config.kv_transfer_config`: NONE
+    without one or without a KV connector (vLLM's own test, `is_kv_transfer_instance`), else its kv_role
+    ("kv_producer", "kv_consumer", "kv_both"; NONE for a spelling this agent does not know)."""
+    if kv_transfer_config is None or not getattr(kv_transfer_config, "kv_connector", None):
+        return KvRole.NONE
+    return KV_ROLE_FROM_VLLM.get(str(getattr(kv_transfer_config, "kv_role", "") or ""), KvRole.NONE)
 
 
 # ------------------------------------------------------------------------------------------- resolution

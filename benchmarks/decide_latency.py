@@ -6,9 +6,10 @@ paths in a second). Side by side, at W_O = 4096:
   evaluate + select), which is what every engine cost before pools were estimated once;
 - the pool's refresh (`PoolStatistics.refresh`: histogram merge + hazard fit + cost fit) alone;
 - one engine's decision from the pool estimate (`EngineLoop.decide`: evaluate + select + the protobuf
-  message);
+  message), without an override and with δ set by a latency objective's loop (source `objective`);
 - the amortised per-engine cost, (pool refresh / engines per pool) + engine decision, for 10, 100, 1,000
-  engines per pool, and its ratio to the baseline. Goal: ≤ 50 µs amortised per engine at 1,000 engines.
+  engines per pool, and its ratio to the baseline; the same with an objective. Goal: ≤ 50 µs amortised per
+  engine at 1,000 engines, with or without an objective.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ import numpy as np
 from controlplane.core.hazard import fit_hazard_histogram
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.policy import decide
-from controlplane.core.types import EngineLimits, Observations, OperatorIntent, PolicyConfig, PolicyState
+from controlplane.core.types import (
+    DeltaSource,
+    EngineLimits,
+    Observations,
+    OperatorIntent,
+    PolicyConfig,
+    PolicyState,
+)
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.ingest import EngineHello
@@ -74,11 +82,17 @@ def main() -> None:
     loop = EngineLoop(hello=hello, config=config, policy=PolicyConfig(), epoch=1)
     loop.n_obs = 600.0
     intent = OperatorIntent()
+    objective_loop = EngineLoop(hello=hello, config=config, policy=PolicyConfig(), epoch=1)
+    objective_loop.n_obs = 600.0
+    # δ as a pool's latency-objective loop sets it (`loop.objective`): one step above the default.
+    objective = OperatorIntent(delta_s_per_token=1e-6, delta_source=DeltaSource.OBJECTIVE)
     rows = {
         "baseline: decide() on its own window": _times_us(own_window_decision, repeats),
         "pool refresh (merge + fits)": _times_us(lambda: pool.refresh(110.0, calibration=COSTS), repeats),
         "engine decision from the pool estimate": _times_us(
             lambda: loop.decide(pool.estimate, intent=intent, now_s=float(next(clock))), repeats),
+        "engine decision, δ from an objective": _times_us(
+            lambda: objective_loop.decide(pool.estimate, intent=objective, now_s=float(next(clock))), repeats),
     }
     print(f"W_O = {WINDOW}, {repeats} runs each")
     print(f"{'what':<40} {'median µs':>10} {'p95 µs':>10}")
@@ -89,13 +103,16 @@ def main() -> None:
     baseline = medians["baseline: decide() on its own window"]
     refresh = medians["pool refresh (merge + fits)"]
     engine = medians["engine decision from the pool estimate"]
-    print(f"\n{'engines per pool':>16} {'amortised µs/engine':>20} {'vs baseline':>12}")
+    with_objective = medians["engine decision, δ from an objective"]
+    print(f"\n{'engines per pool':>16} {'amortised µs/engine':>20} {'vs baseline':>12} {'with an objective':>18}")
     for engines in (10, 100, 1000):
         amortised = refresh / engines + engine
-        print(f"{engines:>16} {amortised:>20.1f} {amortised / baseline:>11.2f}x")
-    amortised = refresh / 1000 + engine
-    print(f"goal: ≤ 50 µs amortised per engine at 1,000 engines -> {'met' if amortised <= 50 else 'NOT met'} "
-          f"({amortised:.1f} µs)")
+        print(f"{engines:>16} {amortised:>20.1f} {amortised / baseline:>11.2f}x "
+              f"{refresh / engines + with_objective:>18.1f}")
+    worst = refresh / 1000 + max(engine, with_objective)
+    print(f"goal: ≤ 50 µs amortised per engine at 1,000 engines, with or without an objective -> "
+          f"{'met' if worst <= 50 else 'NOT met'} ({refresh / 1000 + engine:.1f} µs; with an objective "
+          f"{refresh / 1000 + with_objective:.1f} µs)")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,12 @@ Imports only the generated protobuf code (`controlplane.api`), so `agents` may i
 (an import-linter contract keeps it that way). No I/O.
 
 - Engine ids: `ENGINE_ID_PATTERN` ([A-Za-z0-9._:-]{1,128}).
-- Pools: a pool is one model on one accelerator type; its key is "<model>|<accelerator>". Names are
-  1..MAX_POOL_NAME_CHARS printable characters without "|" (no control characters, no NUL).
+- Pools: a pool is one model on one accelerator type in one KV-transfer role; its key is
+  "<model>|<accelerator>", with "|<role>" appended for an engine with a KV connector (`KvRole`: producer,
+  consumer, both), so a model's prefill and decode instances never share statistics while an engine without a
+  role keeps the key it always had. Names are 1..MAX_POOL_NAME_CHARS printable characters without "|" (no
+  control characters, no NUL). `pool_key_of` / `make_pool_key` build a key from names, `pool_key_of_message`
+  from a `Pool` message, `pool_of_key` parses one back.
 - Modes: `Mode` is the one vocabulary of batching modes (the core decides one, the agent enforces one);
   `MODE_FROM_PROTO` / `MODE_TO_PROTO` map it to and from the wire enum, `MODE_NAMES` the wire enum to the
   lower-case names used in records, metrics and logs, `MODE_CODES` to the numbers of the mode gauge.
@@ -68,6 +72,29 @@ MODE_NAMES = {common_pb2.MODE_UNSPECIFIED: "unspecified",
 MODE_CODES = {common_pb2.MODE_MB: 1, common_pb2.MODE_EB: 2, common_pb2.MODE_PASSTHROUGH: 3}
 
 
+class KvRole(enum.StrEnum):
+    """An engine's role in disaggregated prefill/decode: vLLM's kv_transfer_config.kv_role.
+
+    NONE: no KV connector; the pool key is "<model>|<accelerator>".
+    PRODUCER: a prefill instance (kv_producer): it computes prompts and sends their KV.
+    CONSUMER: a decode instance (kv_consumer): it receives prompts' KV and decodes.
+    BOTH: kv_both: sends and receives KV, and runs whole requests.
+    """
+
+    NONE = ""
+    PRODUCER = "producer"
+    CONSUMER = "consumer"
+    BOTH = "both"
+
+
+KV_ROLE_TO_PROTO = {KvRole.NONE: common_pb2.KV_ROLE_UNSPECIFIED, KvRole.PRODUCER: common_pb2.KV_ROLE_PRODUCER,
+                    KvRole.CONSUMER: common_pb2.KV_ROLE_CONSUMER, KvRole.BOTH: common_pb2.KV_ROLE_BOTH}
+KV_ROLE_FROM_PROTO = {wire: role for role, wire in KV_ROLE_TO_PROTO.items()}
+# vLLM's spelling of each role (KVTransferConfig.kv_role).
+KV_ROLE_FROM_VLLM = {"kv_producer": KvRole.PRODUCER, "kv_consumer": KvRole.CONSUMER, "kv_both": KvRole.BOTH}
+_KV_ROLES_BY_VALUE = {role.value: role for role in KvRole}
+
+
 def bounded(text: object, limit: int = MAX_ECHO_CHARS) -> str:
     """repr() of `text` cut to `limit` characters, with the original length when cut."""
     shown = repr(text)
@@ -94,19 +121,44 @@ def pool_name_problem(name: str) -> str | None:
     return None
 
 
-def pool_key_of(model: str, accelerator: str) -> str:
-    """"<model>|<accelerator>", the one way a pool key is built; unvalidated (for names already checked, or
-    to compare with keys that were: an invalid name gives a key no valid pool has)."""
-    return f"{model}{POOL_KEY_SEPARATOR}{accelerator}"
+def pool_key_of(model: str, accelerator: str, kv_role: str = "") -> str:
+    """"<model>|<accelerator>", or "<model>|<accelerator>|<kv_role>" for a role: the one way a pool key is built;
+    unvalidated (for names already checked, or to compare with keys that were: an invalid name gives a key no
+    valid pool has)."""
+    key = f"{model}{POOL_KEY_SEPARATOR}{accelerator}"
+    return f"{key}{POOL_KEY_SEPARATOR}{kv_role}" if kv_role else key
 
 
-def make_pool_key(model: str, accelerator: str) -> str:
-    """`pool_key_of` after checking both names; raises ValueError (bounded echo) when either is invalid."""
+def make_pool_key(model: str, accelerator: str, kv_role: str = "") -> str:
+    """`pool_key_of` after checking both names and the role (one of `KvRole`'s values); raises ValueError
+    (bounded echo) when one is invalid."""
     for field, name in (("model", model), ("accelerator", accelerator)):
         problem = pool_name_problem(name)
         if problem is not None:
             raise ValueError(f"pool {field} {bounded(name)} {problem}")
-    return pool_key_of(model, accelerator)
+    if kv_role not in _KV_ROLES_BY_VALUE:
+        raise ValueError(f"pool kv_role {bounded(kv_role)} is not one of producer, consumer, both")
+    return pool_key_of(model, accelerator, kv_role)
+
+
+def kv_role_name(wire: int) -> str:
+    """The key's spelling of a wire KvRole; an unknown value gives "kv_role_<n>", which no valid pool has."""
+    role = KV_ROLE_FROM_PROTO.get(wire)
+    return role.value if role is not None else f"kv_role_{wire}"
+
+
+def pool_key_of_message(pool: common_pb2.Pool) -> str:
+    """The key of a `Pool` message (unvalidated, as `pool_key_of`)."""
+    return pool_key_of(pool.model, pool.accelerator, kv_role_name(pool.kv_role))
+
+
+def pool_of_key(key: str) -> common_pb2.Pool:
+    """The `Pool` message of a key `pool_key_of` built (the inverse of `pool_key_of_message` for valid keys); a
+    role it does not know is left unset."""
+    model, _, rest = key.partition(POOL_KEY_SEPARATOR)
+    accelerator, _, role = rest.partition(POOL_KEY_SEPARATOR)
+    wire = KV_ROLE_TO_PROTO[_KV_ROLES_BY_VALUE.get(role, KvRole.NONE)]
+    return common_pb2.Pool(model=model, accelerator=accelerator, kv_role=wire)
 
 
 def min_budget_tokens(max_num_batched_tokens: int) -> int:

@@ -40,7 +40,13 @@ import uuid
 from typing import Any
 
 from agents import __version__
-from agents.config import AgentConfig, engine_data_parallel_rank, load_agent_config, pool_model_default
+from agents.config import (
+    AgentConfig,
+    engine_data_parallel_rank,
+    engine_kv_role,
+    load_agent_config,
+    pool_model_default,
+)
 from agents.enforcement.enforcer import Enforcer
 from agents.enforcement.plan import StepKind
 from agents.link import ControllerLink
@@ -50,7 +56,7 @@ from agents.running_lengths import running_length_entries
 from agents.vllm.probe import ProbeVerdict, probe_scheduler, vllm_version
 from agents.vllm.stock import StockReporter, agent_hello
 from controlplane.api.v1 import agent_pb2, common_pb2
-from controlplane.protocol import MODE_TO_PROTO
+from controlplane.protocol import MODE_TO_PROTO, pool_key_of_message
 
 logger = logging.getLogger(__name__)
 _PREFILL_ONLY = StepKind.PREFILL_ONLY
@@ -123,6 +129,7 @@ class AgentRuntime:
         self._trace_awaiting_duration: collections.deque[dict[str, Any]] = collections.deque()
         model_config = scheduler.vllm_config.model_config
         self.verdict = verdict or ProbeVerdict(vllm_version=vllm_version())
+        self.kv_role = engine_kv_role(getattr(scheduler.vllm_config, "kv_transfer_config", None))
         hello = agent_hello(
             config,
             # max_num_seqs: the admission slots the controller may fill (the engine's own active cap).
@@ -130,7 +137,7 @@ class AgentRuntime:
                 max_num_seqs=self._start_active_reqs, max_num_batched_tokens=self._start_budget_tokens,
                 kv_capacity_tokens=self.kv_capacity_tokens, block_size_tokens=self._block_size,
                 max_model_len_tokens=int(model_config.max_model_len)),
-            self.verdict, instance_id=self.instance_id, started_at_s=self.started_at_s)
+            self.verdict, instance_id=self.instance_id, started_at_s=self.started_at_s, kv_role=self.kv_role)
         self.link = ControllerLink(config, hello=hello, recorder=self.recorder, on_decision=self._on_decision)
         self._report: ReportWriter | None = None
         if config.report_path is not None:
@@ -140,9 +147,8 @@ class AgentRuntime:
         if self._report is not None:
             self._report.start()
             atexit.register(self._report.write)
-        logger.info("control-plane agent %s on for engine %s (pool %s|%s, instance %s), controller %s", __version__,
-                    config.engine_id, config.pool_model, config.pool_accelerator, self.instance_id,
-                    config.controller_address)
+        logger.info("control-plane agent %s on for engine %s (pool %s, instance %s), controller %s", __version__,
+                    config.engine_id, pool_key_of_message(hello.pool), self.instance_id, config.controller_address)
 
     @classmethod
     def create(cls, scheduler: Any, *, vllm_class: type | None = None) -> AgentRuntime | StockReporter | None:
@@ -475,7 +481,8 @@ def _data_parallel_rank(vllm_config: Any) -> int | None:
     """The engine's data-parallel rank as `agents.config.engine_data_parallel_rank` reads vLLM's config."""
     parallel = getattr(vllm_config, "parallel_config", None)
     index = getattr(parallel, "data_parallel_index", getattr(parallel, "data_parallel_rank", 0))
-    return engine_data_parallel_rank(size=int(getattr(parallel, "data_parallel_size", 1) or 1), index=int(index or 0))
+    return engine_data_parallel_rank(size=int(getattr(parallel, "data_parallel_size", 1) or 1), index=int(index or 0),
+                                     master_port=int(getattr(parallel, "data_parallel_master_port", 0) or 0))
 
 
 def _accelerator_name() -> str:

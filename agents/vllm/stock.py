@@ -22,11 +22,12 @@ import uuid
 from typing import Any
 
 from agents import __version__
-from agents.config import AgentConfig
+from agents.config import AgentConfig, engine_kv_role
 from agents.link import ControllerLink
 from agents.recorder import TelemetryRecorder
 from agents.vllm.probe import ProbeVerdict, support_message
 from controlplane.api.v1 import agent_pb2, common_pb2
+from controlplane.protocol import KV_ROLE_TO_PROTO, KvRole
 
 logger = logging.getLogger(__name__)
 STOCK_REJECT_REASON = "engine_stock"
@@ -51,7 +52,9 @@ class StockReporter:
                 logger.warning("control-plane agent of engine %s does not report to the controller: the engine's "
                                "limits cannot be read from this vLLM", config.engine_id)
                 return None
-            hello = agent_hello(config, limits, verdict, instance_id=uuid.uuid4().hex, started_at_s=time.time())
+            kv_role = engine_kv_role(getattr(getattr(scheduler, "vllm_config", None), "kv_transfer_config", None))
+            hello = agent_hello(config, limits, verdict, instance_id=uuid.uuid4().hex, started_at_s=time.time(),
+                                kv_role=kv_role)
             reporter = cls(config, hello, verdict)
             reporter.link.start()
         except Exception:
@@ -72,11 +75,14 @@ class StockReporter:
 
 
 def agent_hello(config: AgentConfig, limits: agent_pb2.EngineLimits, verdict: ProbeVerdict, *,
-                instance_id: str = "", started_at_s: float = 0.0) -> agent_pb2.Hello:
-    """The Hello of this agent: identity, pool, versions, limits and the probe's verdict."""
+                instance_id: str = "", started_at_s: float = 0.0, kv_role: KvRole = KvRole.NONE) -> agent_pb2.Hello:
+    """The Hello of this agent: identity, pool (with the engine's KV-transfer role, `agents.config.engine_kv_role`:
+    unset without a KV connector, so such an engine's pool is what it always was), versions, limits and the
+    probe's verdict."""
     return agent_pb2.Hello(
         engine_id=config.engine_id,
-        pool=common_pb2.Pool(model=config.pool_model, accelerator=config.pool_accelerator),
+        pool=common_pb2.Pool(model=config.pool_model, accelerator=config.pool_accelerator,
+                             kv_role=KV_ROLE_TO_PROTO[kv_role]),
         vllm_version=verdict.vllm_version, agent_version=__version__, limits=limits,
         instance_id=instance_id, instance_started_at_s=started_at_s, support=support_message(verdict))
 

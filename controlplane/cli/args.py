@@ -13,6 +13,9 @@ import math
 import re
 import sys
 
+from controlplane.api.v1 import common_pb2
+from controlplane.protocol import KV_ROLE_TO_PROTO, KvRole
+
 # Every float literal Python accepts with a leading minus, including exponents, inf and nan.
 _NEGATIVE_NUMBER = re.compile(r"^-(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^-(?:inf|infinity|nan)$", re.IGNORECASE)
 
@@ -20,6 +23,7 @@ _NEGATIVE_NUMBER = re.compile(r"^-(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^-(
 MAX_REQUESTS = 1 << 20
 # Token counts a CLI accepts (KV capacity): exact in a double.
 MAX_TOKENS = 1 << 53
+_POOL_ROLES = frozenset(role.value for role in KvRole if role is not KvRole.NONE)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -83,3 +87,14 @@ def bounded_int(*, low: int, high: int):
         return value
 
     return parse
+
+
+def parse_pool(text: str) -> common_pb2.Pool:
+    """A pool as the CLI takes it (argparse type): MODEL|ACCELERATOR, or MODEL|ACCELERATOR|ROLE for the pool of the
+    engines in a KV-transfer role (producer, consumer or both: disaggregated prefill/decode)."""
+    model, sep, rest = text.partition("|")
+    accelerator, _, role = rest.partition("|")
+    if not sep or not model or not accelerator or (role and role not in _POOL_ROLES):
+        raise argparse.ArgumentTypeError(f"a pool is MODEL|ACCELERATOR or MODEL|ACCELERATOR|ROLE (ROLE: producer, "
+                                         f"consumer or both), got {text[:64]!r}")
+    return common_pb2.Pool(model=model, accelerator=accelerator, kv_role=KV_ROLE_TO_PROTO[KvRole(role)])

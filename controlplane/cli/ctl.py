@@ -1,7 +1,8 @@
 """`controlplane ctl`: operator commands against a running controller over gRPC.
 
-Scopes: `fleet`, `pool:MODEL|ACCELERATOR`, `engine:ENGINE_ID`; commands that change an override require
-one (there is no default scope). A pool or engine scope that no engine has reported is changed with a
+Scopes: `fleet`, `pool:MODEL|ACCELERATOR` (`|ROLE` appended for the pool of a disaggregated prefill/decode
+role: producer, consumer, both), `engine:ENGINE_ID`; commands that change an override require one (there is no
+default scope). A pool or engine scope that no engine has reported is changed with a
 warning naming the known pools, or refused with `--strict`. Output: a table (default), or `-o json` /
 `-o yaml` with stable snake_case field names, units in the names, integers for versions and counts, every
 field present, and timestamps both as ISO-8601 UTC (`*_at`) and as Unix seconds (`*_at_s`). Errors go to
@@ -33,9 +34,10 @@ from google.protobuf import json_format
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.cli import output
-from controlplane.cli.args import MAX_REQUESTS, bounded_int, finite_float, nonnegative_float
+from controlplane.cli.args import MAX_REQUESTS, bounded_int, finite_float, nonnegative_float, parse_pool
 from controlplane.cli.explain import explain, explain_rows
 from controlplane.cli.report import render_report
+from controlplane.cli.report_latency import pool_samples, sample_interval_s, sample_latencies
 from controlplane.cli.rows import WatchPrinter, engine_info_dict, engine_row, get_fields, list_cells
 from controlplane.core.calibration import CalibrationError, CalibrationProfile, parse_calibration
 from controlplane.loop.codec import cost_model_to_calibration
@@ -63,7 +65,7 @@ _RECORD_FIELDS = {
 _AUDITED = {"delta": operator_pb2.OverrideRecord, "pin": operator_pb2.OverrideRecord,
             "objective": operator_pb2.OverrideRecord,
             "calibration": operator_pb2.Calibration}
-_SCOPE_HELP = "fleet | pool:MODEL|ACCELERATOR | engine:ENGINE_ID (required)"
+_SCOPE_HELP = "fleet | pool:MODEL|ACCELERATOR[|ROLE] | engine:ENGINE_ID (required)"
 _STRICT_HELP = ("refuse (exit 1, nothing changed) a pool or engine scope that covers no engine the controller "
                 "knows (asks ListEngines first); without it such a change is made, with a warning naming the "
                 "known pools")
@@ -79,13 +81,6 @@ class UnknownScopeError(Exception):
     """--strict and a pool or engine scope that covers no engine the controller knows; exit code 1."""
 
 
-def parse_pool(text: str) -> common_pb2.Pool:
-    model, sep, accelerator = text.partition("|")
-    if not sep or not model or not accelerator:
-        raise argparse.ArgumentTypeError(f"a pool is MODEL|ACCELERATOR, got {text[:64]!r}")
-    return common_pb2.Pool(model=model, accelerator=accelerator)
-
-
 def parse_scope(text: str) -> operator_pb2.Scope:
     if text == "fleet":
         return operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET)
@@ -95,7 +90,7 @@ def parse_scope(text: str) -> operator_pb2.Scope:
     if sep and kind == "engine" and rest:
         return operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id=rest)
     raise argparse.ArgumentTypeError(
-        f"scope must be fleet, pool:MODEL|ACCELERATOR or engine:ENGINE_ID, got {text[:64]!r}")
+        f"scope must be fleet, pool:MODEL|ACCELERATOR[|ROLE] or engine:ENGINE_ID, got {text[:64]!r}")
 
 
 def _add_common_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -203,11 +198,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--pool", type=parse_pool, required=True, metavar="MODEL|ACCELERATOR")
     p.add_argument("--file", type=Path, action="append", default=[], metavar="JSON",
                    help="pd_calibration_*.json and/or beta_mb_*.json (put; may repeat, later files win)")
-    p = command("report", "write a self-contained HTML report: decision timelines per pool and engine, "
-                          "overrides, the explain view of every engine, the audit")
+    p = command("report", "write a self-contained HTML report: decision timelines per pool and engine, latency "
+                          "timelines per pool, overrides, the explain view of every engine, the audit")
     p.add_argument("--out", type=Path, required=True, metavar="FILE.html", help="where to write the page")
     p.add_argument("--history-limit", type=bounded_int(low=1, high=10_000), default=2_000,
                    help="newest decisions of the history stream to draw (default 2000, at most 10000)")
+    p.add_argument("--latency-samples", type=bounded_int(low=1, high=10_000), default=1,
+                   help="read each pool's TTFT/TPOT quantiles (over the last minute) this many times, the last when "
+                        "the page is written, and draw them as timelines (default 1: the quantiles now)")
+    p.add_argument("--latency-every-s", type=sample_interval_s, default=10.0,
+                   help="seconds between latency samples (default 10, at most 3600)")
     parser.set_defaults(run=run)
 
 
@@ -301,7 +301,7 @@ class Ctl:
     async def explain(self, args: argparse.Namespace) -> int:
         view = await self.stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=args.engine_id), **self.kw())
         data = explain(view)
-        title = (f"{data['engine_id']}  pool {data['pool']['model']}|{data['pool']['accelerator']}  "
+        title = (f"{data['engine_id']}  pool {output.pool_text(data['pool'])}  "
                  f"{data['source']} computation at {data['computed_at'] or '-'}  version {data['decision_version']}")
         self.emit(data, lambda: output.print_table(("TERM", "VALUE", "UNIT", "MEANING"), explain_rows(data),
                                                    title=title))
@@ -384,7 +384,7 @@ class Ctl:
         recent = [output.message_to_dict(r) for r in response.recent]
         self.emit({"rollouts": running, "recent": recent}, lambda: output.print_table(
             ("POOL", "CHANGE", "STATE", "STARTED", "ENDED", "CANARIES", "DETAIL"),
-            [(f"{r['pool']['model']}|{r['pool']['accelerator']}", f"{r['from_mode']}→{r['to_mode']}", r["state"],
+            [(output.pool_text(r["pool"]), f"{r['from_mode']}→{r['to_mode']}", r["state"],
               r["started_at"], r["ended_at"] or "-", f"{len(r['canary_engine_ids'])} of {r['num_engines']}",
               r["detail"]) for r in running + recent]))
         return 0
@@ -394,7 +394,7 @@ class Ctl:
         view = await self.stub.SteerRollout(operator_pb2.SteerRolloutRequest(
             pool=args.pool, action=action[args.rollout_action], reason=args.reason), **self.kw())
         data = output.message_to_dict(view)
-        pool = f"{view.pool.model}|{view.pool.accelerator}"
+        pool = output.pool_text(output.message_to_dict(view.pool))
         self.emit(data, lambda: output.print_fields([("pool", pool), *((key, data[key]) for key in (
             "from_mode", "to_mode", "state", "ended_at", "detail"))]))
         return 0
@@ -457,17 +457,24 @@ class Ctl:
 
     async def report(self, args: argparse.Namespace) -> int:
         engines = await self.engine_rows()
+        async def read_explains() -> list[dict[str, Any]]:
+            views = await asyncio.gather(*(self.decision_view(e["engine_id"]) for e in engines))
+            return [explain(v) for v in views if v is not None]
+
+        samples = await sample_latencies(read_explains, num_samples=args.latency_samples - 1,
+                                         every_s=args.latency_every_s)
+        engines = await self.engine_rows() if samples else engines  # the engines as they are at the end
         history = await self.stub.ListHistory(operator_pb2.ListHistoryRequest(limit=args.history_limit),
                                               **self.kw())
         overrides = await self.stub.ListOverrides(operator_pb2.ListOverridesRequest(), **self.kw())
         audit = await self.stub.ListAudit(operator_pb2.ListAuditRequest(limit=50), **self.kw())
-        views = await asyncio.gather(*(self.decision_view(e["engine_id"]) for e in engines))
+        explains = await read_explains()
+        samples += pool_samples(explains, at_s=time.time())
         page = render_report(
             generated_at_s=time.time(), address=self.address, engines=engines,
             history=[output.message_to_dict(e) for e in history.entries],
             overrides=[output.message_to_dict(r) for r in overrides.overrides],
-            explains=[explain(v) for v in views if v is not None],
-            audit=[audit_dict(a) for a in audit.entries],
+            explains=explains, audit=[audit_dict(a) for a in audit.entries], latency_samples=samples,
         )
         try:
             args.out.write_text(page, encoding="utf-8")
@@ -493,8 +500,7 @@ def override_value(record: dict[str, Any]) -> str:
 
 def calibration_fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
     """A calibration's table rows: its fields, the pool written as the CLI takes it (MODEL|ACCELERATOR)."""
-    pool = data["pool"] or {"model": "", "accelerator": ""}
-    return [(key, f"{pool['model']}|{pool['accelerator']}" if key == "pool" else value) for key, value in data.items()]
+    return [(key, output.pool_text(data["pool"]) if key == "pool" else value) for key, value in data.items()]
 
 
 def audit_dict(entry: operator_pb2.AuditEntry) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Built from a `DecisionView`: its `latest` computation when present (the controll
 it pushes), else the pushed `decision`. The rule ([EB] eq. (8) with the operator margin δ) is
 "mixed batching (MB) when LHS < RHS + δ, else exclusive batching (EB)"; δ_flip = LHS − RHS is the margin at
 which the rule's verdict changes (MB for every δ > δ_flip). The mode in force can differ from the rule's
-verdict (hysteresis, cooldown, a pin, cold start); `reason` says why. Pure: no I/O.
+verdict (hysteresis, cooldown, a pin, cold start); `reason` says why. An engine in a disaggregated
+prefill/decode role (the pool's kv_role) keeps only the rules its role leaves (`controlplane.core.kv_role`):
+`ROLE_TEXT` says which, and the rule is moot on a prefill or a decode instance. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.cli.output import enum_name, iso_utc, message_to_dict
+from controlplane.cli.output import enum_name, iso_utc, message_to_dict, pool_text
 from controlplane.loop.estimate import FIT_HELD_FLAG
 
 # (key in the terms dict, symbol, unit, meaning), in the order of the derivation.
@@ -34,12 +36,25 @@ TERMS: tuple[tuple[str, str, str, str], ...] = (
     ("delta_s_per_token", "δ", "s/token", "operator margin in force (> 0 favours MB, < 0 EB)"),
     ("delta_flip_s_per_token", "δ_flip", "s/token", "δ at which the rule flips: LHS − RHS (MB when δ > δ_flip)"),
 )
+# What each KV-transfer role leaves of the rules (controlplane.core.kv_role), by the pool's kv_role.
+ROLE_TEXT = {
+    "consumer": "decode instance (kv_consumer): EB's phase switch is moot (MB, flag eb_moot, k unused); N still "
+                "caps admission, at the moment bound on μ_L, μ_O, σ_O (decodes grow KV, and a preempted request "
+                "recomputes its whole prompt here); the budget still caps the prefills recomputed locally while "
+                "decodes run",
+    "producer": "prefill instance (kv_producer): EB's phase switch and k are moot (MB, flag eb_moot); the budget "
+                "under prefill pressure is B_max in every step (B_cap = B_max: no decodes to protect), the tokens "
+                "each prefill step computes; N = max_num_seqs (a request's KV does not grow after its prefill)",
+    "both": "kv_both: sends and receives KV and runs whole requests: every rule applies, in the role's own pool",
+}
 
 
 def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     """The explain view of `view` as plain data (the `ctl explain -o json` schema).
 
-    Returns a dict with engine_id, pool, source ("latest" or "decision"), computed_at(_s), the decision's
+    Returns a dict with engine_id, pool (model, accelerator, kv_role), pool_key (as the CLI writes it), role (None
+    without a KV-transfer role, else its kv_role and `ROLE_TEXT`'s text), source ("latest" or "decision"),
+    computed_at(_s), the decision's
     version, mode, k, n, reason, flags, delta_source, a "terms" dict (keys of TERMS) and a "rule" dict:
     evaluated (False before the formulas ran: cold start or no cost model), cold_start (the cold-start rule ran
     at the lengths least favourable to EB: its verdict and terms are that point's), verdict ("mb" | "eb" | None),
@@ -84,6 +99,9 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     else:
         verdict = None
         text = f"not evaluated ({decision.reason or 'no computation yet'})"
+    role = enum_name(common_pb2.KvRole.DESCRIPTOR, view.pool.kv_role) if view.pool.kv_role else None
+    if role in ("consumer", "producer") and not evaluated:
+        text = f"moot on a {role}: EB's phase switch does nothing there (reason {decision.reason or 'none yet'})"
     shift = diag.last_shift if diag.HasField("last_shift") else None
     window = {
         "first_bucket": diag.window_first_bucket, "end_bucket": diag.pool_window_end_bucket,
@@ -98,7 +116,9 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     window["text"] = _window_text(window)
     return {
         "engine_id": view.engine_id,
-        "pool": {"model": view.pool.model, "accelerator": view.pool.accelerator},
+        "pool": message_to_dict(view.pool),
+        "pool_key": pool_text(message_to_dict(view.pool)),
+        "role": None if role is None else {"kv_role": role, "text": ROLE_TEXT.get(role, role)},
         "source": "latest" if use_latest else "decision",
         "computed_at": iso_utc(computed_at_s),
         "computed_at_s": computed_at_s,
@@ -179,6 +199,8 @@ def explain_rows(data: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     ]
     rows.append(("window", data["window"]["text"], "", "pool window the terms were fitted on"))
     rows.append(("rule", data["rule"]["text"], "", "MB when LHS < RHS + δ, else EB"))
+    if data["role"] is not None:
+        rows.append(("role", data["role"]["text"], "", "what the engine's KV-transfer role leaves of the rules"))
     rows.append(("mode", data["mode"], "", f"in force (k={data['k']}, N={data['n']}); reason {data['reason']}"))
     rows.append(("δ source", data["delta_source"], "", "scope the margin comes from"))
     rows.append(("flags", data["flags"], "", "degenerate inputs met (clipped, replaced, rejected)"))

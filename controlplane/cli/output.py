@@ -4,7 +4,7 @@ YAML or a kubectl-style table.
 The data schema (what `-o json|yaml` prints) is stable: the proto field names (snake_case, units in the
 names), every field present (zeros, empty strings, `[]` for empty lists, `null` for an absent message),
 64-bit integers as integers, enums as lower-case names without their prefix ("eb", "pool", "delta"),
-override scopes as the CLI writes them ("fleet", "pool:MODEL|ACCELERATOR", "engine:ID"), and every
+override scopes as the CLI writes them ("fleet", "pool:MODEL|ACCELERATOR[|ROLE]", "engine:ID"), and every
 `at_s` / `*_at_s` timestamp (Unix seconds) preceded by `at` / `*_at`, the same instant in ISO-8601 UTC
 (`null` when 0).
 No I/O besides the stream passed to the printers.
@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controlplane.api.v1 import operator_pb2
+from controlplane.protocol import pool_key_of_message
 
 FORMATS = ("table", "json", "yaml")
 
@@ -54,12 +55,21 @@ def enum_name(enum: EnumDescriptor, number: int) -> str:
     return (name[len(prefix):] if name.startswith(prefix) else name).lower()
 
 
+def pool_text(pool: dict[str, Any] | None) -> str:
+    """A pool (as `message_to_dict` gives it) as the CLI writes it: MODEL|ACCELERATOR, "|ROLE" appended for a
+    KV-transfer role (producer, consumer, both): the pool's key."""
+    pool = pool or {}
+    role = pool.get("kv_role")
+    return f"{pool.get('model', '')}|{pool.get('accelerator', '')}" + (f"|{role}" if role not in (None, "",
+                                                                                            "unspecified") else "")
+
+
 def scope_text(scope: operator_pb2.Scope) -> str:
-    """A scope as the CLI writes it: fleet, pool:MODEL|ACCELERATOR, engine:ID ("unspecified" when unset)."""
+    """A scope as the CLI writes it: fleet, pool:MODEL|ACCELERATOR[|ROLE], engine:ID ("unspecified" when unset)."""
     if scope.kind == operator_pb2.SCOPE_KIND_FLEET:
         return "fleet"
     if scope.kind == operator_pb2.SCOPE_KIND_POOL:
-        return f"pool:{scope.pool.model}|{scope.pool.accelerator}"
+        return f"pool:{pool_key_of_message(scope.pool)}"
     if scope.kind == operator_pb2.SCOPE_KIND_ENGINE:
         return f"engine:{scope.engine_id}"
     return "unspecified"

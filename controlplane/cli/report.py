@@ -1,6 +1,8 @@
 """`ctl report`: a self-contained HTML page of a controller's state — decision timelines per pool and engine
-(inline SVG drawn from the decision history, with labelled axes for N and k), the engines, the overrides in
-force, the explain view per pool and the recent audit.
+(inline SVG drawn from the decision history, with labelled axes for N and k), each pool's TTFT and TPOT
+quantiles on the same time axis (`cli.report_latency`: sampled from the explain views while the report is
+taken; the history carries no latencies), the engines, the overrides in force, the explain view per pool and
+the recent audit.
 
 Each pool gets one explain table: the terms every engine of the pool shares (the pool's fit: p0, η, μ_L, …),
 followed by one table of the terms that differ between its engines (N_obs, the crossover's LHS, the mode, …),
@@ -12,8 +14,8 @@ JavaScript. Element classes the tests and other tools may rely on: `section.pool
 [data-mode][data-k][data-n][data-decided-at-s]`, `polyline.n-line` (on the left axis), `polyline.k-line` (on
 the right axis), `g.axis.axis-n[data-max]` and `g.axis.axis-k[data-max]` with `text.tick[data-value]`,
 `table.explain[data-pool]` (`tr[data-term]`), `table.explain-engines[data-pool]` (`th[data-term]`,
-`tr[data-engine-id]`), `table.overrides`, `table.audit`. Pure: takes plain data (the `ctl -o json` schema of
-`controlplane.cli.output`) and returns text; the caller writes the file.
+`tr[data-engine-id]`), `table.overrides`, `table.audit`, and those `cli.report_latency` lists. Pure: takes
+plain data (the `ctl -o json` schema of `controlplane.cli.output`) and returns text; the caller writes the file.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from typing import Any
 
 from controlplane.cli.explain import explain_rows
 from controlplane.cli.output import cell_text, iso_utc
+from controlplane.cli.report_latency import LEFT_PX, RIGHT_PX, WIDTH_PX, latency_section
 
 MODE_COLOURS = {"mb": "#4e79a7", "eb": "#f28e2b", "passthrough": "#9d9d9d", "unspecified": "#d0d0d0"}
-_WIDTH, _HEIGHT = 960, 150
-_LEFT, _RIGHT, _TOP, _BOTTOM = 56, 56, 14, 26
+_WIDTH, _HEIGHT = WIDTH_PX, 150  # the time axis is the latency timelines' (`cli.report_latency`)
+_LEFT, _RIGHT, _TOP, _BOTTOM = LEFT_PX, RIGHT_PX, 14, 26
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -36,11 +39,12 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.2em; margin-top: 1.6em; } h3 { font-s
 table { border-collapse: collapse; margin: .4em 0 1em; font-size: .85em; }
 th, td { border-bottom: 1px solid #ddd; padding: .2em .8em .2em 0; text-align: left; vertical-align: top; }
 th { font-weight: 600; }
-svg.timeline { display: block; background: #fafafa; border: 1px solid #e5e5e5; }
+svg.timeline, svg.latency { display: block; background: #fafafa; border: 1px solid #e5e5e5; }
 svg text { font-size: 10px; fill: #444; }
 .legend span { display: inline-block; margin-right: 1.2em; font-size: .85em; }
 .legend i { display: inline-block; width: 1em; height: .8em; margin-right: .3em; vertical-align: middle; }
 .muted { color: #777; font-size: .85em; }
+caption { text-align: left; }
 """
 
 
@@ -195,7 +199,8 @@ def _pool_explain(pool_key: str, explains: Sequence[dict[str, Any]]) -> str:
 
 def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict[str, Any]],
                   history: Sequence[dict[str, Any]], overrides: Sequence[dict[str, Any]],
-                  explains: Sequence[dict[str, Any]], audit: Sequence[dict[str, Any]]) -> str:
+                  explains: Sequence[dict[str, Any]], audit: Sequence[dict[str, Any]],
+                  latency_samples: Sequence[dict[str, Any]] = ()) -> str:
     """The report page.
 
     Args:
@@ -206,6 +211,8 @@ def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict
         overrides: OverrideRecord dicts in force.
         explains: `explain()` dicts, one per engine with a decision.
         audit: AuditEntry dicts, newest first.
+        latency_samples: `report_latency.pool_samples` dicts, any order; a pool's timelines span its samples
+            too (a pool with samples and no decision gets its latency section alone).
     """
     by_pool: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for entry in history:
@@ -213,11 +220,15 @@ def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict
             by_pool[_pool_key(entry.get("pool"))][entry["engine_id"]].append(entry)
     for engine in engines:  # engines without history still get a (empty) timeline
         by_pool[_pool_key(engine.get("pool"))].setdefault(engine["engine_id"], [])
+    samples_by_pool: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for sample in latency_samples:
+        samples_by_pool[_pool_key(sample["pool"])].append(sample)
     explain_by_engine = {x["engine_id"]: x for x in explains}
     sections = []
-    for pool_key in sorted(by_pool):
+    for pool_key in sorted(set(by_pool) | set(samples_by_pool)):  # a pool known by its samples alone too
         pool_engines = by_pool[pool_key]
         times = [e["decided_at_s"] for entries in pool_engines.values() for e in entries]
+        times += [sample["at_s"] for sample in samples_by_pool[pool_key]]
         start_s = min(times) if times else generated_at_s
         end_s = max([generated_at_s, *times])
         max_n = max([e["decision"]["n"] for entries in pool_engines.values() for e in entries] or [1])
@@ -229,6 +240,7 @@ def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict
             parts.append(f"<h3>{html.escape(engine_id)} <span class=\"muted\">{len(entries)} decisions</span></h3>")
             parts.append(timeline_svg(engine_id, pool_key, entries, start_s=start_s, end_s=end_s, max_n=max_n,
                                       max_k=max_k))
+        parts.append(latency_section(pool_key, samples_by_pool[pool_key], start_s=start_s, end_s=end_s))
         parts.append(_pool_explain(pool_key, [explain_by_engine[e] for e in sorted(pool_engines)
                                               if e in explain_by_engine]))
         parts.append("</section>")
@@ -248,7 +260,8 @@ def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict
         f"<h1>Controller {html.escape(address)}</h1>"
         f'<p class="muted">generated {_e(iso_utc(generated_at_s))}; {len(history)} decisions from the history '
         f"stream; bands: the mode of each decision until the next; solid line N (left axis), dashed line k "
-        f"(right axis), both in requests.</p>"
+        f"(right axis), both in requests. Latency: each pool's TTFT and TPOT quantiles over the minute before each "
+        f"sample, on the same time axis ({len(latency_samples)} pool samples).</p>"
         f'<div class="legend">{legend}</div>'
         "<h2>Engines</h2>"
         + _table(("engine", "pool", "connected", "mode", "k", "N", "version", "acked", "telemetry age (s)"),
@@ -266,6 +279,10 @@ def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict
 def _override_value(record: dict[str, Any]) -> str:
     if record["kind"] == "delta":
         return f"δ = {record['delta_s_per_token']:.6g} s/token"
+    if record["kind"] == "objective":
+        o = record.get("objective") or {}
+        return ", ".join(f"{name.upper()} p{100 * o[f'{name}_quantile']:g} ≤ {o[f'{name}_target_s']:g} s"
+                         for name in ("ttft", "tpot") if o.get(f"{name}_quantile"))
     parts = [record["mode"]]
     if record.get("k"):
         parts.append(f"k={record['k']}")

@@ -89,7 +89,7 @@ def vllm_cell(row: dict[str, Any]) -> str | None:
 def list_cells(row: dict[str, Any]) -> list[Any]:
     age = row.get("telemetry_age_s")
     pool = row["pool"]
-    return [row["engine_id"], f"{pool['model']}|{pool['accelerator']}", row.get("connected"), vllm_cell(row),
+    return [row["engine_id"], output.pool_text(pool), row.get("connected"), vllm_cell(row),
             row["mode"], row["k"], row["n"], row["b_max_tokens"], row["b_cap_tokens"], row["delta_s_per_token"],
             row["decision_version"], row.get("acked_version"), f"{age:.1f}s" if age is not None else None]
 
@@ -100,7 +100,7 @@ def get_fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
     budget = decision.get("budget") or {}
     engine = data.get("engine") or {}
     return [
-        ("engine", data["engine_id"]), ("pool", f"{data['pool']['model']}|{data['pool']['accelerator']}"),
+        ("engine", data["engine_id"]), ("pool", output.pool_text(data["pool"])),
         ("connected", engine.get("connected")), ("mode", decision.get("mode")), ("k", decision.get("k")),
         ("n", decision.get("n")), ("b_max_tokens", budget.get("b_max_tokens")),
         ("b_cap_tokens", budget.get("b_cap_tokens")), ("delta_s_per_token", decision.get("delta_s_per_token")),

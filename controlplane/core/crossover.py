@@ -37,8 +37,8 @@ def crossover_terms(
         The terms, or None when they cannot be evaluated (an input not finite or out of domain); the
         caller then keeps its mode and flags why.
     """
-    values = (theta0, mu_l_tokens, mu_o_tokens, n_obs)
-    if not all(math.isfinite(x) for x in values):
+    isfinite = math.isfinite
+    if not (isfinite(theta0) and isfinite(mu_l_tokens) and isfinite(mu_o_tokens) and isfinite(n_obs)):
         return None
     if not (0.0 < theta0 < 1.0 and mu_l_tokens > 0.0 and mu_o_tokens > 0.0 and n_obs >= 1.0):
         return None
@@ -78,6 +78,13 @@ class ModeChoice:
     switched: bool
 
 
+# Every outcome select_mode can return, built once (they are immutable): (mode, reason, switched) → choice.
+_CHOICES = {(mode, reason, switched): ModeChoice(mode=mode, reason=reason, switched=switched)
+            for mode in (Mode.MB, Mode.EB) for switched in (False, True)
+            for reason in (Reason.CROSSOVER_MB, Reason.CROSSOVER_EB, Reason.HYSTERESIS_HOLD, Reason.COOLDOWN_HOLD)}
+_CROSSOVER_REASON = {Mode.MB: Reason.CROSSOVER_MB, Mode.EB: Reason.CROSSOVER_EB}
+
+
 def select_mode(
     *,
     current: Mode,
@@ -105,11 +112,10 @@ def select_mode(
     margin = (rhs_s_per_token + delta_s_per_token) - lhs_s_per_token
     band = hysteresis_rel * (abs(lhs_s_per_token) + abs(rhs_s_per_token)) + hysteresis_abs_s_per_token
     target = Mode.MB if margin > 0.0 else Mode.EB
-    reason_for = {Mode.MB: Reason.CROSSOVER_MB, Mode.EB: Reason.CROSSOVER_EB}
     if target == current:
-        return ModeChoice(mode=current, reason=reason_for[current], switched=False)
+        return _CHOICES[current, _CROSSOVER_REASON[current], False]
     if abs(margin) <= band:
-        return ModeChoice(mode=current, reason=Reason.HYSTERESIS_HOLD, switched=False)
+        return _CHOICES[current, Reason.HYSTERESIS_HOLD, False]
     if now_s - last_switch_s < cooldown_s:
-        return ModeChoice(mode=current, reason=Reason.COOLDOWN_HOLD, switched=False)
-    return ModeChoice(mode=target, reason=reason_for[target], switched=True)
+        return _CHOICES[current, Reason.COOLDOWN_HOLD, False]
+    return _CHOICES[target, _CROSSOVER_REASON[target], True]

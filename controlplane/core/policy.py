@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from controlplane.core.batch_size import (
+    BatchSize,
     memory_safe_batch_size,
     occupancy_batch_size,
     reserve_tokens,
@@ -26,6 +27,7 @@ from controlplane.core.cold_start import least_favourable_to_eb
 from controlplane.core.cost_model import cost_model_is_usable
 from controlplane.core.crossover import crossover_terms, instantaneous_mode, select_mode
 from controlplane.core.hazard import HazardFit
+from controlplane.core.kv_role import ROLES_WITHOUT_EB, role_decision
 from controlplane.core.memory_guard import update_memory_guard
 from controlplane.core.threshold import bound_delta_theta, clip_theta, delta_theta_ifr, solve_theta0
 from controlplane.core.types import (
@@ -52,11 +54,12 @@ _solve_theta0 = lru_cache(maxsize=4096)(solve_theta0)
 _batch_size = lru_cache(maxsize=4096)(memory_safe_batch_size)
 _occupancy_batch_size = lru_cache(maxsize=4096)(occupancy_batch_size)
 # The share of the KV cache [EB] Prop. 3.3's reserve takes where the moment bound starts to count, and where it
-# counts in full (see evaluate()).
+# counts in full (see _pool_terms()).
 _OCCUPANCY_FROM_SHARE = 0.10
 _OCCUPANCY_FULL_SHARE = 0.40
 _usable = lru_cache(maxsize=1024)(cost_model_is_usable)
 _budget_policy = lru_cache(maxsize=1024)(select_budget_policy)
+_DEFAULT_CONFIG = PolicyConfig()
 
 def _finite(value: float) -> float:
     return float(value) if math.isfinite(value) else 0.0
@@ -76,6 +79,122 @@ def resolve_delta(delta_s_per_token: float | None, *, default_s_per_token: float
     if abs(delta_s_per_token) > DELTA_LIMIT_S_PER_TOKEN:
         return math.copysign(DELTA_LIMIT_S_PER_TOKEN, delta_s_per_token), True
     return float(delta_s_per_token), False
+
+
+@dataclass(frozen=True, slots=True)
+class _PoolTerms:
+    """The terms of `evaluate` that do not depend on the engine's N_obs or δ: θ0 … k̂* (θ values fractions, N
+    and k requests), the hazard terms and μ's as used (after clipping and fallbacks), γ, whether the crossover
+    rule can be evaluated, and the flags of the fallbacks taken, in the order `evaluate` reports them."""
+
+    theta0: float
+    delta_theta: float
+    theta_star: float
+    n_star: int
+    k_star: int
+    p0: float
+    eta: float
+    gamma: float
+    mu_l_tokens: float
+    mu_o_tokens: float
+    crossover_ok: bool
+    flags: tuple[Flag, ...]
+
+
+@lru_cache(maxsize=4096)
+def _pool_terms(workload: WorkloadStats, costs: CostModel, limits: EngineLimits, n_prev: int,
+                config: PolicyConfig) -> _PoolTerms:
+    """`evaluate`'s terms up to k̂*: a pure function of a pool's estimate, the engine's limits, N̂* of the
+    previous decision and the policy, memoised (the engines of a pool share them, so one decision per pool
+    pays for them and the rest hit the cache; inputs that are not equal to themselves, NaN, only miss)."""
+    flags: list[Flag] = []
+    p0, eta, mu_l, mu_o = workload.p0, workload.eta, workload.mu_l_tokens, workload.mu_o_tokens
+    if not (math.isfinite(p0) and math.isfinite(eta) and math.isfinite(mu_l) and math.isfinite(mu_o)):
+        flags.append(Flag.NONFINITE_INPUT)
+    mu_o = mu_o if math.isfinite(mu_o) and mu_o > 0.0 else 0.0
+    mu_l = mu_l if math.isfinite(mu_l) and mu_l > 0.0 else 0.0
+    if not (math.isfinite(p0) and p0 > 0.0):
+        flags.append(Flag.HAZARD_INTERCEPT_NONPOSITIVE)
+        p0 = 1.0 / mu_o if mu_o > 0.0 else 0.0
+    if p0 > 1.0:
+        flags.append(Flag.HAZARD_INTERCEPT_CLIPPED)
+        p0 = 1.0
+    if not math.isfinite(eta):
+        eta = 0.0
+    elif eta < 0.0:
+        flags.append(Flag.HAZARD_DFR_CLIPPED)
+        eta = 0.0
+    usable = _usable(costs)
+    if not usable:
+        flags.append(Flag.ALPHA_D_NONPOSITIVE if not costs.alpha_d_s > 0.0 else Flag.COST_NONPOSITIVE)
+    alpha_ok = math.isfinite(costs.alpha_d_s) and costs.alpha_d_s > 0.0 and math.isfinite(costs.alpha_p_s)
+    gamma = p0 * costs.alpha_p_s / costs.alpha_d_s if alpha_ok else 0.0
+    if math.isinf(gamma):
+        flags.append(Flag.GAMMA_NONFINITE)
+    theta0 = _solve_theta0(gamma)
+
+    # [EB] Prop. 3.3 is derived for geometric outputs. A strongly IFR window (or a mixture after a
+    # shift) fits a hazard intercept far below 1/μ_O, and the reserve ln(1/ε)/(p0²μ_L) then exceeds the
+    # whole KV cache: N̂* collapses to 1 and, completions becoming rare, never recovers (measured in the
+    # twin's distribution shift). The geometric law with the observed mean bounds the peak memory of IFR
+    # outputs (the paper's own argument for using [EB] eq. (6) under IFR), so the memory formula uses
+    # p_mem = max(p̂0, 1/μ̂_O); θ0 and Δθ keep p̂0.
+    p_mem = max(p0, 1.0 / mu_o) if mu_o > 0.0 else p0
+    if p_mem > p0 * 1.01:
+        flags.append(Flag.MEMORY_RATE_FROM_MEAN)
+    capacity = float(limits.kv_capacity_tokens)
+
+    def batch(theta: float) -> BatchSize:
+        return _batch_size(theta=theta, p0=p_mem, mu_l_tokens=mu_l, kv_capacity_tokens=capacity,
+                           oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs)
+
+    if n_prev > 0:
+        n_for_rho = n_prev
+    else:
+        n_for_rho = batch(clip_theta(theta0, theta_min=config.theta_min, theta_max=config.theta_max)[0]).n
+    beta_d = costs.beta_d_s_per_request if math.isfinite(costs.beta_d_s_per_request) else 0.0
+    rho = beta_d * n_for_rho / costs.alpha_d_s if alpha_ok else 0.0
+    delta_theta, ifr_bounded = bound_delta_theta(
+        delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=max(rho, 0.0)), theta0=theta0, p0=p0, eta=eta
+    )
+    if ifr_bounded:
+        flags.append(Flag.IFR_CORRECTION_BOUNDED)
+    theta_star, side = clip_theta(theta0 + delta_theta, theta_min=config.theta_min, theta_max=config.theta_max)
+    if side < 0:
+        flags.append(Flag.THETA_CLIPPED_LOW)
+    elif side > 0:
+        flags.append(Flag.THETA_CLIPPED_HIGH)
+    sizing = batch(theta_star)
+    # [EB] Prop. 3.3 is the geometric law's bound, conservative for IFR outputs, and by far when outputs are long
+    # behind short prompts: its reserve ln(1/ε)/(p0²·μ_L) grows as μ_O²/μ_L, and at NuminaMath's shape
+    # (122-token prompts, uniform 800–4,000 outputs) it is the whole KV cache (N̂* 1 on 217k tokens, EB −74%
+    # against v1 in the twin) or half of it (N̂* 88 where 263 fit). Where the window's σ_O ≤ μ_O (the
+    # coefficient of variation of an IFR law) the moment bound of `occupancy_batch_size` (same ε) holds too,
+    # and it takes over as the reserve's share r of C grows: N̂* = P + w·(M − P) for M > P, w = 0 up to
+    # r = 10% (the paper's formula in its own regime), 1 from r = 40%, linear between (no jump for N̂* to
+    # flicker across). Flagged when it lifts N̂*.
+    sigma_o = _finite(workload.sigma_o_tokens)
+    if mu_o > 0.0 and 0.0 < sigma_o <= mu_o and capacity > 0.0 and p_mem > 0.0 and mu_l > 0.0:
+        share = reserve_tokens(p0=p_mem, mu_l_tokens=mu_l, oom_tolerance=config.oom_tolerance) / capacity
+        weight = min(1.0, max(0.0, (share - _OCCUPANCY_FROM_SHARE) / (_OCCUPANCY_FULL_SHARE - _OCCUPANCY_FROM_SHARE)))
+        if weight > 0.0:
+            occupancy = _occupancy_batch_size(
+                mu_l_tokens=mu_l, mu_o_tokens=mu_o, sigma_o_tokens=sigma_o, kv_capacity_tokens=capacity,
+                oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
+            )
+            n_blend = sizing.n + math.floor(weight * (occupancy.n - sizing.n))
+            if n_blend > sizing.n:
+                sizing = replace(occupancy, n=n_blend, capped=occupancy.capped and n_blend == occupancy.n)
+                flags.append(Flag.MEMORY_BOUND_FROM_OCCUPANCY)
+    if sizing.below_one_request:
+        flags.append(Flag.KV_BELOW_ONE_REQUEST)
+    if sizing.capped:
+        flags.append(Flag.N_CAPPED_BY_MAX_NUM_SEQS)
+    return _PoolTerms(
+        theta0=theta0, delta_theta=delta_theta, theta_star=theta_star, n_star=sizing.n,
+        k_star=threshold_k(theta=theta_star, n=sizing.n), p0=p0, eta=eta, gamma=gamma, mu_l_tokens=mu_l,
+        mu_o_tokens=mu_o, crossover_ok=usable and 0.0 < theta0 < 1.0, flags=tuple(flags),
+    )
 
 
 def evaluate(
@@ -101,115 +220,30 @@ def evaluate(
     Returns:
         An Evaluation with finite fields and the flags of every fallback taken.
     """
-    config = config or PolicyConfig()
-    flags: list[Flag] = []
-    p0, eta, mu_l, mu_o = workload.p0, workload.eta, workload.mu_l_tokens, workload.mu_o_tokens
-    if not all(math.isfinite(x) for x in (p0, eta, mu_l, mu_o)):
-        flags.append(Flag.NONFINITE_INPUT)
-    mu_o = mu_o if math.isfinite(mu_o) and mu_o > 0.0 else 0.0
-    mu_l = mu_l if math.isfinite(mu_l) and mu_l > 0.0 else 0.0
-    if not (math.isfinite(p0) and p0 > 0.0):
-        flags.append(Flag.HAZARD_INTERCEPT_NONPOSITIVE)
-        p0 = 1.0 / mu_o if mu_o > 0.0 else 0.0
-    if p0 > 1.0:
-        flags.append(Flag.HAZARD_INTERCEPT_CLIPPED)
-        p0 = 1.0
-    if not math.isfinite(eta):
-        eta = 0.0
-    elif eta < 0.0:
-        flags.append(Flag.HAZARD_DFR_CLIPPED)
-        eta = 0.0
-    if not _usable(costs):
-        flags.append(Flag.ALPHA_D_NONPOSITIVE if not costs.alpha_d_s > 0.0 else Flag.COST_NONPOSITIVE)
-    alpha_ok = math.isfinite(costs.alpha_d_s) and costs.alpha_d_s > 0.0 and math.isfinite(costs.alpha_p_s)
-    gamma = p0 * costs.alpha_p_s / costs.alpha_d_s if alpha_ok else 0.0
-    if math.isinf(gamma):
-        flags.append(Flag.GAMMA_NONFINITE)
-    theta0 = _solve_theta0(gamma)
-
-    # [EB] Prop. 3.3 is derived for geometric outputs. A strongly IFR window (or a mixture after a
-    # shift) fits a hazard intercept far below 1/μ_O, and the reserve ln(1/ε)/(p0²μ_L) then exceeds the
-    # whole KV cache: N̂* collapses to 1 and, completions becoming rare, never recovers (measured in the
-    # twin's distribution shift). The geometric law with the observed mean bounds the peak memory of IFR
-    # outputs (the paper's own argument for using [EB] eq. (6) under IFR), so the memory formula uses
-    # p_mem = max(p̂0, 1/μ̂_O); θ0 and Δθ keep p̂0.
-    p_mem = max(p0, 1.0 / mu_o) if mu_o > 0.0 else p0
-    if p_mem > p0 * 1.01:
-        flags.append(Flag.MEMORY_RATE_FROM_MEAN)
-
-    def batch(theta: float) -> int:
-        return _batch_size(
-            theta=theta, p0=p_mem, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
-            oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
-        ).n
-
-    theta0_clipped, _ = clip_theta(theta0, theta_min=config.theta_min, theta_max=config.theta_max)
-    n_for_rho = n_prev if n_prev > 0 else batch(theta0_clipped)
-    beta_d = costs.beta_d_s_per_request if math.isfinite(costs.beta_d_s_per_request) else 0.0
-    rho = beta_d * n_for_rho / costs.alpha_d_s if alpha_ok else 0.0
-    delta_theta, ifr_bounded = bound_delta_theta(
-        delta_theta_ifr(theta0=theta0, p0=p0, eta=eta, rho=max(rho, 0.0)), theta0=theta0, p0=p0, eta=eta
-    )
-    if ifr_bounded:
-        flags.append(Flag.IFR_CORRECTION_BOUNDED)
-    theta_star, side = clip_theta(theta0 + delta_theta, theta_min=config.theta_min, theta_max=config.theta_max)
-    if side < 0:
-        flags.append(Flag.THETA_CLIPPED_LOW)
-    elif side > 0:
-        flags.append(Flag.THETA_CLIPPED_HIGH)
-    sizing = _batch_size(
-        theta=theta_star, p0=p_mem, mu_l_tokens=mu_l, kv_capacity_tokens=float(limits.kv_capacity_tokens),
-        oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
-    )
-    # [EB] Prop. 3.3 is the geometric law's bound, conservative for IFR outputs, and by far when outputs are long
-    # behind short prompts: its reserve ln(1/ε)/(p0²·μ_L) grows as μ_O²/μ_L, and at NuminaMath's shape
-    # (122-token prompts, uniform 800–4,000 outputs) it is the whole KV cache (N̂* 1 on 217k tokens, EB −74%
-    # against v1 in the twin) or half of it (N̂* 88 where 263 fit). Where the window's σ_O ≤ μ_O (the
-    # coefficient of variation of an IFR law) the moment bound of `occupancy_batch_size` (same ε) holds too,
-    # and it takes over as the reserve's share r of C grows: N̂* = P + w·(M − P) for M > P, w = 0 up to
-    # r = 10% (the paper's formula in its own regime), 1 from r = 40%, linear between (no jump for N̂* to
-    # flicker across). Flagged when it lifts N̂*.
-    sigma_o = _finite(workload.sigma_o_tokens)
-    capacity = float(limits.kv_capacity_tokens)
-    if mu_o > 0.0 and 0.0 < sigma_o <= mu_o and capacity > 0.0 and p_mem > 0.0 and mu_l > 0.0:
-        share = reserve_tokens(p0=p_mem, mu_l_tokens=mu_l, oom_tolerance=config.oom_tolerance) / capacity
-        weight = min(1.0, max(0.0, (share - _OCCUPANCY_FROM_SHARE) / (_OCCUPANCY_FULL_SHARE - _OCCUPANCY_FROM_SHARE)))
-        if weight > 0.0:
-            occupancy = _occupancy_batch_size(
-                mu_l_tokens=mu_l, mu_o_tokens=mu_o, sigma_o_tokens=sigma_o, kv_capacity_tokens=capacity,
-                oom_tolerance=config.oom_tolerance, max_num_seqs=limits.max_num_seqs,
-            )
-            n_blend = sizing.n + math.floor(weight * (occupancy.n - sizing.n))
-            if n_blend > sizing.n:
-                sizing = replace(occupancy, n=n_blend, capped=occupancy.capped and n_blend == occupancy.n)
-                flags.append(Flag.MEMORY_BOUND_FROM_OCCUPANCY)
-    if sizing.below_one_request:
-        flags.append(Flag.KV_BELOW_ONE_REQUEST)
-    if sizing.capped:
-        flags.append(Flag.N_CAPPED_BY_MAX_NUM_SEQS)
-    n_star = sizing.n
-    k_star = threshold_k(theta=theta_star, n=n_star)
-
+    config = config or _DEFAULT_CONFIG
+    pool = _pool_terms(workload, costs, limits, n_prev if n_prev > 0 else 0, config)
+    flags = list(pool.flags)
     if not (math.isfinite(n_obs) and n_obs >= 1.0):
         if n_obs != 0.0:
             flags.append(Flag.N_OBS_INVALID)
-        n_obs = float(n_star)
+        n_obs = float(pool.n_star)
     delta, out_of_range = resolve_delta(delta_s_per_token, default_s_per_token=config.default_delta_s_per_token)
     if out_of_range:
         flags.append(Flag.DELTA_OUT_OF_RANGE)
     terms = None
-    if _usable(costs) and 0.0 < theta0 < 1.0:
-        terms = crossover_terms(costs=costs, theta0=theta0, mu_l_tokens=mu_l, mu_o_tokens=mu_o, n_obs=n_obs)
+    if pool.crossover_ok:
+        terms = crossover_terms(costs=costs, theta0=pool.theta0, mu_l_tokens=pool.mu_l_tokens,
+                                mu_o_tokens=pool.mu_o_tokens, n_obs=n_obs)
     if terms is None:
         flags.append(Flag.CROSSOVER_NOT_EVALUATED)
     lhs = terms.lhs_s_per_token if terms else 0.0
     rhs = terms.rhs_s_per_token if terms else 0.0
     return Evaluation(
-        theta0=_finite(theta0),
-        delta_theta=_finite(delta_theta),
-        theta_star=_finite(theta_star),
-        n_star=n_star,
-        k_star=k_star,
+        theta0=_finite(pool.theta0),
+        delta_theta=_finite(pool.delta_theta),
+        theta_star=_finite(pool.theta_star),
+        n_star=pool.n_star,
+        k_star=pool.k_star,
         lhs_s_per_token=lhs,
         rhs_s_per_token=rhs,
         delta_s_per_token=delta,
@@ -222,9 +256,9 @@ def evaluate(
         if terms
         else Mode.MB,
         flags=tuple(flags),
-        p0=_finite(p0),
-        eta=_finite(eta),
-        gamma=_finite(gamma),
+        p0=_finite(pool.p0),
+        eta=_finite(pool.eta),
+        gamma=_finite(pool.gamma),
     )
 
 
@@ -235,9 +269,14 @@ class _Pinned:
     invalid: bool
 
 
+_NOT_PINNED = _Pinned(k=None, n=None, invalid=False)
+
+
 def _validated_pin(intent: OperatorIntent, limits: EngineLimits) -> _Pinned:
     """Pinned k and N, each kept only when 1 ≤ N ≤ max_num_seqs and 1 ≤ k (≤ N when both are set)."""
     k, n, invalid = intent.pin.k, intent.pin.n, False
+    if k is None and n is None:
+        return _NOT_PINNED
     if n is not None and not 1 <= n <= limits.max_num_seqs:
         n, invalid = None, True
     if k is not None and (k < 1 or (n is not None and k > n)):
@@ -275,7 +314,8 @@ def decide(
     then used whatever its size, and diagnostics.num_samples still counts the completions it holds.
     Otherwise EB+ chooses by [EB] eq. (8) with hysteresis and cooldown (reasons crossover_eb, crossover_mb,
     hysteresis_hold, cooldown_hold). An operator pin overrides the mode (reason operator_pin);
-    PASSTHROUGH pins leave the engine untouched.
+    PASSTHROUGH pins leave the engine untouched. A prefill or a decode instance of disaggregated prefill/decode
+    (`limits.kv_role`) keeps only the rules its role leaves (`controlplane.core.kv_role`).
 
     Guarantees, for any observations: 1 ≤ k ≤ N ≤ max_num_seqs, B_cap ≤ B_max ≤ max_num_batched_tokens,
     finite diagnostics, no exception.
@@ -307,7 +347,8 @@ def decide(
         raise TypeError(f"fit must be a HazardFit or None, got {type(fit).__name__}")
     costs = observations.costs
     evaluation: Evaluation | None = None
-    diagnostics = Diagnostics(num_rejected_samples=max(0, observations.num_rejected_samples))
+    # The diagnostics' fields, gathered as they are known and built once at the end.
+    diagnosed: dict[str, float] = {"num_rejected_samples": max(0, observations.num_rejected_samples)}
     online_mode, reason, last_switch_s = state.mode, Reason.INSUFFICIENT_DATA, state.last_switch_s
     n_prev = state.n_prev
     if fit is not None:
@@ -362,21 +403,24 @@ def decide(
         n_prev = evaluation.n_star
     if fit is not None:
         stats = fit.stats
-        diagnostics = Diagnostics(
+        diagnosed.update(
             p0=_finite(stats.p0), eta=_finite(stats.eta), mu_l_tokens=_finite(stats.mu_l_tokens),
             mu_o_tokens=_finite(stats.mu_o_tokens), sigma_o_tokens=_finite(stats.sigma_o_tokens),
             t95_tokens=_finite(stats.t95_tokens), num_samples=stats.num_samples,
-            num_rejected_samples=diagnostics.num_rejected_samples, mu_o_lower_tokens=_finite(fit.mu_o_lower_tokens),
+            mu_o_lower_tokens=_finite(fit.mu_o_lower_tokens),
         )
     if evaluation is not None:
-        diagnostics = _with_evaluation(diagnostics, evaluation)
+        diagnosed.update(
+            theta0=evaluation.theta0, delta_theta=evaluation.delta_theta, theta_star=evaluation.theta_star,
+            n_star=evaluation.n_star, k_star=evaluation.k_star, lhs_s_per_token=evaluation.lhs_s_per_token,
+            rhs_s_per_token=evaluation.rhs_s_per_token, n_obs=evaluation.n_obs,
+        )
     elif cold is not None:
-        diagnostics = replace(diagnostics, lhs_s_per_token=cold.lhs_s_per_token,
-                              rhs_s_per_token=cold.rhs_s_per_token,
-                              n_obs=_finite(occupancy),
-                              mu_o_lower_tokens=max(1.0, _finite(floor)),
-                              cold_start_mu_l_tokens=_finite(cold.mu_l_tokens),
-                              cold_start_mu_o_tokens=_finite(cold.mu_o_tokens), cold_start_p0=_finite(cold.p0))
+        diagnosed.update(lhs_s_per_token=cold.lhs_s_per_token, rhs_s_per_token=cold.rhs_s_per_token,
+                         n_obs=_finite(occupancy), mu_o_lower_tokens=max(1.0, _finite(floor)),
+                         cold_start_mu_l_tokens=_finite(cold.mu_l_tokens),
+                         cold_start_mu_o_tokens=_finite(cold.mu_o_tokens), cold_start_p0=_finite(cold.p0))
+    diagnostics = Diagnostics(**diagnosed)
 
     mode = online_mode
     if intent.pin.mode is not None and (intent.pin.reason is None or intent.pin.mode != online_mode):
@@ -407,8 +451,12 @@ def decide(
         mode=mode, k=k, n=n, budget=budget, delta_s_per_token=delta, delta_source=delta_source,
         reason=reason, flags=tuple(flags), diagnostics=diagnostics, advisory=intent.pin.advisory,
     )
-    return decision, PolicyState(n_prev=n_prev, mode=online_mode, last_switch_s=last_switch_s, n_guard=n_guard,
-                                 n_eb_in_force=n_eb_in_force)
+    new_state = PolicyState(n_prev=n_prev, mode=online_mode, last_switch_s=last_switch_s, n_guard=n_guard,
+                            n_eb_in_force=n_eb_in_force)
+    if limits.kv_role in ROLES_WITHOUT_EB:  # a prefill or a decode instance (controlplane.core.kv_role)
+        return role_decision(decision, new_state, limits=limits, fit=fit, enough_data=enough_data, pin=intent.pin,
+                             pinned_k=pinned.k, pinned_n=pinned.n, config=config)
+    return decision, new_state
 
 
 def _cold_start_occupancy(observations: Observations) -> float:
@@ -420,11 +468,3 @@ def _cold_start_occupancy(observations: Observations) -> float:
     values = [v for v in (observations.n_obs, observations.n_offered) if math.isfinite(v) and v > 0.0]
     return max(values, default=0.0)
 
-
-def _with_evaluation(diagnostics: Diagnostics, evaluation: Evaluation) -> Diagnostics:
-    return replace(
-        diagnostics,
-        theta0=evaluation.theta0, delta_theta=evaluation.delta_theta, theta_star=evaluation.theta_star,
-        n_star=evaluation.n_star, k_star=evaluation.k_star, lhs_s_per_token=evaluation.lhs_s_per_token,
-        rhs_s_per_token=evaluation.rhs_s_per_token, n_obs=evaluation.n_obs,
-    )

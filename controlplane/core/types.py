@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from controlplane.protocol import Mode  # the one vocabulary of modes, shared with the agent
+from controlplane.protocol import KvRole, Mode  # the one vocabularies of roles and modes, shared with the agent
 
 
 class Reason(enum.StrEnum):
@@ -28,6 +28,10 @@ class Reason(enum.StrEnum):
     # The pool's guarded rollout holds the engine on its established mode (a change under test on a canary, or
     # rolled back recently) while the model asks for another (controlplane.loop.rollout).
     ROLLOUT_HOLD = "rollout_hold"
+    # A disaggregated engine's role decides its mode (controlplane.core.kv_role): a decode instance runs MB with
+    # the admission cap N its lengths allow; a prefill instance runs MB with the budget B_max in every step.
+    KV_CONSUMER = "kv_consumer"
+    KV_PRODUCER = "kv_producer"
 
 
 class Flag(enum.StrEnum):
@@ -61,6 +65,9 @@ class Flag(enum.StrEnum):
     PIN_INVALID = "pin_invalid"
     BUDGET_CLAMPED = "budget_clamped"
     MEMORY_GUARD = "memory_guard"
+    # EB's phase switch does nothing on this engine's KV-transfer role (a decode or a prefill instance): the
+    # crossover rule's verdict and k are not acted on (controlplane.core.kv_role).
+    EB_MOOT = "eb_moot"
 
 
 class DeltaSource(enum.StrEnum):
@@ -101,12 +108,15 @@ class EngineLimits:
     """Start-up limits of an engine (or the most conservative ones of a pool).
 
     kv_capacity_tokens: KV-cache blocks × block size. max_model_len_tokens: 0 when unknown.
+    kv_role: the engine's role in disaggregated prefill/decode (NONE: no KV connector), which decides what its
+      decisions may steer (`controlplane.core.kv_role`).
     """
 
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_capacity_tokens: int
     max_model_len_tokens: int = 0
+    kv_role: KvRole = KvRole.NONE
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

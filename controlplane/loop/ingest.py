@@ -6,8 +6,9 @@ servicer answers INVALID_ARGUMENT and counts the cause. Values inside well-forme
 true for this engine (a non-aborted request with 0 output tokens, a prompt longer than its
 max_model_len, a step with more tokens than its max_num_batched_tokens, a non-finite or absurd duration)
 are dropped and counted, and the rest of the batch is used: one bad value never poisons the pool.
-A Hello's support verdict (what the agent's probe of vLLM found) is refused whole when it is beyond the
-protocol's bounds: an unknown level, too many or too long internal names, control characters, a long detail.
+A Hello's KV-transfer role must be one the protocol knows (`protocol.KvRole`). A Hello's support verdict (what
+the agent's probe of vLLM found) is refused whole when it is beyond the protocol's bounds: an unknown level,
+too many or too long internal names, control characters, a long detail.
 Error messages echo at most a bounded prefix of bad input (`protocol.bounded`).
 """
 
@@ -15,17 +16,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from controlplane.api.v1 import agent_pb2
+from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.core.types import EngineLimits
 from controlplane.protocol import (
+    KV_ROLE_FROM_PROTO,
+    KV_ROLE_TO_PROTO,
     MAX_SUPPORT_DETAIL_CHARS,
     MAX_SUPPORT_MISSING,
     MAX_SUPPORT_NAME_CHARS,
     SUPPORT_LEVEL_NAMES,
+    KvRole,
     bounded,
     is_valid_engine_id,
     make_pool_key,
@@ -81,7 +85,12 @@ class EngineSupport:
 
 @dataclass(frozen=True, slots=True)
 class EngineHello:
-    """A validated Hello. support: None when the agent did not report one (an agent older than the field)."""
+    """A validated Hello. support: None when the agent did not report one (an agent older than the field).
+
+    kv_role: the engine's role in disaggregated prefill/decode (NONE: no KV connector, or an agent that does not
+    report one); it is part of the pool key, and the limits carry it to the policy (`limits.kv_role` is set to
+    it here, whatever the limits given).
+    """
 
     engine_id: str
     model: str
@@ -93,11 +102,20 @@ class EngineHello:
     instance_id: str = ""
     instance_started_at_s: float = 0.0
     support: EngineSupport | None = None
+    kv_role: KvRole = KvRole.NONE
     pool_key: str = field(init=False)
 
     def __post_init__(self) -> None:
         # Computed (and validated) once: the ingest path reads it for every batch.
-        object.__setattr__(self, "pool_key", make_pool_key(self.model, self.accelerator))
+        object.__setattr__(self, "pool_key", make_pool_key(self.model, self.accelerator, self.kv_role))
+        if self.limits.kv_role != self.kv_role:
+            object.__setattr__(self, "limits", replace(self.limits, kv_role=KvRole(self.kv_role)))
+
+    @property
+    def pool(self) -> common_pb2.Pool:
+        """The engine's pool as a message (model, accelerator and role)."""
+        return common_pb2.Pool(model=self.model, accelerator=self.accelerator,
+                               kv_role=KV_ROLE_TO_PROTO[KvRole(self.kv_role)])
 
 
 def _text(field: str, value: str) -> str:
@@ -141,8 +159,8 @@ def _support(hello: agent_pb2.Hello) -> EngineSupport | None:
 
 
 def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
-    """Raises TelemetryError (cause "bad_hello") for a malformed engine id, pool, limits, instance or support
-    verdict."""
+    """Raises TelemetryError (cause "bad_hello") for a malformed engine id, pool (an unknown KV role too),
+    limits, instance or support verdict."""
     if not is_valid_engine_id(hello.engine_id):
         raise TelemetryError("hello.engine_id", f"must match [A-Za-z0-9._:-]{{1,128}}, got {bounded(hello.engine_id)}",
                              cause="bad_hello")
@@ -150,6 +168,10 @@ def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
         problem = pool_name_problem(name)
         if problem is not None:
             raise TelemetryError(path, f"{bounded(name)} {problem}", cause="bad_hello")
+    kv_role = KV_ROLE_FROM_PROTO.get(hello.pool.kv_role)
+    if kv_role is None:
+        raise TelemetryError("hello.pool.kv_role", f"must be unset, producer, consumer or both, got "
+                             f"{hello.pool.kv_role}", cause="bad_hello")
     limits = hello.limits
     max_num_seqs = _limit("hello.limits.max_num_seqs", limits.max_num_seqs, low=1, high=MAX_NUM_SEQS)
     budget = _limit("hello.limits.max_num_batched_tokens", limits.max_num_batched_tokens, low=1,
@@ -174,6 +196,7 @@ def validate_hello(hello: agent_pb2.Hello) -> EngineHello:
         instance_id=_text("hello.instance_id", hello.instance_id),
         instance_started_at_s=hello.instance_started_at_s,
         support=_support(hello),
+        kv_role=kv_role,
     )
 
 

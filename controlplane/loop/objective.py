@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN
 from controlplane.loop.outcomes import LatencySet
-from controlplane.protocol import pool_key_of
+from controlplane.protocol import pool_key_of_message
 
 MIN_REQUESTS = 200  # latencies in the window before a quantile is trusted
 HYSTERESIS = 0.1  # loosen only while every quantile is at most (1 − HYSTERESIS) · its target
@@ -234,7 +234,7 @@ def objective_for(records: list[operator_pb2.OverrideRecord], pool_key: str, *,
             continue
         kind = record.scope.kind
         if (kind == operator_pb2.SCOPE_KIND_POOL
-                and pool_key_of(record.scope.pool.model, record.scope.pool.accelerator) == pool_key):
+                and pool_key_of_message(record.scope.pool) == pool_key):
             return record
         if kind == operator_pb2.SCOPE_KIND_FLEET:
             best = record

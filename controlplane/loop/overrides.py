@@ -7,7 +7,7 @@ import math
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, Mode, ModePin, OperatorIntent
 from controlplane.loop.objective import objective_problem
-from controlplane.protocol import pool_key_of
+from controlplane.protocol import pool_key_of_message
 
 PIN_TO_MODE = {operator_pb2.PINNED_MODE_MB: Mode.MB, operator_pb2.PINNED_MODE_EB: Mode.EB,
                operator_pb2.PINNED_MODE_PASSTHROUGH: Mode.PASSTHROUGH}
@@ -29,7 +29,7 @@ def resolve_intent(records: list[operator_pb2.OverrideRecord], *, engine_id: str
         scope = record.scope
         if scope.kind == operator_pb2.SCOPE_KIND_ENGINE and scope.engine_id != engine_id:
             continue
-        scope_pool = pool_key_of(scope.pool.model, scope.pool.accelerator)
+        scope_pool = pool_key_of_message(scope.pool)
         if scope.kind == operator_pb2.SCOPE_KIND_POOL and scope_pool != pool_key:
             continue
         current = best.get(record.kind)

@@ -28,7 +28,8 @@ from controlplane.protocol import (
     MAX_SUPPORT_NAME_CHARS,
     SUPPORT_LEVEL_FROM_NAME,
     SUPPORT_LEVEL_NAMES,
-    pool_key_of,
+    pool_key_of_message,
+    pool_of_key,
 )
 from controlplane.store.cooperative import map_yielding
 
@@ -39,7 +40,7 @@ _COUNTS = ("decision_version", "acked_version", "num_completions", "num_rejected
 def registry_fields(info: operator_pb2.EngineInfo, *, now_s: float) -> dict[str, str]:
     """The registry entry of a connected engine (`info` from this replica), times in absolute seconds."""
     fields = {
-        "pool": pool_key_of(info.pool.model, info.pool.accelerator),
+        "pool": pool_key_of_message(info.pool),
         "controller_id": info.controller_id,
         "vllm_version": info.vllm_version,
         "agent_version": info.agent_version,
@@ -90,9 +91,8 @@ def _int(text: str | None) -> int:
 
 def engine_info_from_registry(engine_id: str, fields: Mapping[str, str], *, now_s: float) -> operator_pb2.EngineInfo:
     """An EngineInfo for an engine another replica holds (connected, as of its last registry refresh)."""
-    model, _, accelerator = fields.get("pool", "").partition("|")
     info = operator_pb2.EngineInfo(
-        engine_id=engine_id, pool=common_pb2.Pool(model=model, accelerator=accelerator), connected=True,
+        engine_id=engine_id, pool=pool_of_key(fields.get("pool", "")), connected=True,
         vllm_version=fields.get("vllm_version", ""), agent_version=fields.get("agent_version", ""),
         controller_id=fields.get("controller_id", ""), instance_id=fields.get("instance_id", ""),
         excluded_from_pool=fields.get("excluded_from_pool") == "1", telemetry_age_s=-1.0)
@@ -158,9 +158,7 @@ def _from_registry(merged: Mapping[str, operator_pb2.EngineInfo], registry: Mapp
 def stored_decision_view(engine_id: str, pool_key: str, decision: common_pb2.Decision) -> operator_pb2.DecisionView:
     """The view of an engine this replica does not hold, from its stored decision (no ACK or latest
     computation: those live in the replica that holds the stream)."""
-    model, _, accelerator = pool_key.partition("|")
-    return operator_pb2.DecisionView(engine_id=engine_id, pool=common_pb2.Pool(model=model, accelerator=accelerator),
-                                     decision=decision)
+    return operator_pb2.DecisionView(engine_id=engine_id, pool=pool_of_key(pool_key), decision=decision)
 
 
 def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionView | None:
@@ -169,7 +167,7 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
     if record is not None and record.loop.current is not None:
         loop = record.loop
         view = operator_pb2.DecisionView(
-            engine_id=engine_id, pool=common_pb2.Pool(model=loop.hello.model, accelerator=loop.hello.accelerator),
+            engine_id=engine_id, pool=loop.hello.pool,
             decision=loop.current, acked_version=loop.acked_version, computed_at_s=loop.latest_computed_at_s)
         if loop.latest is not None:
             view.latest.CopyFrom(loop.latest)
@@ -187,20 +185,17 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
         return view
     restored = fleet.restored.get(engine_id)
     if restored is not None:
-        model, _, accelerator = restored[0].partition("|")
-        pool = common_pb2.Pool(model=model, accelerator=accelerator)
-        return operator_pb2.DecisionView(engine_id=engine_id, pool=pool, decision=restored[1])
+        return operator_pb2.DecisionView(engine_id=engine_id, pool=pool_of_key(restored[0]), decision=restored[1])
     return None
 
 
 def rollout_view(key: str, rollout: Rollout, fleet: FleetState, *, ended: Ended | None = None
                  ) -> operator_pb2.RolloutView:
     """The wire form of a pool's rollout (in progress when `ended` is None)."""
-    model, _, accelerator = key.partition("|")
     pool = fleet.pool(key)
     num_engines = pool.num_connected if pool is not None else 0
     return operator_pb2.RolloutView(
-        pool=common_pb2.Pool(model=model, accelerator=accelerator), from_mode=rollout.from_mode.value,
+        pool=pool_of_key(key), from_mode=rollout.from_mode.value,
         to_mode=rollout.to_mode.value, started_at_s=rollout.started_at_s,
         ended_at_s=ended.ended_at_s if ended is not None else 0.0,
         state=ended.verdict.value if ended is not None else "running", canary_engine_ids=sorted(rollout.canary_ids),
@@ -247,7 +242,7 @@ def engine_info(fleet: FleetState, engine_id: str, record: EngineRecord, *, now_
     limits = hello.limits
     return operator_pb2.EngineInfo(
         engine_id=engine_id,
-        pool=common_pb2.Pool(model=hello.model, accelerator=hello.accelerator),
+        pool=hello.pool,
         vllm_version=hello.vllm_version, agent_version=hello.agent_version,
         limits={"max_num_seqs": limits.max_num_seqs, "max_num_batched_tokens": limits.max_num_batched_tokens,
                 "kv_capacity_tokens": limits.kv_capacity_tokens, "block_size_tokens": hello.block_size_tokens,

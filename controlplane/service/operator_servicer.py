@@ -21,7 +21,14 @@ import grpc
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.loop.overrides import SCOPE_RANK, OverrideError, check_kind, check_reason, expiry_at
 from controlplane.loop.rollout import Verdict as RolloutVerdict
-from controlplane.protocol import bounded, is_valid_engine_id, make_pool_key, pool_key_of
+from controlplane.protocol import (
+    bounded,
+    is_valid_engine_id,
+    kv_role_name,
+    make_pool_key,
+    pool_key_of_message,
+    pool_of_key,
+)
 from controlplane.service.auth import OPERATOR_PREFIX, Authenticator
 from controlplane.service.controller import Controller
 from controlplane.service.fleet_view import (
@@ -259,7 +266,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         wanted = [e for e in entries if e.decided_at_s > request.since_s
                   and not (request.engine_id and e.engine_id != request.engine_id)]
         views = await map_yielding(lambda e: stored_decision_view(
-            e.engine_id, pool_key_of(e.pool.model, e.pool.accelerator), e.decision), wanted)
+            e.engine_id, pool_key_of_message(e.pool), e.decision), wanted)
         views.sort(key=lambda view: (view.decision.decided_at_s, view.decision.version))
         return views
 
@@ -333,8 +340,7 @@ def pin_warnings(request: operator_pb2.PinModeRequest, engines: list[operator_pb
     if scope.kind == operator_pb2.SCOPE_KIND_ENGINE:
         in_scope = [e for e in engines if e.engine_id == scope.engine_id]
     elif scope.kind == operator_pb2.SCOPE_KIND_POOL:
-        in_scope = [e for e in engines if e.pool.model == scope.pool.model
-                    and e.pool.accelerator == scope.pool.accelerator]
+        in_scope = [e for e in engines if pool_key_of_message(e.pool) == pool_key_of_message(scope.pool)]
     else:
         in_scope = list(engines)
     warnings = []
@@ -370,11 +376,9 @@ def audit_entry(row: dict[str, str]) -> operator_pb2.AuditEntry:
 
 def history_entry(row: dict) -> operator_pb2.HistoryEntry:
     """A history stream entry (`RedisStore.read_history`, with a parsed decision) as a HistoryEntry."""
-    model, _, accelerator = str(row.get("pool", "")).partition("|")
     decision: common_pb2.Decision = row["decision"]
     return operator_pb2.HistoryEntry(
-        id=row.get("id", ""), engine_id=row.get("engine_id", ""),
-        pool=common_pb2.Pool(model=model, accelerator=accelerator),
+        id=row.get("id", ""), engine_id=row.get("engine_id", ""), pool=pool_of_key(str(row.get("pool", ""))),
         decided_at_s=decision.decided_at_s or _float(row.get("decided_at_s", "")), decision=decision,
     )
 
@@ -409,7 +413,7 @@ async def _check_scope(context: grpc.aio.ServicerContext, scope: operator_pb2.Sc
 
 async def _pool_key(context: grpc.aio.ServicerContext, pool: common_pb2.Pool, *, field: str = "pool") -> str:
     try:
-        make_pool_key(pool.model, pool.accelerator)
+        make_pool_key(pool.model, pool.accelerator, kv_role_name(pool.kv_role))
         return pool_key(pool)
     except ValueError as exc:
         await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {exc}")

@@ -11,23 +11,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from controlplane.api.v1 import operator_pb2
-from controlplane.protocol import bounded, pool_key_of
+from controlplane.protocol import bounded, pool_key_of_message
 
 # At most this many known pools are named in a warning; the rest are counted.
 MAX_POOLS_NAMED = 10
 
 
 def known_pools(engines: Iterable[operator_pb2.EngineInfo]) -> list[str]:
-    """The pool keys ("model|accelerator") of `engines`, each once, sorted."""
-    return sorted({pool_key_of(engine.pool.model, engine.pool.accelerator) for engine in engines})
+    """The pool keys ("model|accelerator", "|role" appended for a role) of `engines`, each once, sorted."""
+    return sorted({pool_key_of_message(engine.pool) for engine in engines})
 
 
 def scope_is_known(scope: operator_pb2.Scope, engines: Sequence[operator_pb2.EngineInfo]) -> bool:
     """Whether `scope` covers at least one of `engines` (connected or remembered); the fleet scope always
     does, even with no engine: it names no pool or engine that could be misspelt."""
     if scope.kind == operator_pb2.SCOPE_KIND_POOL:
-        return any(engine.pool.model == scope.pool.model and engine.pool.accelerator == scope.pool.accelerator
-                   for engine in engines)
+        wanted = pool_key_of_message(scope.pool)
+        return any(pool_key_of_message(engine.pool) == wanted for engine in engines)
     if scope.kind == operator_pb2.SCOPE_KIND_ENGINE:
         return any(engine.engine_id == scope.engine_id for engine in engines)
     return True
@@ -39,7 +39,7 @@ def unknown_scope(scope: operator_pb2.Scope, engines: Sequence[operator_pb2.Engi
     if scope_is_known(scope, engines):
         return None
     if scope.kind == operator_pb2.SCOPE_KIND_POOL:
-        what = f"pool {bounded(pool_key_of(scope.pool.model, scope.pool.accelerator))} has no engine"
+        what = f"pool {bounded(pool_key_of_message(scope.pool))} has no engine"
     else:
         what = f"engine {bounded(scope.engine_id)} is not an engine"
     return (f"{what} the controller knows (connected or remembered; known pools: "

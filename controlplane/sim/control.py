@@ -30,6 +30,7 @@ from controlplane.loop.engine import EngineLoop
 from controlplane.loop.fleet import Effects, FleetState
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.pool_stats import PoolStatistics
+from controlplane.protocol import KvRole
 from controlplane.sim.engine import SimEngine, SimStep
 
 
@@ -49,6 +50,7 @@ class DecisionRecord:
     lhs_s_per_token: float = 0.0
     rhs_s_per_token: float = 0.0
     n_obs: float = 0.0
+    flags: tuple[str, ...] = ()
 
 
 def record_of(decision: common_pb2.Decision, at_s: float) -> DecisionRecord:
@@ -57,7 +59,7 @@ def record_of(decision: common_pb2.Decision, at_s: float) -> DecisionRecord:
         at_s=at_s, mode=common_pb2.Mode.Name(decision.mode).removeprefix("MODE_").lower(), k=decision.k,
         n=decision.n, b_max_tokens=decision.budget.b_max_tokens, b_cap_tokens=decision.budget.b_cap_tokens,
         reason=decision.reason, theta_star=d.theta_star, n_star=d.n_star, lhs_s_per_token=d.lhs_s_per_token,
-        rhs_s_per_token=d.rhs_s_per_token, n_obs=d.n_obs)
+        rhs_s_per_token=d.rhs_s_per_token, n_obs=d.n_obs, flags=tuple(decision.flags))
 
 
 class StaticControl:
@@ -83,8 +85,9 @@ class StaticControl:
 @dataclass(frozen=True, slots=True)
 class OnlineSettings:
     """How the online loop runs: the controller's loop config, the policy config, the operator's intent,
-    the telemetry cadence (seconds of simulated time), an optional P-PAS budget sweep, and an optional
-    persisted pool window to start from (warm start, as the controller seeds a pool from its snapshot)."""
+    the telemetry cadence (seconds of simulated time), an optional P-PAS budget sweep, an optional
+    persisted pool window to start from (warm start, as the controller seeds a pool from its snapshot), and the
+    engine's role in disaggregated prefill/decode (its Hello's: the pool key and what the policy steers)."""
 
     loop: DecisionLoopConfig = field(default_factory=DecisionLoopConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -92,6 +95,7 @@ class OnlineSettings:
     telemetry_interval_s: float = 1.0
     budget_sweep: Sequence[SweepPoint] = ()
     warm_start: BucketStats | None = None
+    kv_role: KvRole = KvRole.NONE
 
 
 _EMPTY = np.zeros(0)
@@ -129,7 +133,8 @@ class OnlineControl:
                               kv_capacity_tokens=engine.kv_total_tokens,
                               max_model_len_tokens=shape.max_model_len_tokens)
         self.start_with(EngineHello(engine_id="twin", model="twin", accelerator="twin", vllm_version="",
-                                    agent_version="", limits=limits, block_size_tokens=0))
+                                    agent_version="", limits=limits, block_size_tokens=0,
+                                    kv_role=self._settings.kv_role))
         self._apply(engine, self.connect(now_s=engine.now_s), engine.now_s)
         self._next_telemetry_s = engine.now_s + self._settings.telemetry_interval_s
 

@@ -11,8 +11,9 @@ Spellings (`parse_scheduler`):
   ppas:BMAX:BCAP[:NTH]   P-PAS: MB with B_max/B_cap and N_th (default 2), start-up budget B_max.
   ppas+:BMAX:BCAP[:NTH]  P-PAS+: also the large-residual-prefill condition, T_large = max_model_len / 2.
 Every option may be followed by "@n=<max_num_seqs>" and/or "@b=<start-up budget>", e.g. "v1@n=512"; the
-online ones also by "@tmin=<θ_min>" (the policy's θ clip floor, default PolicyConfig's 0.01) and
-"@guard=off" (no memory guard: N̂* in force even while the engine preempts).
+online ones also by "@tmin=<θ_min>" (the policy's θ clip floor, default PolicyConfig's 0.01),
+"@guard=off" (no memory guard: N̂* in force even while the engine preempts) and "@role=producer|consumer|both"
+(the engine's role in disaggregated prefill/decode, as its Hello would report it: `controlplane.core.kv_role`).
 
 Every decision goes through `Enforcer.apply`, exactly as the agent receives it. Pure; no I/O.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, replace
 from controlplane.api.v1 import common_pb2
 from controlplane.core.types import Mode, ModePin, OperatorIntent, PolicyConfig
 from controlplane.loop.buckets import BucketStats
+from controlplane.protocol import KvRole
 from controlplane.sim.control import OnlineControl, OnlineSettings, StaticControl
 from controlplane.sim.profiles import EngineShape, SimProfile
 
@@ -35,7 +37,8 @@ STATIC_TTL_S = 1e9
 class SchedulerSpec:
     """One scheduler: `kind` in {stock, eb, online-eb, online-ebplus, mb}, its parameters, and start-up
     overrides (0: the profile's). warm_start: for the online kinds, a persisted pool window to start from
-    (`RunResult.pool_window` of an earlier run; None: a pool with no history)."""
+    (`RunResult.pool_window` of an earlier run; None: a pool with no history). kv_role: for the online kinds,
+    the engine's KV-transfer role (NONE: a whole engine)."""
 
     name: str
     kind: str
@@ -50,6 +53,7 @@ class SchedulerSpec:
     budget_tokens: int = 0
     policy: PolicyConfig | None = None
     warm_start: BucketStats | None = None
+    kv_role: KvRole = KvRole.NONE
 
     def shape_for(self, profile: SimProfile) -> EngineShape:
         """The engine's start-up limits under this scheduler."""
@@ -69,7 +73,7 @@ class SchedulerSpec:
             pin = ModePin(mode=Mode.EB) if self.kind == "online-eb" else ModePin()
             intent = OperatorIntent(delta_s_per_token=self.delta_s_per_token, pin=pin)
             return OnlineControl(profile.costs, OnlineSettings(intent=intent, policy=self.policy or PolicyConfig(),
-                                                               warm_start=self.warm_start))
+                                                               warm_start=self.warm_start, kv_role=self.kv_role))
         n = self.n or shape.max_num_seqs
         if self.kind == "eb":
             if not 1 <= self.k <= n <= shape.max_num_seqs:
@@ -100,14 +104,18 @@ def parse_scheduler(text: str) -> SchedulerSpec:
     policy: dict[str, object] = {}
     for option in options:
         key, sep, value = option.partition("=")
-        if key not in ("n", "b", "tmin", "guard") or not sep:
+        if key not in ("n", "b", "tmin", "guard", "role") or not sep:
             raise ValueError(f"scheduler {text!r}: options are @n=<max_num_seqs>, @b=<budget tokens>, @tmin=<θ_min>, "
-                             "@guard=on|off")
+                             "@guard=on|off, @role=producer|consumer|both")
         if key == "tmin":
             try:
                 policy["theta_min"] = float(value)
             except ValueError:
                 raise ValueError(f"scheduler {text!r}: θ_min must be a number") from None
+        elif key == "role":
+            if value not in ("producer", "consumer", "both"):
+                raise ValueError(f"scheduler {text!r}: @role takes producer, consumer or both")
+            overrides["kv_role"] = KvRole(value)
         elif key == "guard":
             if value not in ("on", "off"):
                 raise ValueError(f"scheduler {text!r}: @guard takes on or off")
@@ -152,6 +160,6 @@ def parse_scheduler(text: str) -> SchedulerSpec:
     else:
         raise ValueError(f"unknown scheduler {text!r}: v1, v0, eb:K[:N], eb-kstar, eb+[:DELTA], mbt:B, "
                          "ppas:BMAX:BCAP[:NTH], ppas+:BMAX:BCAP[:NTH]")
-    if "policy" in overrides and not spec.kind.startswith("online"):
-        raise ValueError(f"scheduler {text!r}: @tmin and @guard apply to eb-kstar and eb+ only")
+    if ("policy" in overrides or "kv_role" in overrides) and not spec.kind.startswith("online"):
+        raise ValueError(f"scheduler {text!r}: @tmin, @guard and @role apply to eb-kstar and eb+ only")
     return replace(spec, **overrides) if overrides else spec  # type: ignore[arg-type]

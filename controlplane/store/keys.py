@@ -37,7 +37,7 @@ import hashlib
 from dataclasses import dataclass
 
 from controlplane.api.v1 import common_pb2, operator_pb2
-from controlplane.protocol import POOL_KEY_SEPARATOR, pool_key_of
+from controlplane.protocol import KV_ROLE_FROM_PROTO, POOL_KEY_SEPARATOR, pool_key_of_message
 
 FLEET_SCOPE_KEY = "fleet"
 
@@ -49,11 +49,11 @@ _KIND_NAMES = {
 
 
 def pool_key(pool: common_pb2.Pool) -> str:
-    """The key of a pool: "<model>|<accelerator>".
+    """The key of a pool: "<model>|<accelerator>", "|<role>" appended for a KV-transfer role (`protocol.KvRole`).
 
     Raises:
-        ValueError: when the model or the accelerator is empty, or the model contains "|" (the key
-            would be ambiguous).
+        ValueError: when the model or the accelerator is empty, the model contains "|" (the key would be
+            ambiguous), or the role is not one the protocol knows.
     """
     if not pool.model or not pool.accelerator:
         raise ValueError(
@@ -62,11 +62,13 @@ def pool_key(pool: common_pb2.Pool) -> str:
         )
     if POOL_KEY_SEPARATOR in pool.model:
         raise ValueError(f"a pool's model must not contain {POOL_KEY_SEPARATOR!r}: {pool.model!r}")
-    return pool_key_of(pool.model, pool.accelerator)
+    if pool.kv_role not in KV_ROLE_FROM_PROTO:
+        raise ValueError(f"a pool's kv_role must be unset, producer, consumer or both, got {pool.kv_role}")
+    return pool_key_of_message(pool)
 
 
 def scope_key(scope: operator_pb2.Scope) -> str:
-    """The key of an override scope: "fleet", "pool:<model>|<accelerator>" or "engine:<engine_id>".
+    """The key of an override scope: "fleet", "pool:<pool key>" (`pool_key`) or "engine:<engine_id>".
 
     Raises:
         ValueError: for SCOPE_KIND_UNSPECIFIED (or an unknown kind), a pool scope without a complete

@@ -69,8 +69,10 @@ SMOKES = (
         r"^W_O = 4096, 20 runs each$",
         rf"^baseline: decide\(\) on its own window\s+{NUMBER}\s+{NUMBER}$",
         rf"^engine decision from the pool estimate\s+{NUMBER}\s+{NUMBER}$",
-        rf"^\s+1000\s+{NUMBER}\s+{NUMBER}x$",
-        r"^goal: ≤ 50 µs amortised per engine at 1,000 engines -> (met|NOT met)",
+        rf"^engine decision, δ from an objective\s+{NUMBER}\s+{NUMBER}$",
+        rf"^\s+1000\s+{NUMBER}\s+{NUMBER}x\s+{NUMBER}$",
+        r"^goal: ≤ 50 µs amortised per engine at 1,000 engines, with or without an objective -> (met|NOT met) "
+        rf"\({NUMBER} µs; with an objective {NUMBER} µs\)$",
     )),
     Smoke("fit_cpu_profile.py", (
         r"^\d+ timed steps by mode: \{(?=.*'eb': \d+)(?=.*'mb': \d+).*\}; rejected \d+$",

@@ -5,7 +5,10 @@ this needs its own `__main__`). It writes a JSON result: whether every request p
 max_tokens, the elapsed time and token counts. With --address the agent is attached
 (`--scheduler-cls agents.vllm.ControlledScheduler`); without it the engine is stock vLLM.
 With --ready-file/--go-file it signals when the engine is built and waits before generating, so a
-test can set operator overrides first.
+test can set operator overrides first. With --kv-role the engine is one side of disaggregated prefill/decode
+through vLLM's ExampleConnector (prompts' KV saved to and loaded from --kv-storage); --first-token-only asks
+for one token per request (what a proxy asks a prefill instance for), --token-ids writes every request's
+tokens, and --hold-file keeps the engine (and its agent) up after the result until that file exists.
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ def main() -> int:
     parser.add_argument("--max-num-active-seqs", type=int, default=0,
                         help="vLLM's own admission cap (--max-num-active-seqs; 0: max_num_seqs)")
     parser.add_argument("--report-interval-s", default="", help="CP_AGENT_REPORT_INTERVAL_S (default: the agent's)")
+    parser.add_argument("--kv-role", choices=("kv_producer", "kv_consumer"), help="disaggregated prefill/decode side")
+    parser.add_argument("--kv-storage", type=Path, help="the ExampleConnector's shared storage directory")
+    parser.add_argument("--first-token-only", action="store_true", help="max_tokens=1 for every request")
+    parser.add_argument("--no-chunked-prefill", action="store_true", help="every prompt computed in one step")
+    parser.add_argument("--token-ids", action="store_true", help="write every request's token ids")
+    parser.add_argument("--hold-file", type=Path, help="after the result, wait (≤ 120 s) for this file to exist")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -86,6 +95,14 @@ def main() -> int:
         extra["num_gpu_blocks_override"] = args.num_kv_blocks
     if args.max_num_active_seqs:
         extra["max_num_active_seqs"] = args.max_num_active_seqs
+    if args.no_chunked_prefill:
+        extra["enable_chunked_prefill"] = False
+    if args.kv_role:
+        from vllm.config import KVTransferConfig
+
+        extra["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="ExampleConnector", kv_role=args.kv_role,
+            kv_connector_extra_config={"shared_storage_path": str(args.kv_storage)})
     llm = LLM(model=str(args.model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.3,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, dtype="bfloat16", seed=args.seed,
@@ -96,6 +113,8 @@ def main() -> int:
     prompt_lengths = rng.integers(p_lo, p_hi + 1, args.num_requests)
     output_lengths = rng.integers(o_lo, o_hi + 1, args.num_requests)
     prompts = [TokensPrompt(prompt_token_ids=rng.integers(1, 1000, int(n)).tolist()) for n in prompt_lengths]
+    if args.first_token_only:
+        output_lengths = np.ones_like(output_lengths)
     params = [SamplingParams(max_tokens=int(n), ignore_eos=True, detokenize=False, temperature=0.0)
               for n in output_lengths]
     if args.ready_file:
@@ -120,6 +139,9 @@ def main() -> int:
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         "first_tokens": [list(o.outputs[0].token_ids[:4]) for o in outputs[:20]],
     }
+    if args.token_ids:
+        result["token_ids"] = [list(o.outputs[0].token_ids) for o in outputs]
+        result["prompt_tokens"] = [int(n) for n in prompt_lengths]
     if args.log_stats:
         stats = [o.metrics for o in outputs if o.metrics is not None]
         result["ttft_mean_s"] = float(np.mean([m.first_token_latency for m in stats]))
@@ -130,6 +152,10 @@ def main() -> int:
                                                    if m.num_generation_tokens >= 2]))
         result["num_with_stats"] = len(stats)
     args.result.write_text(json.dumps(result))
+    if args.hold_file:
+        deadline = time.monotonic() + 120
+        while not args.hold_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
     del llm
     time.sleep(0.5)
     return 0

@@ -324,7 +324,8 @@ def test_ctl_errors_are_one_line_on_stderr(demo: dict[str, str], tmp_path: Path)
     result = _run("ctl", "set-delta", "1e-5", env=demo)
     assert result.returncode == 2 and "the following arguments are required: --scope" in result.stderr
     result = _run("ctl", "pin", "eb", "--scope", "everywhere", env=demo)
-    assert result.returncode == 2 and "scope must be fleet, pool:MODEL|ACCELERATOR or engine:ENGINE_ID" in result.stderr
+    assert result.returncode == 2
+    assert "scope must be fleet, pool:MODEL|ACCELERATOR[|ROLE] or engine:ENGINE_ID" in result.stderr
     result = _run("ctl", "pin", "eb", "--scope", "fleet", "--n", "1e7", env=demo)
     assert result.returncode == 2 and "argument --n: must be between 0 and 1048576" in result.stderr
 

@@ -153,7 +153,7 @@ async def test_report_renders_a_timeline_per_engine_in_chromium(redis_url: str, 
 
     # Drawn, not only present: the EB and MB band colours are on the screenshot.
     shot = tmp_path / "report.png"
-    await chromium(f"--screenshot={shot}", "--window-size=1100,1400", "--hide-scrollbars", out.as_uri(),
+    await chromium(f"--screenshot={shot}", "--window-size=1100,2400", "--hide-scrollbars", out.as_uri(),
                    profile=tmp_path / "profile-shot")
     pixels = image.imread(shot)[:, :, :3]
     for mode in ("eb", "mb"):

@@ -147,11 +147,14 @@ def test_engine_id_defaults_to_the_pod_name_not_the_process() -> None:
         load_agent_config({**base, "HOSTNAME": "bad host!"}, default_model="m", default_accelerator="cpu")
 
 
-@pytest.mark.parametrize(("size", "index", "rank"), [(1, 0, None), (4, 0, 0), (4, 2, 2), (1, 3, 3)])
-def test_data_parallel_rank_is_appended_when_vllm_marks_one(size: int, index: int, rank: int | None) -> None:
-    """A dense model's DP rank runs with data_parallel_size reset to 1 and its rank in the index (so its rank
-    0 is a plain engine); a MoE model keeps the group size."""
-    assert engine_data_parallel_rank(size=size, index=index) == rank
+@pytest.mark.parametrize(("size", "index", "master_port", "rank"), [
+    (1, 0, 0, None), (4, 0, 0, 0), (4, 2, 0, 2), (1, 3, 0, 3), (1, 0, 47323, 0), (1, 1, 47323, 1)])
+def test_data_parallel_rank_is_appended_when_vllm_marks_one(size: int, index: int, master_port: int,
+                                                            rank: int | None) -> None:
+    """A dense model's DP rank runs with data_parallel_size reset to 1 and its rank in the index; its rank 0
+    is told from a plain engine by the deployment's master port, which vLLM leaves set (the values are those a
+    2-rank CPU engine's schedulers saw: tests/e2e/test_data_parallel.py); a MoE model keeps the group size."""
+    assert engine_data_parallel_rank(size=size, index=index, master_port=master_port) == rank
 
 
 @pytest.mark.parametrize(("served", "model"), [(None, "/models/qwen3-8b"), ("", "/models/qwen3-8b"),

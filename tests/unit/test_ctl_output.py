@@ -256,7 +256,10 @@ def test_calibration_table_writes_the_pool_as_the_cli_takes_it(capsys: pytest.Ca
     print_fields(calibration_fields(data))
     shown = table_fields(capsys.readouterr().out)
     assert shown["pool"] == "Qwen/Qwen3-8B|NVIDIA H200" and shown["source"] == "pd.json"
-    assert data["pool"] == {"model": "Qwen/Qwen3-8B", "accelerator": "NVIDIA H200"}  # the data keeps the object
+    # The data keeps the object, every field present (an engine without a KV-transfer role: unspecified).
+    assert data["pool"] == {"model": "Qwen/Qwen3-8B", "accelerator": "NVIDIA H200", "kv_role": "unspecified"}
+    data["pool"]["kv_role"] = "consumer"  # a decode instance's pool: the role is part of the key the CLI takes
+    assert dict(calibration_fields(data))["pool"] == "Qwen/Qwen3-8B|NVIDIA H200|consumer"
 
 
 def test_audit_shows_kinds_and_modes_as_the_cli_writes_them() -> None:
@@ -274,7 +277,7 @@ def test_audit_shows_kinds_and_modes_as_the_cli_writes_them() -> None:
     calibration = operator_pb2.Calibration(pool=common_pb2.Pool(model="m", accelerator="a"), alpha_p_s=0.001,
                                            alpha_d_s=0.01)
     entry = audit_dict(operator_pb2.AuditEntry(kind="calibration", new_json=record_json(calibration)))
-    assert entry["new"]["pool"] == {"model": "m", "accelerator": "a"}
+    assert entry["new"]["pool"] == {"model": "m", "accelerator": "a", "kv_role": "unspecified"}
     assert audit_summary(entry["new"]) == "α_p=0.001 α_d=0.01"
     text = json.dumps([audit_dict(operator_pb2.AuditEntry(kind="pin", new_json=record_json(pin)))])
     assert "PINNED_MODE" not in text and "OVERRIDE_KIND" not in text and "SCOPE_KIND" not in text

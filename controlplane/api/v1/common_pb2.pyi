@@ -7,24 +7,37 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class KvRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_ROLE_UNSPECIFIED: _ClassVar[KvRole]
+    KV_ROLE_PRODUCER: _ClassVar[KvRole]
+    KV_ROLE_CONSUMER: _ClassVar[KvRole]
+    KV_ROLE_BOTH: _ClassVar[KvRole]
+
 class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MODE_UNSPECIFIED: _ClassVar[Mode]
     MODE_MB: _ClassVar[Mode]
     MODE_EB: _ClassVar[Mode]
     MODE_PASSTHROUGH: _ClassVar[Mode]
+KV_ROLE_UNSPECIFIED: KvRole
+KV_ROLE_PRODUCER: KvRole
+KV_ROLE_CONSUMER: KvRole
+KV_ROLE_BOTH: KvRole
 MODE_UNSPECIFIED: Mode
 MODE_MB: Mode
 MODE_EB: Mode
 MODE_PASSTHROUGH: Mode
 
 class Pool(_message.Message):
-    __slots__ = ("model", "accelerator")
+    __slots__ = ("model", "accelerator", "kv_role")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    KV_ROLE_FIELD_NUMBER: _ClassVar[int]
     model: str
     accelerator: str
-    def __init__(self, model: _Optional[str] = ..., accelerator: _Optional[str] = ...) -> None: ...
+    kv_role: KvRole
+    def __init__(self, model: _Optional[str] = ..., accelerator: _Optional[str] = ..., kv_role: _Optional[_Union[KvRole, str]] = ...) -> None: ...
 
 class BudgetPolicy(_message.Message):
     __slots__ = ("b_max_tokens", "b_cap_tokens", "n_th", "t_large_tokens", "n_d_large")
