@@ -30,6 +30,24 @@ def geometric_batch(seq: int, rng: np.random.Generator, *, num: int, p0: float =
     )
 
 
+def stamped_batch(seq: int, rng: np.random.Generator, *, num: int, median_ttft_s: float = 0.3
+                  ) -> tuple[agent_pb2.TelemetryBatch, np.ndarray, np.ndarray]:
+    """`geometric_batch` whose completions carry arrival and first-token stamps (log-normal TTFTs of the given
+    median, TPOTs around 20 ms); returns it with the TTFTs and the TPOTs (of outputs of two tokens or more) they
+    give, seconds."""
+    batch = geometric_batch(seq, rng, num=num)
+    c = batch.completions
+    ttft = rng.lognormal(np.log(median_ttft_s), 0.8, num)
+    tpot = rng.lognormal(np.log(0.02), 0.3, num)
+    finish = np.asarray(c.finish_time_s)
+    outputs = np.asarray(c.output_tokens, dtype=np.float64)
+    first = finish - tpot * (outputs - 1)
+    c.first_token_time_s.extend(first.tolist())
+    c.arrival_time_s.extend((first - ttft).tolist())
+    several = outputs >= 2
+    return batch, first - (first - ttft), (finish - first)[several] / (outputs[several] - 1)
+
+
 def make_decision(version: int, *, mode: common_pb2.Mode = common_pb2.MODE_EB) -> common_pb2.Decision:
     """An EB decision (k 4, N 64) at version `version`, decided at 1.7e9 + version."""
     return common_pb2.Decision(

@@ -15,7 +15,8 @@ import grpc
 import numpy as np
 import pytest
 
-from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
+from controlplane.api.v1 import common_pb2, operator_pb2
+from testbench.messages import stamped_batch
 from tests.integration.controller_harness import (
     AgentStream,
     geometric_batch,
@@ -31,22 +32,6 @@ SAMPLE_EVERY_S = 8.0  # the second phase's latencies settle in the pool's window
 
 def _key(pool: common_pb2.Pool) -> str:
     return f"{pool.model}|{pool.accelerator}"
-
-
-def _stamped(seq: int, rng: np.random.Generator, *, num: int, median_ttft_s: float
-             ) -> tuple[agent_pb2.TelemetryBatch, np.ndarray, np.ndarray]:
-    """A batch whose completions carry arrival and first-token stamps, and the TTFTs and TPOTs they give (s)."""
-    batch = geometric_batch(seq, rng, num=num)
-    c = batch.completions
-    ttft = rng.lognormal(np.log(median_ttft_s), 0.8, num)
-    tpot = rng.lognormal(np.log(0.02), 0.3, num)
-    finish = np.asarray(c.finish_time_s)
-    outputs = np.asarray(c.output_tokens, dtype=np.float64)
-    first = finish - tpot * (outputs - 1)
-    c.first_token_time_s.extend(first.tolist())
-    c.arrival_time_s.extend((first - ttft).tolist())
-    several = outputs >= 2
-    return batch, first - (first - ttft), (finish - first)[several] / (outputs[several] - 1)
 
 
 def _exact(values: np.ndarray, quantile: float) -> float:
@@ -156,7 +141,7 @@ async def test_report_draws_each_pools_latency_timeline_with_the_sampled_quantil
             ttfts, tpots = [], []
             for seq in range(first_seq, first_seq + 2):
                 for agent in stamped:
-                    batch, ttft, tpot = _stamped(seq, rng, num=150, median_ttft_s=median_ttft_s)
+                    batch, ttft, tpot = stamped_batch(seq, rng, num=150, median_ttft_s=median_ttft_s)
                     ttfts.append(ttft)
                     tpots.append(tpot)
                     await agent.send_batch(batch)

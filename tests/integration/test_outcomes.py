@@ -10,8 +10,8 @@ import grpc
 import numpy as np
 import pytest
 
-from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
-from testbench.messages import geometric_batch
+from controlplane.api.v1 import common_pb2, operator_pb2
+from testbench.messages import geometric_batch, stamped_batch
 from tests.integration.controller_harness import (
     AgentStream,
     calibration_for,
@@ -23,23 +23,6 @@ from tests.integration.controller_harness import (
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
 NOW_S = 1.7e9
-
-
-def _stamped(seq: int, rng: np.random.Generator, *, num: int) -> tuple[agent_pb2.TelemetryBatch, np.ndarray,
-                                                                          np.ndarray]:
-    """A batch whose completions carry arrival and first-token stamps; returns it with the TTFTs and TPOTs
-    they give (seconds)."""
-    batch = geometric_batch(seq, rng, num=num)
-    c = batch.completions
-    ttft = rng.lognormal(np.log(0.3), 0.8, num)
-    tpot = rng.lognormal(np.log(0.02), 0.3, num)
-    finish = np.asarray(c.finish_time_s)
-    outputs = np.asarray(c.output_tokens, dtype=np.float64)
-    first = finish - tpot * (outputs - 1)
-    c.first_token_time_s.extend(first.tolist())
-    c.arrival_time_s.extend((first - ttft).tolist())
-    several = outputs >= 2
-    return batch, (first - (first - ttft)), ((finish - first)[several] / (outputs[several] - 1))
 
 
 def _within(measured: float, values: np.ndarray, quantile: float) -> bool:
@@ -55,7 +38,7 @@ async def test_stamped_latencies_reach_the_explain_view_and_the_histograms(redis
         ttft_sent, tpot_sent = [], []
         for seq in range(1, 5):
             for agent in stamped:
-                batch, ttft, tpot = _stamped(seq, rng, num=150)
+                batch, ttft, tpot = stamped_batch(seq, rng, num=150)
                 ttft_sent.append(ttft)
                 tpot_sent.append(tpot)
                 await agent.send_batch(batch)
@@ -95,7 +78,7 @@ async def test_impossible_stamps_are_dropped_and_counted_not_fatal(redis_url: st
     rng = np.random.default_rng(4)
     async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
         agent = await AgentStream(channel, "odd-stamps", POOL).open()
-        batch, _, _ = _stamped(1, rng, num=400)
+        batch, _, _ = stamped_batch(1, rng, num=400)
         c = batch.completions
         c.first_token_time_s[0] = float("inf")
         c.arrival_time_s[1] = c.first_token_time_s[1] + 10.0  # first token before arrival
@@ -122,7 +105,7 @@ async def test_an_objective_is_audited_durable_and_moves_delta_within_seconds(re
         assert decision.delta_source == "default"
         rng = np.random.default_rng(6)
         for seq in range(9, 13):  # TTFT p99 ≈ 2.9 s, far above the target
-            await agent.send_batch(_stamped(seq, rng, num=200)[0])
+            await agent.send_batch(stamped_batch(seq, rng, num=200)[0])
         for _ in range(100):
             view = await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id="slow-ttft"))
             if view.outcomes.ttft.num_requests >= 800:
