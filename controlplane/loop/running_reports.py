@@ -70,19 +70,21 @@ class _Pending:
             self._compact()
 
     def _compact(self) -> None:
-        """Sum the reports into one entry (admissions kept while every report knows them)."""
+        """Sum the reports into one entry with the histograms' own builders (admissions kept while every report
+        knows them); a malformed report leaves the entries concatenated, for the close to find unknown."""
         lengths = np.concatenate([lengths for lengths, _ in self.reports])
         counts = np.concatenate([counts for _, counts in self.reports])
-        admitted = None if any(a is None for a in self.admitted) else np.concatenate(self.admitted)  # type: ignore[arg-type]
-        if admitted is not None:
-            columns = np.unique(np.vstack((admitted, lengths)), axis=1, return_inverse=True)
-            pairs, inverse = columns[0], columns[1].ravel()
-            self.reports = [(pairs[1], np.bincount(inverse, weights=counts, minlength=pairs.shape[1]))]
-            self.admitted = [pairs[0]]
-            return
-        unique, inverse = np.unique(lengths, return_inverse=True)
-        self.reports = [(unique, np.bincount(inverse.ravel(), weights=counts, minlength=unique.size))]
-        self.admitted = [None]
+        known = not any(a is None for a in self.admitted)
+        admitted = np.concatenate(self.admitted) if known else None  # type: ignore[arg-type]
+        try:
+            if admitted is not None:
+                summed = AdmittedCounts.from_columns(admitted, lengths, counts)
+                self.reports, self.admitted = [(summed.lengths, summed.counts)], [summed.admitted]
+            else:
+                histogram = LengthHistogram.from_counts(lengths, counts)
+                self.reports, self.admitted = [(histogram.lengths, histogram.counts)], [None]
+        except ValueError:
+            self.reports, self.admitted = [(lengths, counts)], [admitted]
 
     def take(self, bucket_id: int) -> tuple[LengthHistogram | None, AdmittedCounts | None]:
         histogram = running_sum(self.reports)
