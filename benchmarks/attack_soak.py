@@ -198,7 +198,8 @@ async def _first_decisions(channel: grpc.aio.Channel, stop: asyncio.Event, laten
         await asyncio.sleep(0.25)
 
 
-async def _engine(channel: grpc.aio.Channel, engine_id: str, stop: asyncio.Event, rng: np.random.Generator) -> None:
+async def _engine(channel: grpc.aio.Channel, engine_id: str, stop: asyncio.Event, rng: np.random.Generator,
+                  interval_s: float) -> None:
     outgoing: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()
 
     async def requests():
@@ -220,7 +221,7 @@ async def _engine(channel: grpc.aio.Channel, engine_id: str, stop: asyncio.Event
         while not stop.is_set():
             seq += 1
             await outgoing.put(agent_pb2.AgentMessage(telemetry=geometric_batch(seq, rng, num=20)))
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(interval_s)
     finally:
         await outgoing.put(None)
         reader.cancel()
@@ -251,12 +252,13 @@ async def _reader(channel: grpc.aio.Channel, stop: asyncio.Event, index: int, ta
             await asyncio.sleep(0.2)  # refused: back off, as a client should
 
 
-async def reads(controller: ServeProcess, num_engines: int, phase_s: float) -> bool:
-    print(f"\n3. {num_engines:,} engines streaming, then 20 concurrent ListEngines/ListHistory callers")
+async def reads(controller: ServeProcess, num_engines: int, phase_s: float, interval_s: float) -> bool:
+    print(f"\n3. {num_engines:,} engines streaming (a batch each every {interval_s:g} s: "
+          f"{num_engines / interval_s:,.0f} batches/s), then 20 concurrent ListEngines/ListHistory callers")
     channels = [grpc.aio.insecure_channel(controller.address) for _ in range(max(1, num_engines // 200))]
     stop_engines = asyncio.Event()
     rng = np.random.default_rng(5)
-    engines = [asyncio.create_task(_engine(channels[i % len(channels)], f"e-{i:05d}", stop_engines, rng))
+    engines = [asyncio.create_task(_engine(channels[i % len(channels)], f"e-{i:05d}", stop_engines, rng, interval_s))
                for i in range(num_engines)]
     await asyncio.sleep(min(30.0, 5.0 + num_engines / 500))  # connect, fill the history
     rows = []
@@ -302,18 +304,28 @@ def main() -> int:
     parser.add_argument("--hello-less", type=int, default=40_000, help="streams that never send a Hello")
     parser.add_argument("--engines", type=int, default=5_000, help="engines streaming during the reads")
     parser.add_argument("--phase-s", type=float, default=20.0, help="seconds of each reads phase")
+    parser.add_argument("--batch-interval-s", type=float, default=1.0,
+                        help="each streaming engine's batch period during the reads (the agent's default: 1 s)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, the figures mean nothing")
+    parser.add_argument("--only", choices=("poisoning", "hello-less", "reads"), action="append",
+                        help="run only this part (repeatable; default: all three)")
     args = parser.parse_args()
+    parts = set(args.only or ("poisoning", "hello-less", "reads"))
     rate_scale = 1.0
     if args.smoke:
         args.seconds, args.hello_less, args.engines, args.phase_s, rate_scale = 30, 200, 40, 3.0, 0.02
-    met = poisoning(args.seconds, rate_scale)
+    met = poisoning(args.seconds, rate_scale) if "poisoning" in parts else True
+    if not parts & {"hello-less", "reads"}:
+        print(f"\nall goals {'met' if met else 'NOT met'}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="attack-soak-") as tmp:
         controller = ServeProcess.start(Path(tmp) / "data", log_path=Path(tmp) / "controller.log",
                                         args=("--controller-id", "attack-soak"))
         try:
-            met &= asyncio.run(hello_less(controller, args.hello_less))
-            met &= asyncio.run(reads(controller, args.engines, args.phase_s))
+            if "hello-less" in parts:
+                met &= asyncio.run(hello_less(controller, args.hello_less))
+            if "reads" in parts:
+                met &= asyncio.run(reads(controller, args.engines, args.phase_s, args.batch_interval_s))
         finally:
             controller.stop()
     print(f"\nall goals {'met' if met else 'NOT met'}")

@@ -23,6 +23,7 @@ No I/O and no clock: `timer` (optional) only measures how long each decide() tak
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -40,14 +41,13 @@ from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.judging import (
     CONFIRM_BLOCKS,
     MIN_POOL_ENGINES,
-    Block,
     EngineJudge,
     HeldBatch,
     Reference,
     Released,
     judge_block,
-    reference_of,
 )
+from controlplane.loop.latest_blocks import LatestBlocks
 from controlplane.loop.objective import ObjectiveTracker, sync_tracker
 from controlplane.loop.outcomes import OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
@@ -83,7 +83,7 @@ class PoolRecord:
     num_connected: int = 0
     num_records: int = 0  # engine records of the pool here, connected or not: the pool is forgotten at 0
     num_excluded: int = 0
-    blocks: dict[str, Block] = field(default_factory=dict)  # each connected engine's latest judged block
+    blocks: LatestBlocks = field(default_factory=lambda: LatestBlocks(b""))  # each engine's latest judged block
     distinct: set[str] = field(default_factory=set)  # engines serving a distinct workload (not in the reference)
     rollouts: PoolRollouts = field(default_factory=PoolRollouts)  # established modes and guarded changes
     rollout_checked_s: float = 0.0
@@ -97,13 +97,16 @@ class FleetState:
 
     def __init__(self, loop_config: DecisionLoopConfig, policy: PolicyConfig, *, replica_id: str,
                  budget_sweep=(), default_intent: OperatorIntent | None = None,
-                 timer: Callable[[], float] | None = None, guard_rollouts: bool = True) -> None:
+                 timer: Callable[[], float] | None = None, guard_rollouts: bool = True,
+                 panel_key: bytes | None = None) -> None:
         self.loop_config = loop_config
         self.policy = policy
         self.replica_id = replica_id
         self.guard_rollouts = guard_rollouts  # mode changes go through canaries (`loop.rollout`); off: at once
         self._budget_sweep = budget_sweep
         self._timer = timer
+        # Keys the pools' reference panels (`loop.latest_blocks`): secret to this replica unless given.
+        self._panel_key = os.urandom(16) if panel_key is None else panel_key
         self._default_intent = default_intent or OperatorIntent()
         self._engines: dict[str, EngineRecord] = {}
         self._pools: dict[str, PoolRecord] = {}
@@ -180,7 +183,7 @@ class FleetState:
                     self._pools[old_key].num_connected -= 1
                     self.num_connected -= 1
                     self._pools[old_key].stats.forget_engine(hello.engine_id)
-                self._pools[old_key].blocks.pop(hello.engine_id, None)
+                self._pools[old_key].blocks.pop(hello.engine_id)
                 self._release_pool(old_key, effects)
             loop = EngineLoop(hello=hello, config=self.loop_config, policy=self.policy,
                               budget_sweep=self._budget_sweep)
@@ -222,7 +225,7 @@ class FleetState:
         pool.num_connected -= 1
         self.num_connected -= 1
         pool.stats.forget_engine(engine_id)
-        pool.blocks.pop(engine_id, None)
+        pool.blocks.pop(engine_id)
         self._remember_disconnected(engine_id, record, now_s, effects)
         return effects
 
@@ -322,7 +325,7 @@ class FleetState:
             reference = self._reference(pool, engine_id, since_s=previous.ended_at_s if previous else -math.inf)
         if reference is None and judge.on_probation:  # a held block is judged against the latest there are
             reference = self._reference(pool, engine_id)
-        pool.blocks[engine_id] = block
+        pool.blocks.put(engine_id, block)
         if reference is None:
             return
         verdict = judge_block(block, reference)
@@ -342,12 +345,11 @@ class FleetState:
             self._release(record, pool, judge.end_probation(now_s, admit=True), now_s, effects)
 
     def _reference(self, pool: PoolRecord, engine_id: str, *, since_s: float = -math.inf) -> Reference | None:
-        """The pool's robust reference for judging engine_id: its other member engines' latest blocks (those
-        that ended at or after since_s)."""
+        """The pool's robust reference for judging engine_id: its reference panel's other member engines'
+        latest blocks (those that ended at or after since_s)."""
         if pool.num_connected < MIN_POOL_ENGINES:
             return None
-        members = {e: b for e, b in pool.blocks.items() if e not in pool.distinct}
-        return reference_of(members, excluding=engine_id, since_s=since_s)
+        return pool.blocks.reference(excluding=engine_id, since_s=since_s, left_out=pool.distinct)
 
     # ---- deciding ----
 
@@ -530,7 +532,8 @@ class FleetState:
     def _pool_of(self, key: str) -> PoolRecord:
         pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[key] = PoolRecord(PoolStatistics(key, self.loop_config, replica_id=self.replica_id))
+            pool = self._pools[key] = PoolRecord(PoolStatistics(key, self.loop_config, replica_id=self.replica_id),
+                                                 blocks=LatestBlocks(self._panel_key))
         return pool
 
     def _release_pool(self, key: str, effects: Effects) -> None:

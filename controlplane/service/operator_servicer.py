@@ -41,6 +41,7 @@ from controlplane.service.fleet_view import (
 from controlplane.service.fleet_watch import SharedFollower
 from controlplane.service.read_gate import ReadGate
 from controlplane.service.scopes import scope_is_known, unknown_scope_warning
+from controlplane.service.shared_reads import SharedReads
 from controlplane.store import Store, StoreUnavailable, pool_key, scope_key
 from controlplane.store.cooperative import map_yielding
 from controlplane.store.keys import override_kind_name
@@ -76,6 +77,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self._store = store
         self._follower = SharedFollower(controller, store)  # other replicas' decisions for the watchers
         self._reads = ReadGate()  # reads that scale with the fleet or the history: bounded per caller
+        self._shared = SharedReads()  # ... and shared by the callers asking at once
 
     def _actor(self, context: grpc.aio.ServicerContext) -> str:
         return self._auth.identity(context, OPERATOR_PREFIX)
@@ -176,7 +178,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         async with self._reads.slot(context, self._actor(context), "ListHistory"):
             try:
                 # A filter is applied to the newest MAX_LIST_LIMIT entries: the stream has no index by engine.
-                rows = await self._store.read_history(MAX_LIST_LIMIT if filtered else limit)
+                count = MAX_LIST_LIMIT if filtered else limit
+                rows = await self._shared.read(("history", count, None),
+                                               lambda: self._store.read_history(count))
             except StoreUnavailable as exc:
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, f"history not readable: {exc}")
             kept = [row for row in rows if row.get("decision") is not None
@@ -209,7 +213,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             now_s = self._controller.now_s()
             local = await engine_infos_yielding(self._controller.fleet, now_s=now_s, pool_key=key)
             try:  # the engines other replicas hold
-                registry = await asyncio.wait_for(self._store.list_registry(), timeout=FLEET_READ_TIMEOUT_S)
+                registry = await asyncio.wait_for(self._shared.read("registry", self._store.list_registry),
+                                                  timeout=FLEET_READ_TIMEOUT_S)
             except (StoreUnavailable, TimeoutError) as exc:
                 logger.warning("ListEngines answers with this replica's engines only: %s", exc)
                 registry = {}
@@ -255,7 +260,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         the newest MAX_LIST_LIMIT entries read do not reach back that far)."""
         async with self._reads.slot(context, self._actor(context), "WatchDecisions since_s"):
             try:
-                rows = await self._store.read_history(MAX_LIST_LIMIT, pool_key=wanted_pool or None)
+                rows = await self._shared.read(("history", MAX_LIST_LIMIT, wanted_pool or None),
+                                               lambda: self._store.read_history(MAX_LIST_LIMIT,
+                                                                                pool_key=wanted_pool or None))
             except StoreUnavailable as exc:
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, f"history not readable: {exc}")
         entries = await map_yielding(history_entry, [row for row in rows if row.get("decision") is not None])
@@ -306,7 +313,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             return []
         note = ""
         try:
-            registry = await asyncio.wait_for(self._store.list_registry(), timeout=FLEET_READ_TIMEOUT_S)
+            registry = await asyncio.wait_for(self._shared.read("registry", self._store.list_registry),
+                                              timeout=FLEET_READ_TIMEOUT_S)
         except (StoreUnavailable, TimeoutError):
             registry, note = {}, " (this replica's engines only: other replicas' could not be read)"
         engines = await merge_engine_infos_yielding(local, registry, controller_id=self._controller.controller_id,

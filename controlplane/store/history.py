@@ -24,6 +24,9 @@ from controlplane.store.store_base import StoreBase
 logger = logging.getLogger(__name__)
 # Pools whose history renewal times are kept before those older than the renewal interval are dropped.
 _RENEWAL_RECORD_MAX = 4096
+# Entries per XREVRANGE reply: a reply is parsed in one piece, so a read of thousands of entries is paged to
+# give the event loop back between pages (a page parses in a few milliseconds).
+_HISTORY_PAGE = 500
 
 
 class HistoryMixin(StoreBase):
@@ -85,12 +88,27 @@ class HistoryMixin(StoreBase):
         async with self._operation("read_history"):
             streams = ([self._keys.history(pool_key)] if pool_key is not None
                        else await self._scan(self._keys.history_pattern))
-            replies = await self._batched(streams, lambda pipe, key: pipe.xrevrange(key, count=count))
+            if count <= _HISTORY_PAGE:
+                replies = await self._batched(streams, lambda pipe, key: pipe.xrevrange(key, count=count))
+            else:
+                replies = [await self._newest_entries(stream, count) for stream in streams]
         raw = [(stream, entry_id, fields) for stream, reply in zip(streams, replies, strict=True)
                for entry_id, fields in reply]
         entries = await map_yielding(lambda row: history_entry(row[1], row[2], stream=row[0]), raw)
         entries.sort(key=lambda entry: stream_id_order(entry["id"]), reverse=True)
         return entries[:count]
+
+    async def _newest_entries(self, stream: str, count: int) -> list[tuple[Any, Any]]:
+        """The newest `count` entries of one stream, newest first, read in pages of _HISTORY_PAGE."""
+        entries: list[tuple[Any, Any]] = []
+        newest = "+"
+        while len(entries) < count:
+            page = await self._redis.xrevrange(stream, max=newest, count=min(_HISTORY_PAGE, count - len(entries)))
+            entries.extend(page)
+            if len(page) < _HISTORY_PAGE:
+                break
+            newest = "(" + text(page[-1][0])  # exclusive: before the page's oldest entry
+        return entries
 
     async def history_last_ids(self, streams: Sequence[str]) -> dict[str, str]:
         """The id of the latest entry of each history stream ("0-0" for one that has none): `read_history_after`

@@ -162,12 +162,14 @@ class StoreBase:
         found = [text(key) async for key in self._redis.scan_iter(match=pattern, count=_SCAN_BATCH)]
         return list(dict.fromkeys(found))
 
-    async def _batched(self, keys: list[str], command: Callable[[Any, str], object]) -> list[Any]:
-        """Run `command(pipe, key)` for every key, pipelined (not transactional) in batches."""
+    async def _batched(self, keys: list[str], command: Callable[[Any, str], object], *,
+                       per_pipeline: int = _SCAN_BATCH) -> list[Any]:
+        """Run `command(pipe, key)` for every key, pipelined (not transactional) in batches of per_pipeline
+        (a pipeline's replies are parsed in one piece: a smaller batch gives the event loop back sooner)."""
         results: list[Any] = []
-        for start in range(0, len(keys), _SCAN_BATCH):
+        for start in range(0, len(keys), per_pipeline):
             async with self._redis.pipeline(transaction=False) as pipe:
-                for key in keys[start:start + _SCAN_BATCH]:
+                for key in keys[start:start + per_pipeline]:
                     command(pipe, key)
                 results.extend(await pipe.execute())
         return results

@@ -274,6 +274,19 @@ async def test_history_stream_is_capped(redis_topology: Topology, prefix: str) -
     assert history[0]["version"] == "250"
 
 
+async def test_a_long_history_read_is_paged_and_gives_every_entry_newest_first_once(store: RedisStore) -> None:
+    # 1,234 entries of one stream and 3 of another: reads of more than a page (500) go page by page.
+    await store.put_decisions([DecisionWrite("engine-a", POOL_KEY, make_decision(v)) for v in range(1, 1235)])
+    await store.put_decisions([DecisionWrite("engine-b", "other|gpu", make_decision(v)) for v in range(1, 4)])
+    pool = await store.read_history(2_000, pool_key=POOL_KEY)
+    assert [entry["version"] for entry in pool] == [str(v) for v in range(1234, 0, -1)]
+    assert len({entry["id"] for entry in pool}) == 1234
+    assert [e["version"] for e in await store.read_history(1000, pool_key=POOL_KEY)] == [
+        str(v) for v in range(1234, 234, -1)]
+    merged = await store.read_history(1_236)
+    assert len(merged) == 1_236 and sum(entry["engine_id"] == "engine-b" for entry in merged) == 3
+
+
 # ---- epochs ----------------------------------------------------------------------------------------------
 
 
@@ -530,7 +543,7 @@ async def test_registry_entries_expire_without_heartbeats(store: RedisStore) -> 
 
 
 async def test_heartbeats_register_many_engines_at_once(store: RedisStore) -> None:
-    entries = {f"engine-{i}": {"pool": POOL_KEY, "n": str(i)} for i in range(60)}
+    entries = {f"engine-{i}": {"pool": POOL_KEY, "n": str(i)} for i in range(260)}  # read in 3 pipelines
     await store.heartbeats(entries, ttl_s=60.0)
     assert await store.list_registry() == entries
     await store.heartbeats({}, ttl_s=60.0)
