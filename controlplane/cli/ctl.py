@@ -158,7 +158,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="seconds until the pin lapses (default 0: never)")
     p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
     p = command("set-objective", "hold a TTFT and/or TPOT quantile of each pool in the scope under a target: the "
-                                 "controller moves δ within bounds to meet it (an explicit δ override or pin wins)")
+                                 "controller moves δ, then P-PAS's B_cap, within bounds to meet it (an explicit δ "
+                                 "override or pin wins)")
     p.add_argument("--scope", type=parse_scope, required=True, help="fleet | pool:MODEL|ACCELERATOR (required)")
     p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
     for name, what in (("ttft", "time to first token"), ("tpot", "time per output token after the first")):
@@ -170,6 +171,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="lowest δ the loop may set (≤ 0; with --delta-max both 0: ±0.01)")
     p.add_argument("--delta-max", type=finite_float, default=0.0, metavar="S_PER_TOKEN",
                    help="highest δ the loop may set (≥ 0)")
+    for end, meaning in (("min", "the agent's floor"), ("max", "the engine's B_max")):
+        p.add_argument(f"--budget-{end}", type=bounded_int(low=0, high=2**32 - 1), default=0, metavar="TOKENS",
+                       help=f"{'lowest' if end == 'min' else 'highest'} B_cap the loop may set (0: {meaning})")
     p.add_argument("--expires-in-s", type=nonnegative_float, default=0.0, metavar="S",
                    help="seconds until the objective lapses (default 0: never)")
     p.add_argument("--reason", default="", help="recorded in the audit (at most 1024 characters)")
@@ -363,7 +367,7 @@ class Ctl:
         objective = operator_pb2.LatencyObjective(
             ttft_quantile=args.ttft_quantile, ttft_target_s=args.ttft_target_s, tpot_quantile=args.tpot_quantile,
             tpot_target_s=args.tpot_target_s, delta_min_s_per_token=args.delta_min,
-            delta_max_s_per_token=args.delta_max)
+            delta_max_s_per_token=args.delta_max, budget_min_tokens=args.budget_min, budget_max_tokens=args.budget_max)
         return await self._record(await self.stub.SetObjective(operator_pb2.SetObjectiveRequest(
             scope=args.scope, objective=objective, expires_in_s=args.expires_in_s, reason=args.reason),
             **self.kw()), "set-objective")

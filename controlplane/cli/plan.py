@@ -67,6 +67,7 @@ FLAG_MEANINGS: dict[str, str] = {
     "pin_invalid": "a pinned k or N outside the engine's limits was ignored",
     "budget_clamped": "the token budget was clamped to the engine's limits",
     "memory_guard": "N cut below N̂* after preemptions (memory guard)",
+    "budget_cap_from_objective": "B_cap scaled by a latency objective's loop, within its budget bounds",
     "eb_moot": "a prefill or decode instance (KV-transfer role): EB's phase switch acts on nothing there, MB",
     P0_FROM_MU_O: "--p0 not given: p0 = 1/μ_O (geometric outputs)",
     N_OBS_FROM_N_STAR: "--n-obs not given (0): N_obs = N̂*",

@@ -32,6 +32,7 @@ from controlplane.core.memory_guard import update_memory_guard
 from controlplane.core.threshold import bound_delta_theta, clip_theta, delta_theta_ifr, solve_theta0
 from controlplane.core.types import (
     DELTA_LIMIT_S_PER_TOKEN,
+    BudgetPolicy,
     CostModel,
     Decision,
     DeltaSource,
@@ -47,6 +48,7 @@ from controlplane.core.types import (
     Reason,
     WorkloadStats,
 )
+from controlplane.protocol import min_budget_tokens
 
 # Pure functions of a pool's terms, memoised: every engine of a pool evaluates them with the same pool
 # estimate (and mostly the same limits), so one decision per pool pays for them and the rest hit the cache.
@@ -59,6 +61,16 @@ _OCCUPANCY_FROM_SHARE = 0.10
 _OCCUPANCY_FULL_SHARE = 0.40
 _usable = lru_cache(maxsize=1024)(cost_model_is_usable)
 _budget_policy = lru_cache(maxsize=1024)(select_budget_policy)
+
+
+def _scaled_cap(budget: BudgetPolicy, intent: OperatorIntent, max_num_batched_tokens: int) -> BudgetPolicy:
+    """budget with B_cap × intent.budget_cap_scale, clamped to the objective's bounds within
+    [the agent's floor, B_max] (B_cap ≤ B_max always holds)."""
+    floor = min_budget_tokens(max(1, int(max_num_batched_tokens)))
+    high = min(budget.b_max_tokens, intent.budget_max_tokens or budget.b_max_tokens)
+    low = min(max(floor, intent.budget_min_tokens), high)
+    cap = min(high, max(low, round(budget.b_cap_tokens * intent.budget_cap_scale)))
+    return replace(budget, b_cap_tokens=max(1, cap))
 _DEFAULT_CONFIG = PolicyConfig()
 
 def _finite(value: float) -> float:
@@ -333,6 +345,9 @@ def decide(
     )
     if clamped:
         flags.append(Flag.BUDGET_CLAMPED)
+    if intent.budget_cap_scale != 1.0 and math.isfinite(intent.budget_cap_scale) and intent.budget_cap_scale > 0:
+        budget = _scaled_cap(budget, intent, limits.max_num_batched_tokens)
+        flags.append(Flag.BUDGET_CAP_FROM_OBJECTIVE)
     delta, out_of_range = resolve_delta(
         intent.delta_s_per_token, default_s_per_token=config.default_delta_s_per_token
     )

@@ -68,6 +68,8 @@ class Flag(enum.StrEnum):
     # EB's phase switch does nothing on this engine's KV-transfer role (a decode or a prefill instance): the
     # crossover rule's verdict and k are not acted on (controlplane.core.kv_role).
     EB_MOOT = "eb_moot"
+    # B_cap is the policy's scaled by a latency objective's loop (loop.objective), within its budget bounds.
+    BUDGET_CAP_FROM_OBJECTIVE = "budget_cap_from_objective"
 
 
 class DeltaSource(enum.StrEnum):
@@ -188,6 +190,11 @@ class OperatorIntent:
     delta_s_per_token: float | None = None
     delta_source: DeltaSource = DeltaSource.DEFAULT
     pin: ModePin = field(default_factory=ModePin)
+    # A latency objective's second lever: B_cap = the policy's × this, then clamped to
+    # [max(budget_min_tokens, the agent's floor), min(budget_max_tokens or B_max, B_max)] (1.0: untouched).
+    budget_cap_scale: float = 1.0
+    budget_min_tokens: int = 0
+    budget_max_tokens: int = 0
 
 
 @dataclass(frozen=True, eq=False)

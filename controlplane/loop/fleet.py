@@ -367,8 +367,7 @@ class FleetState:
                                 default=self._default_intent)
         tracker = self._trackers.get(hello.pool_key)
         if tracker is not None and intent.delta_source == DeltaSource.DEFAULT:
-            intent = OperatorIntent(delta_s_per_token=tracker.delta_s_per_token, delta_source=DeltaSource.OBJECTIVE,
-                                    pin=intent.pin)
+            intent = tracker.intent(pin=intent.pin)
         pool = self._pools[hello.pool_key]
         base_intent = intent
         # Guarded: no pin, no explicit δ override (the operator's changes bypass rollouts), part of its pool.

@@ -14,11 +14,19 @@ Each evaluation (at most every EVALUATE_EVERY_S) reads the quantiles over the po
 Steps start at FIRST_STEP_S_PER_TOKEN and grow ×STEP_GROWTH while they go the same way, and fall back to the
 first step when the direction turns (so a gap of any scale is crossed in a few evaluations, and the loop
 settles instead of oscillating: the margin separates the state that tightens from the one that loosens).
-TTFT and TPOT exceeded at once pull opposite ways: δ moves for the one exceeded by more. A target still
-exceeded with δ at the bound on its side for INFEASIBLE_AFTER evaluations is infeasible: these engines
-cannot reach it at this load by scheduling alone (the pool needs more engines), and δ stays at that bound,
-the configuration with the lowest latency the loop can reach. An explicit δ override or a pin in force for
-an engine wins over the objective.
+TTFT and TPOT exceeded at once pull opposite ways: δ moves for the one exceeded by more.
+
+With δ at the bound on the exceeded target's side, the loop's second lever is P-PAS's budget under pressure,
+B_cap (the step budget while prefills queue beside decodes): a TTFT target exceeded doubles it (more prompt
+tokens per step: waiting prompts start sooner), a TPOT target exceeded halves it (shorter steps for the running
+decodes), one step per evaluation, as a scale of the policy's own B_cap within [1/MAX_BUDGET_SCALE,
+MAX_BUDGET_SCALE]; each engine's policy clamps the scaled B_cap to the objective's budget bounds, its B_max
+and the agent's floor (`core.policy`). Met with margin, the loop first brings the scale back towards 1 (never
+onto the scale that last exceeded a target), then δ towards 0. A target still exceeded with both levers at
+their bounds for INFEASIBLE_AFTER evaluations is infeasible: these engines cannot reach it at this load by
+scheduling alone (the pool needs more engines), and both stay at their bounds, the configuration with the
+lowest latency the loop can reach. An explicit δ override or a pin in force for an engine wins over the
+objective (its δ and its budget).
 
 Pure: no I/O, no clock (times are passed in).
 """
@@ -30,7 +38,7 @@ import math
 from dataclasses import dataclass, field
 
 from controlplane.api.v1 import operator_pb2
-from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN
+from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, ModePin, OperatorIntent
 from controlplane.loop.outcomes import LatencySet
 from controlplane.protocol import pool_key_of_message
 
@@ -43,6 +51,7 @@ INFEASIBLE_AFTER = 3
 FORGET_VIOLATION_S = 600.0
 MIN_QUANTILE, MAX_QUANTILE = 0.5, 0.9999
 MAX_TARGET_S = 3600.0
+MAX_BUDGET_SCALE = 16.0  # B_cap moves by ×2 steps between 1/16 and 16 times the policy's own
 
 
 class ObjectiveState(enum.IntEnum):
@@ -92,6 +101,7 @@ class ObjectiveTracker:
 
     objective: operator_pb2.LatencyObjective
     delta_s_per_token: float = 0.0
+    budget_cap_scale: float = 1.0  # × the policy's B_cap (a power of 2)
     state: ObjectiveState = ObjectiveState.NO_LATENCY_DATA
     detail: str = "no latency data yet"
     _evaluated_at_s: float = -math.inf
@@ -102,7 +112,16 @@ class ObjectiveTracker:
     # margin state then holds instead of cycling across the gap); forgotten after FORGET_VIOLATION_S.
     _violated_delta: float | None = None
     _violated_at_s: float = -math.inf
+    _violated_scale: float | None = None  # likewise for the budget scale
     measured_s: dict[str, float] = field(default_factory=dict)
+
+    def intent(self, *, pin: ModePin) -> OperatorIntent:
+        """What an engine of the pool is decided with: the loop's δ and B_cap scale within the objective's
+        budget bounds, and the pin in force (`pin`)."""
+        return OperatorIntent(delta_s_per_token=self.delta_s_per_token, delta_source=DeltaSource.OBJECTIVE, pin=pin,
+                              budget_cap_scale=self.budget_cap_scale,
+                              budget_min_tokens=self.objective.budget_min_tokens,
+                              budget_max_tokens=self.objective.budget_max_tokens)
 
     @property
     def evaluated(self) -> bool:
@@ -110,8 +129,8 @@ class ObjectiveTracker:
         return self._evaluated_at_s > -math.inf
 
     def evaluate(self, now_s: float, latencies: LatencySet | None, *, force: bool = False) -> bool:
-        """One step of the loop at now_s over the window's `latencies`; True when δ changed. Does nothing
-        before EVALUATE_EVERY_S since the last evaluation (unless force)."""
+        """One step of the loop at now_s over the window's `latencies`; True when δ or the B_cap scale
+        changed. Does nothing before EVALUATE_EVERY_S since the last evaluation (unless force)."""
         if not force and now_s - self._evaluated_at_s < EVALUATE_EVERY_S:
             return False
         self._evaluated_at_s = now_s
@@ -123,18 +142,25 @@ class ObjectiveTracker:
         worst_name, worst = max(excess.items(), key=lambda item: item[1])
         low, high = delta_bounds(self.objective)
         if now_s - self._violated_at_s > FORGET_VIOLATION_S:
-            self._violated_delta = None
+            self._violated_delta = self._violated_scale = None
         if worst > 1.0:
-            self._violated_delta, self._violated_at_s = self.delta_s_per_token, now_s
+            self._violated_delta, self._violated_scale = self.delta_s_per_token, self.budget_cap_scale
+            self._violated_at_s = now_s
             direction = 1 if worst_name == "ttft" else -1
             bound = high if direction > 0 else low
             if self.delta_s_per_token == bound:
+                if self._scale_budget(direction):
+                    self._at_bound = 0
+                    self.state = ObjectiveState.ADJUSTING
+                    self.detail = (f"{self._describe(worst_name)}: δ at its bound, B_cap ×{self.budget_cap_scale:g} "
+                                   f"of the policy's")
+                    return True
                 self._at_bound += 1
                 if self._at_bound >= INFEASIBLE_AFTER:
                     self.state = ObjectiveState.INFEASIBLE
                     self.detail = (f"{self._describe(worst_name)}: not met with δ at its bound {bound:+.3g} s/token "
-                                   f"({'MB' if direction > 0 else 'EB'} favoured as far as allowed); these engines "
-                                   f"cannot reach it at this load")
+                                   f"({'MB' if direction > 0 else 'EB'} favoured as far as allowed) and B_cap "
+                                   f"×{self.budget_cap_scale:g}; these engines cannot reach it at this load")
                 else:
                     self.state, self.detail = ObjectiveState.ADJUSTING, f"{self._describe(worst_name)}: at the bound"
                 return False
@@ -142,6 +168,13 @@ class ObjectiveTracker:
             self.state, self.detail = ObjectiveState.ADJUSTING, f"{self._describe(worst_name)}: adjusting δ"
             return self._step(direction, low, high)
         self._at_bound = 0
+        if worst <= 1.0 - HYSTERESIS and self.budget_cap_scale != 1.0:
+            self.state = ObjectiveState.MEETING
+            if self._unscale_budget():
+                self.detail = f"{self._describe(worst_name)}: met with margin, B_cap back towards the policy's"
+                return True
+            self.detail = f"{self._describe(worst_name)}: met (B_cap held: the next step would miss the target)"
+            return False
         if worst <= 1.0 - HYSTERESIS and self.delta_s_per_token != 0.0:
             self.state = ObjectiveState.MEETING
             self.detail = f"{self._describe(worst_name)}: met with margin, δ back towards throughput"
@@ -188,6 +221,22 @@ class ObjectiveTracker:
             self.delta_s_per_token = (current + violated) / 2.0
             return True
         return changed
+
+    def _scale_budget(self, direction: int) -> bool:
+        """Double (direction +1: TTFT) or halve (−1: TPOT) the B_cap scale; False at its bound."""
+        moved = min(MAX_BUDGET_SCALE, max(1.0 / MAX_BUDGET_SCALE, self.budget_cap_scale * 2.0 ** direction))
+        changed = moved != self.budget_cap_scale
+        self.budget_cap_scale = moved
+        return changed
+
+    def _unscale_budget(self) -> bool:
+        """One ×2 step of the B_cap scale back towards 1, unless it lands on the scale that last exceeded a
+        target (then held)."""
+        moved = self.budget_cap_scale / 2.0 if self.budget_cap_scale > 1.0 else self.budget_cap_scale * 2.0
+        if moved == self._violated_scale:
+            return False
+        self.budget_cap_scale = moved
+        return True
 
     def _step(self, direction: int, low: float, high: float, *, toward_zero: bool = False) -> bool:
         if direction == self._direction:

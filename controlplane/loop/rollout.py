@@ -34,7 +34,7 @@ import enum
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controlplane.core.types import DeltaSource, Mode, ModePin, OperatorIntent, Reason
 
@@ -60,8 +60,7 @@ def held_intent(intent: OperatorIntent, mode: Mode | None) -> OperatorIntent:
     only where the model asks for another mode, with reason rollout_hold."""
     if mode is None:
         return intent
-    return OperatorIntent(delta_s_per_token=intent.delta_s_per_token, delta_source=intent.delta_source,
-                          pin=ModePin(mode=mode, reason=Reason.ROLLOUT_HOLD))
+    return replace(intent, pin=ModePin(mode=mode, reason=Reason.ROLLOUT_HOLD))
 
 
 class Verdict(enum.StrEnum):

@@ -86,6 +86,9 @@ class ControllerMetrics:
             registry=r)
         self.pool_objective_delta = Gauge("cp_pool_objective_delta_s_per_token", "δ the pool's objective loop sets "
                                           "(an explicit δ override or pin wins over it)", ["pool"], registry=r)
+        self.pool_objective_budget_scale = Gauge("cp_pool_objective_budget_cap_scale", "The pool's objective loop's "
+                                                 "factor on P-PAS's B_cap (1: the policy's own; clamped per engine "
+                                                 "to the objective's budget bounds)", ["pool"], registry=r)
         self.pool_rollouts = Counter("cp_pool_rollouts_total", "Guarded rollouts of a mode change per pool, by event "
                                      "(started, promoted, rolled_back, aborted)", ["pool", "event"], registry=r)
         self.pool_latencies = PoolLatencyHistograms()
@@ -158,7 +161,8 @@ class ControllerMetrics:
         """Remove a forgotten pool's series."""
         for gauge in (self.pool_engines, self.pool_theta_star, self.pool_theta0, self.pool_p0, self.pool_mu_o,
                       self.pool_mu_l, self.pool_samples, self.pool_excluded_engines, self.pool_shifts,
-                      self.pool_buckets_unreadable, self.pool_objective_state, self.pool_objective_delta):
+                      self.pool_buckets_unreadable, self.pool_objective_state, self.pool_objective_delta,
+                      self.pool_objective_budget_scale):
             with contextlib.suppress(KeyError):
                 gauge.remove(pool)
         self.pool_latencies.forget(pool)

@@ -206,8 +206,9 @@ class PoolSync:
         if tracker is not None:
             m.pool_objective_state.labels(pool=key).set(int(tracker.state))
             m.pool_objective_delta.labels(pool=key).set(tracker.delta_s_per_token)
+            m.pool_objective_budget_scale.labels(pool=key).set(tracker.budget_cap_scale)
         else:
-            for gauge in (m.pool_objective_state, m.pool_objective_delta):
+            for gauge in (m.pool_objective_state, m.pool_objective_delta, m.pool_objective_budget_scale):
                 with contextlib.suppress(KeyError):
                     gauge.remove(key)
         if estimate.fit is not None:

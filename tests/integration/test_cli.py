@@ -419,10 +419,14 @@ def test_serve_and_ctl_round_trip(tmp_path: Path, redis_url: str) -> None:
 def test_objective_commands_set_list_and_clear(demo: dict[str, str]) -> None:
     scope = "pool:Qwen/Qwen3-8B|NVIDIA RTX PRO 6000"
     result = _run("ctl", "set-objective", "--scope", scope, "--ttft-quantile", "0.99", "--ttft-target-s", "2",
-                  "--reason", "chat", "-o", "json", env=demo)
+                  "--budget-min", "512", "--budget-max", "8192", "--reason", "chat", "-o", "json", env=demo)
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["kind"] == "objective" and record["objective"]["ttft_target_s"] == 2.0
+    assert (record["objective"]["budget_min_tokens"], record["objective"]["budget_max_tokens"]) == (512, 8192)
+    crossed = _run("ctl", "set-objective", "--scope", scope, "--ttft-quantile", "0.99", "--ttft-target-s", "2",
+                   "--budget-min", "9000", "--budget-max", "8192", env=demo)
+    assert crossed.returncode != 0 and "budget_min_tokens 9000 exceeds budget_max_tokens 8192" in crossed.stderr
     assert "TTFT p99 ≤ 2 s" in _run("ctl", "objectives", env=demo).stdout
     bad = _run("ctl", "set-objective", "--scope", scope, "--ttft-quantile", "0.99", env=demo)
     assert bad.returncode != 0 and "ttft_target_s" in bad.stderr

@@ -1,0 +1,132 @@
+"""The objective loop's second lever, P-PAS's B_cap (`loop.objective`, `core.policy`): moved only with δ at
+its bound, by ×2 steps, back towards the policy's own before δ moves, held where it last missed, clamped per
+engine to the objective's budget bounds, and kept through a guarded rollout's hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controlplane.api.v1 import operator_pb2
+from controlplane.core.policy import decide
+from controlplane.core.types import (
+    DeltaSource,
+    EngineLimits,
+    Flag,
+    Mode,
+    ModePin,
+    Observations,
+    OperatorIntent,
+    PolicyState,
+)
+from controlplane.loop.objective import (
+    EVALUATE_EVERY_S,
+    INFEASIBLE_AFTER,
+    MAX_BUDGET_SCALE,
+    ObjectiveState,
+    ObjectiveTracker,
+)
+from controlplane.loop.outcomes import LatencySet
+from controlplane.loop.rollout import held_intent
+from controlplane.protocol import min_budget_tokens
+from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
+from tests.unit.test_policy import window_fit
+
+BOUND_S_PER_TOKEN = 1e-4
+
+
+def _pool(tracker: ObjectiveTracker, rng: np.random.Generator, *, ttft_at_scale_1_s: float) -> LatencySet:
+    """A pool whose TTFT is ttft_at_scale_1_s at δ's upper bound and B_cap × 1, and halves with each doubling of
+    B_cap (twice that below the bound); its TPOT grows by 20% with each doubling."""
+    at_bound = tracker.delta_s_per_token >= BOUND_S_PER_TOKEN
+    ttft_s = ttft_at_scale_1_s * (1.0 if at_bound else 2.0) / tracker.budget_cap_scale
+    tpot_s = 0.02 * 1.2 ** np.log2(tracker.budget_cap_scale)
+    return LatencySet.from_values(rng.lognormal(np.log(ttft_s), 0.1, 2000), rng.lognormal(np.log(tpot_s), 0.05, 2000),
+                                  np.zeros(0))
+
+
+def _objective(**fields) -> operator_pb2.LatencyObjective:
+    return operator_pb2.LatencyObjective(delta_min_s_per_token=-BOUND_S_PER_TOKEN,
+                                         delta_max_s_per_token=BOUND_S_PER_TOKEN, **fields)
+
+
+def _run(tracker: ObjectiveTracker, evaluations: int, seed: int, **pool) -> list[tuple[float, float]]:
+    rng = np.random.default_rng(seed)
+    path = []
+    for i in range(evaluations):
+        tracker.evaluate(i * EVALUATE_EVERY_S, _pool(tracker, rng, **pool))
+        path.append((tracker.delta_s_per_token, tracker.budget_cap_scale))
+    return path
+
+
+def test_a_ttft_target_past_the_delta_bound_raises_b_cap_until_met_and_holds_there() -> None:
+    # p99 ≈ 1.26 × the median: at scale 4 TTFT p99 ≈ 0.63 s meets 1 s; at scale 2 (1.26 s) it misses.
+    tracker = ObjectiveTracker(_objective(ttft_quantile=0.99, ttft_target_s=1.0))
+    path = _run(tracker, 40, seed=0, ttft_at_scale_1_s=2.0)
+    scales = [scale for _, scale in path]
+    assert all(scale == 1.0 for delta, scale in path if delta < BOUND_S_PER_TOKEN)  # δ first, the budget after
+    assert 4.0 in scales and max(scales) <= 8.0
+    assert len(set(path[20:])) == 1 and path[-1] == (BOUND_S_PER_TOKEN, 4.0)  # settled: no cycling
+    assert tracker.state == ObjectiveState.MEETING
+
+
+def test_met_with_margin_the_budget_goes_back_to_the_policys_own_before_delta_moves() -> None:
+    tracker = ObjectiveTracker(_objective(ttft_quantile=0.99, ttft_target_s=60.0))
+    tracker.delta_s_per_token, tracker.budget_cap_scale = BOUND_S_PER_TOKEN, 8.0  # left by a tighter objective
+    path = _run(tracker, 20, seed=1, ttft_at_scale_1_s=2.0)
+    assert path[:3] == [(BOUND_S_PER_TOKEN, 4.0), (BOUND_S_PER_TOKEN, 2.0), (BOUND_S_PER_TOKEN, 1.0)]
+    assert path[-1] == (0.0, 1.0)
+
+
+def test_a_tpot_target_past_the_eb_bound_lowers_b_cap() -> None:
+    tracker = ObjectiveTracker(_objective(tpot_quantile=0.9, tpot_target_s=0.017))
+    tracker.delta_s_per_token, tracker.budget_cap_scale = -BOUND_S_PER_TOKEN, 1.0
+    path = _run(tracker, 10, seed=2, ttft_at_scale_1_s=0.1)
+    assert path[0] == (-BOUND_S_PER_TOKEN, 0.5)  # TPOT p90 ≈ 0.0205 s > 0.017: B_cap halves
+    assert path[-1][1] <= 0.25 and tracker.state != ObjectiveState.INFEASIBLE
+
+
+def test_infeasible_only_with_both_levers_at_their_bounds() -> None:
+    tracker = ObjectiveTracker(_objective(ttft_quantile=0.99, ttft_target_s=0.01))
+    path = _run(tracker, 40, seed=3, ttft_at_scale_1_s=2.0)
+    first_max = next(i for i, (_, scale) in enumerate(path) if scale == MAX_BUDGET_SCALE)
+    assert tracker.state == ObjectiveState.INFEASIBLE and "B_cap ×16" in tracker.detail
+    assert path[-1] == (BOUND_S_PER_TOKEN, MAX_BUDGET_SCALE)
+    assert first_max + INFEASIBLE_AFTER <= 40
+
+
+LIMITS = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, kv_capacity_tokens=2_000_000,
+                      max_model_len_tokens=32768)
+
+
+def _budget(intent: OperatorIntent, limits: EngineLimits = LIMITS) -> tuple[int, int, list[Flag]]:
+    decision, _ = decide(Observations(costs=RTX_PRO_6000_QWEN3_8B, limits=limits, n_obs=512.0), PolicyState(), 0.0,
+                         intent=intent, fit=window_fit())
+    return decision.budget.b_max_tokens, decision.budget.b_cap_tokens, list(decision.flags)
+
+
+@pytest.mark.parametrize(("scale", "low", "high", "b_cap"), [
+    (1.0, 0, 0, 2048),  # untouched: the policy's own (B_max 8192: the engine's limit)
+    (2.0, 0, 0, 4096),
+    (16.0, 0, 0, 8192),  # never above B_max
+    (16.0, 0, 6000, 6000),  # nor above the objective's budget_max
+    (1 / 16, 0, 0, 128),
+    (1 / 16, 512, 0, 512),  # nor below its budget_min
+])
+def test_the_policy_scales_b_cap_within_the_bounds(scale: float, low: int, high: int, b_cap: int) -> None:
+    intent = OperatorIntent(delta_s_per_token=0.0, delta_source=DeltaSource.OBJECTIVE, budget_cap_scale=scale,
+                            budget_min_tokens=low, budget_max_tokens=high)
+    b_max, cap, flags = _budget(intent)
+    assert (b_max, cap) == (8192, max(b_cap, min_budget_tokens(8192)))
+    assert (Flag.BUDGET_CAP_FROM_OBJECTIVE in flags) == (scale != 1.0)
+
+
+def test_the_tracker_hands_its_budget_to_the_decision_and_a_rollout_hold_keeps_it() -> None:
+    tracker = ObjectiveTracker(_objective(ttft_quantile=0.99, ttft_target_s=1.0, budget_max_tokens=6000))
+    tracker.budget_cap_scale = 2.0
+    intent = tracker.intent(pin=ModePin())
+    assert (intent.delta_source, intent.budget_cap_scale, intent.budget_max_tokens) == (DeltaSource.OBJECTIVE, 2.0,
+                                                                                          6000)
+    held = held_intent(intent, Mode.MB)
+    assert held.pin.mode == Mode.MB and (held.budget_cap_scale, held.budget_max_tokens) == (2.0, 6000)
+    assert _budget(held)[1] == 4096
