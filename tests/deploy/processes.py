@@ -1,4 +1,5 @@
-"""Process and HTTP helpers for the deployment tests: binaries, free ports, polling, JSON over HTTP."""
+"""Process and HTTP helpers for the deployment tests: binaries, free ports, polling, JSON over HTTP, a
+Prometheus server."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
+from controlplane.store.embedded import stop_process
 from tests.deploy.paths import HEALTH_CHECK_SCRIPT
 
 T = TypeVar("T")
@@ -65,6 +69,23 @@ def prometheus_api(base_url: str, path: str, **params: str) -> Any:
     if body.get("status") != "success":
         raise ValueError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
     return body["data"]
+
+
+@contextmanager
+def prometheus_server(config: Path, workdir: Path, *, timeout_s: float = 30.0) -> Iterator[str]:
+    """Debian's Prometheus server on a free loopback port with `config` (TSDB and log under workdir); yields
+    its base URL once /-/ready answers, and stops it (SIGTERM, then SIGKILL) on the way out."""
+    port = free_port()
+    command = [require_binary("prometheus", package="prometheus"), f"--config.file={config}",
+               f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]
+    with (workdir / "prometheus.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_text(f"{base_url}/-/ready") or None, timeout_s=timeout_s, what="Prometheus ready")
+        yield base_url
+    finally:
+        stop_process(process, timeout_s=10.0)
 
 
 def health_check(*args: str) -> subprocess.CompletedProcess[str]:

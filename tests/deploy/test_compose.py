@@ -131,6 +131,10 @@ def test_prometheus_config(compose: dict[str, Any], tmp_path: Path) -> None:
     engine_port = next(arg.removeprefix("--port=") for arg in compose["services"]["engine"]["command"]
                        if arg.startswith("--port="))
     assert jobs["vllm"] == [f"engine:{engine_port}"]
+    # …labelled with the engine's id, the label the dashboard joins vLLM's series to the controller's on.
+    vllm_labels = next(job["static_configs"][0].get("labels", {}) for job in config["scrape_configs"]
+                       if job["job_name"] == "vllm")
+    assert vllm_labels == {"engine_id": compose["services"]["engine"]["environment"]["CP_ENGINE_ID"]}
     for targets in jobs.values():
         for target in targets:
             assert target.split(":")[0] in {*compose["services"], "localhost"}

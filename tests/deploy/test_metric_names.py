@@ -1,4 +1,6 @@
-"""The dashboard, the alert rules and Grafana's alert provisioning name only metrics the controller exports."""
+"""The dashboard, the alert rules and Grafana's alert provisioning name only metrics the controller exports (the
+dashboard's `vllm:` names, vLLM's own engine metrics, are checked against a real engine's scrape by
+tests/e2e/test_engine_metrics_dashboard.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,14 @@ import yaml
 
 from controlplane.observability.metrics import ControllerMetrics
 from tests.deploy.paths import DASHBOARD, GRAFANA_ALERTING, GRAFANA_ALERTING_GENERATOR, RULES
-from tests.deploy.promql import exported_names, metric_names, unknown_names, variable_query_names
+from tests.deploy.promql import (
+    exported_names,
+    is_vllm_name,
+    metric_names,
+    scraped_names,
+    unknown_names,
+    variable_query_names,
+)
 
 # Prometheus' own series for every target; the controller's registry has no process or platform collector.
 PROMETHEUS_SERIES = {"up"}
@@ -69,16 +78,39 @@ def test_registry_names_follow_the_exposition_suffixes() -> None:
     assert "cp_decision_latency_seconds" not in names  # nor a histogram without a suffix
 
 
+def test_scraped_names_follow_the_exposition_suffixes() -> None:
+    exposition = ('# TYPE vllm:tokens_total counter\nvllm:tokens_total{engine="0"} 3.0\n'
+                  '# TYPE vllm:ttft_seconds histogram\nvllm:ttft_seconds_bucket{le="+Inf"} 1.0\n'
+                  'vllm:ttft_seconds_count 1.0\nvllm:ttft_seconds_sum 0.5\n'
+                  '# TYPE vllm:kv_usage gauge\nvllm:kv_usage 0.25\n')
+    names = scraped_names(exposition)
+    assert {"vllm:tokens_total", "vllm:ttft_seconds_bucket", "vllm:ttft_seconds_count", "vllm:ttft_seconds_sum",
+            "vllm:kv_usage"} <= names
+    assert not {"vllm:tokens", "vllm:ttft_seconds", "vllm:kv_usage_total"} & names
+
+
 def test_an_unknown_name_is_reported(known_names: set[str]) -> None:
     exprs = ["rate(cp_decisions_total[5m])", "cp_engine_mode_total", "rate(cp_decisions[5m]) / up"]
     assert unknown_names(exprs, known_names) == {"cp_engine_mode_total": {"cp_engine_mode_total"},
                                                  "rate(cp_decisions[5m]) / up": {"cp_decisions"}}
 
 
+def _controllers(name: str) -> bool:
+    return not is_vllm_name(name)
+
+
+def test_names_split_by_owner(known_names: set[str]) -> None:
+    expr = "sum(rate(vllm:no_such_total[5m]) * on (engine_id) group_left (pool) group by (engine_id, pool) (cp_x))"
+    assert metric_names(expr) == {"vllm:no_such_total", "cp_x"}
+    assert unknown_names([expr], known_names, owned=_controllers) == {expr: {"cp_x"}}
+    assert unknown_names([expr], {"vllm:no_such_total"}, owned=is_vllm_name) == {}
+    assert unknown_names([expr], set(), owned=is_vllm_name) == {expr: {"vllm:no_such_total"}}
+
+
 def test_dashboard_names_only_exported_metrics(known_names: set[str]) -> None:
     exprs = dashboard_exprs()
     assert len(exprs) >= 40
-    assert unknown_names(exprs, known_names) == {}
+    assert unknown_names(exprs, known_names, owned=_controllers) == {}
     for query in dashboard_variable_queries():
         assert variable_query_names(query) <= known_names, query
 
