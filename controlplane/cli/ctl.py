@@ -160,7 +160,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command("set-objective", "hold a TTFT and/or TPOT quantile of each pool in the scope under a target: the "
                                  "controller moves δ, then P-PAS's B_cap, within bounds to meet it (an explicit δ "
                                  "override or pin wins)")
-    p.add_argument("--scope", type=parse_scope, required=True, help="fleet | pool:MODEL|ACCELERATOR (required)")
+    p.add_argument("--scope", type=parse_scope, required=True, help=_SCOPE_HELP)
     p.add_argument("--strict", action="store_true", help=_STRICT_HELP)
     for name, what in (("ttft", "time to first token"), ("tpot", "time per output token after the first")):
         p.add_argument(f"--{name}-quantile", type=finite_float, default=0.0, metavar="Q",

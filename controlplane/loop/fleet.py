@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,12 +35,12 @@ from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.effects import Decided, Effects, Forgotten, MembershipChange, Push, RolloutEvent
 from controlplane.loop.engine import EngineLoop
+from controlplane.loop.engine_objectives import EngineObjectives
 from controlplane.loop.estimate import PoolEstimate, moved_on_shift
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.judging import (
     CONFIRM_BLOCKS,
     MIN_POOL_ENGINES,
-    EngineJudge,
     HeldBatch,
     Reference,
     Released,
@@ -52,45 +51,11 @@ from controlplane.loop.objective import ObjectiveTracker, sync_tracker
 from controlplane.loop.outcomes import OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics
-from controlplane.loop.rollout import MIN_ENGINES, SLICE_S, UNGUIDED_SOURCES, Asked, PoolRollouts, held_intent
+from controlplane.loop.records import EngineRecord, PoolRecord
+from controlplane.loop.rollout import MIN_ENGINES, SLICE_S, UNGUIDED_SOURCES, Asked, held_intent
 from controlplane.loop.rollout import Verdict as RolloutVerdict
 
 _EMPTY = np.zeros(0)
-@dataclass(eq=False)
-class EngineRecord:
-    """What the machine keeps per engine id: its decision loop, judging state and the stream holding it."""
-
-    loop: EngineLoop
-    identity: str = ""  # the agent identity that holds the engine id until the record is forgotten
-    stream: object | None = None
-    disconnected_at_s: float = 0.0
-    judge: EngineJudge = field(default_factory=EngineJudge)
-    watched_version: int = -1  # the last version shown to watchers
-    # While the engine serves a distinct workload (`loop.judging`): its own statistics, which it is decided
-    # from once they hold min_samples completions (the pool's until then). None: it is part of its pool.
-    own: PoolStatistics | None = None
-    decided_from_own: bool = False  # its latest decision stood on its own statistics
-
-    @property
-    def connected(self) -> bool:
-        return self.stream is not None
-
-
-@dataclass(eq=False)
-class PoolRecord:
-    stats: PoolStatistics
-    refreshed_bucket: int | None = None
-    num_connected: int = 0
-    num_records: int = 0  # engine records of the pool here, connected or not: the pool is forgotten at 0
-    num_excluded: int = 0
-    blocks: LatestBlocks = field(default_factory=lambda: LatestBlocks(b""))  # each engine's latest judged block
-    distinct: set[str] = field(default_factory=set)  # engines serving a distinct workload (not in the reference)
-    rollouts: PoolRollouts = field(default_factory=PoolRollouts)  # established modes and guarded changes
-    rollout_checked_s: float = 0.0
-    # Engines decided before this are due at once: the pool's estimate moved on a shift (`refresh_pool`).
-    urgent_since_s: float = float("-inf")
-
-
 class FleetState:
     """Engines and pools of one replica (see the module docstring). default_intent: what an engine is decided
     with where no override of a kind is in force (the twin's δ and pin; empty in the controller)."""
@@ -114,6 +79,7 @@ class FleetState:
         self._disconnected: dict[str, dict[str, None]] = {}
         self._overrides: list[operator_pb2.OverrideRecord] = []
         self._trackers: dict[str, ObjectiveTracker] = {}  # per pool under a latency objective
+        self._engine_objectives = EngineObjectives(loop_config.bucket_s)  # engines under their own
         self._calibrations: dict[str, CostModel] = {}
         self.restored: dict[str, tuple[str, common_pb2.Decision]] = {}  # engine id → (pool key, decision)
         self._restored_at_s = 0.0
@@ -130,6 +96,8 @@ class FleetState:
         record = self._engines.get(engine_id)
         if record is None:
             return None
+        if self._engine_objectives.tracker(engine_id) is not None:
+            return self._engine_objectives.summary(engine_id)
         if record.own is not None:
             return record.own.outcomes.summary()
         pool = self._pools.get(record.loop.hello.pool_key)
@@ -270,6 +238,7 @@ class FleetState:
             rollout.observe(engine_id, now_s, float(batch.decode_tokens.sum()), float(batch.duration_s.sum()))
         prompts, outputs = batch.prompt_tokens, batch.output_tokens
         admitted_age_s = batch.admitted_age_s if outputs.size else None
+        self._engine_objectives.add(engine_id, batch.latencies, now_s)
         if outputs.size:
             if record.judge.on_probation:
                 record.judge.hold(HeldBatch(prompts, outputs, admitted_age_s, now_s))
@@ -365,7 +334,7 @@ class FleetState:
             estimate = None
         intent = resolve_intent(self._overrides, engine_id=hello.engine_id, pool_key=hello.pool_key, now_s=now_s,
                                 default=self._default_intent)
-        tracker = self._trackers.get(hello.pool_key)
+        tracker = self.objective_for_engine(hello.engine_id)
         if tracker is not None and intent.delta_source == DeltaSource.DEFAULT:
             intent = tracker.intent(pin=intent.pin)
         pool = self._pools[hello.pool_key]
@@ -439,11 +408,19 @@ class FleetState:
             tracker = sync_tracker(self._trackers, self._overrides, key, now_s)
             if tracker is not None and not tracker.evaluated:
                 tracker.evaluate(now_s, pool.stats.outcomes.total, force=True)
+        self._engine_objectives.sync(self._overrides, self._engines, now_s)
         return self.redecide_all(now_s)
 
     def objective_of(self, key: str) -> ObjectiveTracker | None:
         """The pool's objective loop (None: no objective in force for it)."""
         return self._trackers.get(key)
+
+    def objective_for_engine(self, engine_id: str) -> ObjectiveTracker | None:
+        """The objective loop an engine is decided with: its own (engine scope), else its pool's; None."""
+        record = self._engines.get(engine_id)
+        if record is None:
+            return None
+        return self._engine_objectives.tracker(engine_id) or self._trackers.get(record.loop.hello.pool_key)
 
     def set_calibration(self, key: str, costs: CostModel | None, now_s: float, *, refresh: bool = True) -> Effects:
         """Put (or with None, drop) a pool's calibration; with refresh, refit the pool and re-decide."""
@@ -476,6 +453,9 @@ class FleetState:
                 self._push(record, loop.current, now_s, effects)
         if self.restored and now_s - self._restored_at_s >= self.loop_config.engine_ttl_s:
             self.restored = {}
+        if self._overrides:  # engines under their own objective: attached since, or forgotten
+            self._engine_objectives.sync(self._overrides, self._engines, now_s)
+            self._engine_objectives.evaluate(now_s)
         for key in list(self._pools):
             closed = self.close_bucket(key, now_s)
             if closed is not None:

@@ -145,6 +145,21 @@ class OutcomeWindow:
             self._newest = bucket_id
             self._expire()
 
+    def add(self, bucket_id: int, latencies: LatencySet, *, replica_id: str = "") -> None:
+        """Merge latencies into the set of (bucket_id, replica_id) (a window filled batch by batch, not bucket by
+        bucket); ignored when the bucket is already older than the window."""
+        if bucket_id <= self._newest - self.window_buckets:
+            return
+        by_replica = self._sets.setdefault(bucket_id, {})
+        current = by_replica.get(replica_id)
+        if current is None:
+            current = by_replica[replica_id] = LatencySet.empty()
+        current.merge(latencies)
+        self._total.merge(latencies)
+        if bucket_id > self._newest:
+            self._newest = bucket_id
+            self._expire()
+
     def _expire(self) -> None:
         oldest = self._newest - self.window_buckets + 1
         for bucket_id in [b for b in self._sets if b < oldest]:

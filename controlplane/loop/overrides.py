@@ -100,9 +100,6 @@ def check_override(record: operator_pb2.OverrideRecord, *, now_s: float) -> None
     by its key (`store.keys.scope_key`)."""
     check_kind(record.kind)
     if record.kind == operator_pb2.OVERRIDE_KIND_OBJECTIVE:
-        if record.scope.kind == operator_pb2.SCOPE_KIND_ENGINE:
-            raise OverrideError("an objective applies to a pool or to the fleet (each pool on its own): one "
-                                "engine's latencies are not measured apart from its pool's")
         problem = objective_problem(record.objective)
         if problem is not None:
             raise OverrideError(problem)

@@ -17,10 +17,11 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
-from controlplane.loop.fleet import EngineRecord, FleetState
+from controlplane.loop.fleet import FleetState
 from controlplane.loop.ingest import EngineSupport
 from controlplane.loop.objective import ObjectiveTracker
 from controlplane.loop.outcomes import OutcomeSummary
+from controlplane.loop.records import EngineRecord
 from controlplane.loop.rollout import Ended, Rollout
 from controlplane.protocol import (
     MAX_SUPPORT_DETAIL_CHARS,
@@ -175,7 +176,7 @@ def decision_view(fleet: FleetState, engine_id: str) -> operator_pb2.DecisionVie
                 view.latest.flags.append("engine_excluded_from_pool")
             if record.decided_from_own:
                 view.latest.flags.append("engine_decided_from_own_statistics")
-        summary, tracker = fleet.outcomes_of(engine_id), fleet.objective_of(loop.hello.pool_key)
+        summary, tracker = fleet.outcomes_of(engine_id), fleet.objective_for_engine(engine_id)
         pool = fleet.pool(loop.hello.pool_key)
         active = pool.rollouts.active if pool is not None else None
         rollout = active.describe(pool.num_connected) if active is not None else ""

@@ -113,10 +113,6 @@ async def test_an_objective_is_audited_durable_and_moves_delta_within_seconds(re
             await asyncio.sleep(0.1)
         assert view.outcomes.ttft.num_requests >= 800 and not view.outcomes.HasField("objective")
 
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.SetObjective(operator_pb2.SetObjectiveRequest(scope=operator_pb2.Scope(
-                kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id="slow-ttft"), objective=objective))
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "pool" in refused.value.details()
         with pytest.raises(grpc.aio.AioRpcError) as invalid:
             await stub.SetObjective(operator_pb2.SetObjectiveRequest(
                 scope=pool_scope, objective=operator_pb2.LatencyObjective(ttft_quantile=0.99)))
@@ -146,3 +142,58 @@ async def test_an_objective_is_audited_durable_and_moves_delta_within_seconds(re
         cleared = await stub.ClearOverride(operator_pb2.ClearOverrideRequest(
             scope=pool_scope, kind=operator_pb2.OVERRIDE_KIND_OBJECTIVE, reason="done"))
         assert cleared.cleared
+
+
+async def test_an_engine_objective_holds_that_engine_to_its_own_latencies_and_wins_over_its_pools(
+        redis_url: str) -> None:
+    # Two engines of one pool: "slow" reports TTFTs around 2 s, "fast" around 50 ms. A pool objective of TTFT
+    # p99 ≤ 30 s is met (δ stays 0); an engine objective of TTFT p99 ≤ 0.5 s on "slow" moves its δ alone, from
+    # its own requests, and clearing it hands "slow" back to the pool's objective.
+    config = make_config(redis_url)
+    pool_scope = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_POOL, pool=POOL)
+    slow_scope = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id="slow")
+    async with running_controller(config) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+        stub = operator_stub(channel)
+        await stub.PutCalibration(operator_pb2.PutCalibrationRequest(calibration=calibration_for(POOL)))
+        slow, _ = await warm_engine(channel, "slow", POOL, seed=7)
+        fast = await AgentStream(channel, "fast", POOL).open()  # its first decision stands on the pool's data
+        await fast.next_decision()
+        await stub.SetObjective(operator_pb2.SetObjectiveRequest(
+            scope=pool_scope, objective=operator_pb2.LatencyObjective(ttft_quantile=0.99, ttft_target_s=30.0)))
+        record = await stub.SetObjective(operator_pb2.SetObjectiveRequest(
+            scope=slow_scope, objective=operator_pb2.LatencyObjective(ttft_quantile=0.99, ttft_target_s=0.5),
+            reason="an interactive tenant"))
+        assert record.scope.engine_id == "slow" and not record.warnings
+        rng = np.random.default_rng(9)
+        views: dict[str, operator_pb2.DecisionView] = {}
+        started = asyncio.get_running_loop().time()
+        seq = 20
+        while asyncio.get_running_loop().time() - started < 20.0:
+            seq += 1
+            await slow.send_batch(stamped_batch(seq, rng, num=100, median_ttft_s=2.0)[0])
+            await fast.send_batch(stamped_batch(seq, rng, num=100, median_ttft_s=0.05)[0])
+            for engine_id in ("slow", "fast"):
+                views[engine_id] = await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id))
+            if views["slow"].latest.delta_s_per_token > 0 and views["fast"].outcomes.objective_state == \
+                    operator_pb2.OBJECTIVE_STATE_MEETING:
+                break
+            await asyncio.sleep(0.2)
+        slow_view, fast_view = views["slow"], views["fast"]
+        assert slow_view.latest.delta_source == "objective" and slow_view.latest.delta_s_per_token > 0, slow_view
+        assert slow_view.outcomes.objective.ttft_target_s == 0.5
+        assert slow_view.outcomes.objective_state == operator_pb2.OBJECTIVE_STATE_ADJUSTING
+        # Its own window: only its requests (the pool's holds both engines'), TTFT p99 far above the fast one's.
+        assert slow_view.outcomes.ttft.p50_s > 1.0 and fast_view.outcomes.ttft.p50_s < 1.0
+        assert fast_view.outcomes.objective.ttft_target_s == 30.0
+        assert fast_view.latest.delta_s_per_token == 0.0
+        assert fast_view.outcomes.objective_state == operator_pb2.OBJECTIVE_STATE_MEETING
+
+        await stub.ClearOverride(operator_pb2.ClearOverrideRequest(
+            scope=slow_scope, kind=operator_pb2.OVERRIDE_KIND_OBJECTIVE, reason="tenant moved"))
+        view = await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id="slow"))
+        assert view.outcomes.objective.ttft_target_s == 30.0  # the pool's again
+        audit = (await stub.ListAudit(operator_pb2.ListAuditRequest())).entries
+        assert any(e.kind == "objective" and e.target == "engine:slow" and e.reason == "an interactive tenant"
+                   for e in audit)
+        for agent in (slow, fast):
+            await agent.close()
