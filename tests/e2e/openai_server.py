@@ -33,10 +33,12 @@ STOP_TIMEOUT_S = 15.0
 
 @contextmanager
 def openai_server(model_dir: Path, log_path: Path, *, served_model_name: str, port: int | None = None,
-                  env: dict[str, str] | None = None, start_timeout_s: float = 120.0) -> Iterator[str]:
+                  env: dict[str, str] | None = None, cwd: Path | None = None,
+                  start_timeout_s: float = 120.0) -> Iterator[str]:
     """Yield the base URL ("http://127.0.0.1:PORT") of a server serving `model_dir` once /health answers.
 
-    port: a free one when None; env: extra environment variables (the agent's CP_*).
+    port: a free one when None; env: extra environment variables (the agent's CP_*); cwd: the server's working
+    directory (the first place `python -m` imports from; None: this process's).
 
     Raises:
         RuntimeError: the server exited or did not answer /health within start_timeout_s (with its log's tail).
@@ -49,7 +51,7 @@ def openai_server(model_dir: Path, log_path: Path, *, served_model_name: str, po
     environment = {key: value for key, value in os.environ.items() if not key.startswith("CP_")} | _ENV | (env or {})
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   env=environment, start_new_session=True)
+                                   env=environment, cwd=cwd, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}"
     try:
         def healthy() -> bool | None:

