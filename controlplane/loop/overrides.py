@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, Mode, ModePin, OperatorIntent
@@ -45,8 +46,8 @@ def resolve_intent(records: list[operator_pb2.OverrideRecord], *, engine_id: str
             n=pin_record.n or None,
             advisory=pin_record.mode == operator_pb2.PINNED_MODE_ADVISORY,
         )
-    if delta_record is None:
-        return OperatorIntent(delta_s_per_token=default.delta_s_per_token, delta_source=default.delta_source, pin=pin)
+    if delta_record is None:  # the default's δ, and its budget: a δ override replaces both (policy.py's precedence)
+        return replace(default, pin=pin)
     return OperatorIntent(delta_s_per_token=delta_record.delta_s_per_token,
                           delta_source=SCOPE_TO_SOURCE[delta_record.scope.kind], pin=pin)
 

@@ -126,6 +126,20 @@ SMOKES = (
         rf"^CPU in all: this process {NUMBER} s, controller {NUMBER} s, its redis {NUMBER} s over {NUMBER} s wall",
         r"^all goals (met|NOT met)$",
     )),
+    Smoke("twin_objectives.py", (
+        r"^TTFT p99 objectives on twin pools: 2 engines, open-loop Poisson arrivals, 1\.5 simulated minutes, "
+        r"guarded rollouts on$",
+        r"^static\s+TTFT p99 s\s+TPOT p99 ms\s+out tok/s\s+MB steps\s+TTFT p99 per minute, s$",
+        *(rf"^{re.escape(row)}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}%\s+{NUMBER}" for row in (
+            "MB ×1", "EB", "δ +0e+00 ×1")),
+        rf"^TTFT p99: EB {NUMBER} s, MB {NUMBER} s \(MB/EB {NUMBER}\)",
+        r"^objective\s+windows met\s+out tok/s\s+best static\s+ratio\s+TTFT p99 s\s+MB steps\s+goals",
+        *(rf"^{p}% \({NUMBER} s\)\s+{NUMBER}%\s+{NUMBER}\s+.*\s+{NUMBER}\s+{NUMBER}%\s+windows (met|NOT met), "
+          rf"throughput (met|NOT met|n/a)" for p in (25, 50, 75)),
+        r"^infeasible target .*\(goal ≤ 2: (met|NOT met); first evaluated .*\); at the end δ ",
+        r"^  runs the lowest-quantile configuration .*: (met|NOT met) \(",
+        r"^goals met: \d+ of \d+ \(\d+ not applicable\) -> (all met|NOT all met)$",
+    )),
     Smoke("twin_outcomes.py", (
         r"^2 engines × 64 in flight, 2 simulated minutes, profile h200-qwen3-8b; the stale calibration from 60 s, "
         r"throughput counted from then$",

@@ -27,6 +27,7 @@ from controlplane.loop.objective import (
     ObjectiveTracker,
 )
 from controlplane.loop.outcomes import LatencySet
+from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.rollout import held_intent
 from controlplane.protocol import min_budget_tokens
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
@@ -130,3 +131,14 @@ def test_the_tracker_hands_its_budget_to_the_decision_and_a_rollout_hold_keeps_i
     held = held_intent(intent, Mode.MB)
     assert held.pin.mode == Mode.MB and (held.budget_cap_scale, held.budget_max_tokens) == (2.0, 6000)
     assert _budget(held)[1] == 4096
+
+
+def test_a_default_intents_budget_is_kept_when_no_delta_override_replaces_it() -> None:
+    default = OperatorIntent(delta_s_per_token=1e-5, budget_cap_scale=4.0, budget_max_tokens=6000)
+    kept = resolve_intent([], engine_id="e", pool_key="m|a", now_s=0.0, default=default)
+    assert (kept.delta_s_per_token, kept.budget_cap_scale, kept.budget_max_tokens) == (1e-5, 4.0, 6000)
+    override = operator_pb2.OverrideRecord(kind=operator_pb2.OVERRIDE_KIND_DELTA, delta_s_per_token=2e-5,
+                                           scope=operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET))
+    replaced = resolve_intent([override], engine_id="e", pool_key="m|a", now_s=0.0, default=default)
+    assert (replaced.delta_s_per_token, replaced.delta_source, replaced.budget_cap_scale) == (2e-5, DeltaSource.FLEET,
+                                                                                          1.0)
