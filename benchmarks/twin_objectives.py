@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from agents.running_lengths import running_length_entries
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.budget import DEFAULT_B_CAP_TOKENS, SweepPoint
 from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
@@ -57,6 +58,9 @@ from controlplane.sim.engine import SimEngine
 from controlplane.sim.lengths import ClippedLogNormalLengths
 from controlplane.sim.profiles import SimProfile, get_profile
 from controlplane.sim.schedulers import parse_scheduler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbench, from a checkout
+from testbench.twin_batch import twin_batch
 
 MODEL, ACCELERATOR = "twin", "twin"
 POOL_KEY = pool_key_of(MODEL, ACCELERATOR)
@@ -277,8 +281,8 @@ def _p99(values: np.ndarray) -> float:
 def _batch(engine: _Engine) -> ValidatedBatch:
     """What the agent sends for the second just ended: completions with their latency stamps, steps, and the
     running requests' lengths."""
-    sim, now_s = engine.sim, engine.sim.now_s
-    engine.next_telemetry_s = max(engine.next_telemetry_s + 1.0, now_s)
+    sim = engine.sim
+    engine.next_telemetry_s = max(engine.next_telemetry_s + 1.0, sim.now_s)
     engine.seq += 1
     ids = np.concatenate([ids for ids, _ in engine.done]) if engine.done else np.zeros(0, dtype=np.int64)
     finish = np.concatenate([np.full(ids.size, end_s) for ids, end_s in engine.done]) if engine.done else _EMPTY
@@ -289,19 +293,10 @@ def _batch(engine: _Engine) -> ValidatedBatch:
     several = outputs >= 2
     latencies = Latencies(ttft_s=first - arrival, tpot_s=(finish - first)[several] / (outputs[several] - 1.0),
                           queue_s=admitted - arrival, num_dropped=0)
-    steps = np.asarray(engine.steps, dtype=np.float64).reshape(-1, 3)
+    batch = twin_batch(sim, seq=engine.seq, prompts=prompts, outputs=outputs, admitted_s=admitted,
+                       steps=engine.steps, latencies=latencies)
     engine.steps.clear()
-    steps = steps[(steps[:, 0] + steps[:, 1]) > 0]
-    lengths, counts, running_admitted = running_length_entries(sim.running_output_tokens().tolist(),
-                                                               sim.running_admitted_s().tolist())
-    return ValidatedBatch(
-        seq=engine.seq, prompt_tokens=prompts, output_tokens=outputs, prefill_tokens=steps[:, 0],
-        decode_tokens=steps[:, 1], decode_requests=steps[:, 1], duration_s=steps[:, 2], num_aborted=0,
-        num_dropped=0, kv_used_tokens=int(sim.kv_used_tokens), kv_total_tokens=sim.kv_total_tokens,
-        num_running=int(sim.num_running), num_waiting=int(sim.num_waiting), num_preemptions=int(sim.num_preemptions),
-        num_events_dropped=0, traceparent="", running_lengths=np.asarray(lengths, dtype=np.int64),
-        running_counts=np.asarray(counts, dtype=np.int64), admitted_age_s=now_s - admitted,
-        running_admitted_age_s=now_s - np.asarray(running_admitted), latencies=latencies)
+    return batch
 
 
 def _apply(pool: list[_Engine], effects, now_s: float, result: Result | None = None) -> None:

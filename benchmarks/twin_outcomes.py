@@ -22,12 +22,13 @@ with other seeds and counts rollbacks.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
-from agents.running_lengths import running_length_entries
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import CostModel, EngineLimits, PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
@@ -37,6 +38,9 @@ from controlplane.protocol import pool_key_of
 from controlplane.sim.engine import SimEngine
 from controlplane.sim.profiles import SimProfile, get_profile
 from controlplane.sim.schedulers import parse_scheduler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbench, from a checkout
+from testbench.twin_batch import twin_batch
 
 PROMPT_TOKENS = 512
 OUTPUT_MEAN_TOKENS = 256
@@ -137,29 +141,16 @@ def run(profile: SimProfile, calibration: CostModel, *, engines: int, concurrenc
 
 
 def _batch(engine: _Engine) -> ValidatedBatch:
-    sim, now_s = engine.sim, engine.sim.now_s
-    engine.next_telemetry_s = max(engine.next_telemetry_s + 1.0, now_s)
+    engine.next_telemetry_s = max(engine.next_telemetry_s + 1.0, engine.sim.now_s)
     engine.seq += 1
     prompts = np.concatenate(engine.prompts) if engine.prompts else _EMPTY
     outputs = np.concatenate(engine.outputs) if engine.outputs else _EMPTY
     admitted = np.concatenate(engine.admitted) if engine.admitted else _EMPTY
-    steps = np.asarray(engine.steps, dtype=np.float64).reshape(-1, 3)
-    engine.prompts.clear()
-    engine.outputs.clear()
-    engine.admitted.clear()
-    engine.steps.clear()
-    lengths, counts, running_admitted = running_length_entries(sim.running_output_tokens().tolist(),
-                                                               sim.running_admitted_s().tolist())
-    keep = (steps[:, 0] + steps[:, 1]) > 0
-    steps = steps[keep]
-    return ValidatedBatch(
-        seq=engine.seq, prompt_tokens=prompts, output_tokens=outputs, prefill_tokens=steps[:, 0],
-        decode_tokens=steps[:, 1], decode_requests=steps[:, 1], duration_s=steps[:, 2], num_aborted=0,
-        num_dropped=0, kv_used_tokens=int(sim.kv_used_tokens), kv_total_tokens=sim.kv_total_tokens,
-        num_running=int(sim.num_running), num_waiting=int(sim.num_waiting), num_preemptions=int(sim.num_preemptions),
-        num_events_dropped=0, traceparent="", running_lengths=np.asarray(lengths, dtype=np.int64),
-        running_counts=np.asarray(counts, dtype=np.int64), admitted_age_s=now_s - admitted,
-        running_admitted_age_s=now_s - np.asarray(running_admitted))
+    batch = twin_batch(engine.sim, seq=engine.seq, prompts=prompts, outputs=outputs, admitted_s=admitted,
+                       steps=engine.steps)
+    for column in (engine.prompts, engine.outputs, engine.admitted, engine.steps):
+        column.clear()
+    return batch
 
 
 def _apply(pool: list[_Engine], effects, now_s: float) -> None:
