@@ -143,11 +143,12 @@ def _has_span_processor(provider: trace.TracerProvider) -> bool:
 
 
 class DecisionTracer:
-    """Emits the decision and override spans on a given tracer provider."""
+    """Emits the decision, rollout and override spans on a given tracer provider."""
 
     def __init__(self, provider: trace.TracerProvider) -> None:
         self._provider = provider
         self._tracer = provider.get_tracer("controlplane")
+        self._rollouts: dict[str, trace.Span] = {}  # pool key → its rollout's open span
 
     def trace_decision(
         self, decision: Decision, *, engine_id: str, pool: str, version: int, traceparent: str = ""
@@ -169,11 +170,29 @@ class DecisionTracer:
         return format(context.trace_id, "032x") if context.is_valid else ""
 
     def trace_rollout(self, event: Any) -> None:
-        """Record one `controlplane.rollout` span for a rollout's start or end (`loop.effects.RolloutEvent`)."""
-        with self._tracer.start_as_current_span(ROLLOUT_SPAN) as span:
-            span.set_attributes({"cp.pool": event.pool_key, "cp.rollout.event": event.event,
-                                 "cp.rollout.from_mode": event.from_mode, "cp.rollout.to_mode": event.to_mode,
-                                 "cp.rollout.detail": event.detail})
+        """A rollout is one `controlplane.rollout` span from its start to its verdict
+        (`loop.effects.RolloutEvent`): "started" opens it, with an event; the verdict ("promoted",
+        "rolled_back", "aborted") adds its event (detail, the operator who ended it and why), sets
+        `cp.rollout.verdict` and ends it. A verdict with no open span (a rollout begun before a restart) is a span
+        of its own; a second start for a pool ends the open one as superseded. At most one open span per pool."""
+        attributes = {"cp.pool": event.pool_key, "cp.rollout.from_mode": event.from_mode,
+                      "cp.rollout.to_mode": event.to_mode}
+        if event.event == "started":
+            open_span = self._rollouts.pop(event.pool_key, None)
+            if open_span is not None:
+                open_span.add_event("superseded")
+                open_span.end()
+            span = self._tracer.start_span(ROLLOUT_SPAN, attributes=attributes)
+            span.add_event("started", {"cp.rollout.detail": event.detail})
+            self._rollouts[event.pool_key] = span
+            return
+        span = self._rollouts.pop(event.pool_key, None)
+        if span is None:
+            span = self._tracer.start_span(ROLLOUT_SPAN, attributes=attributes)
+        span.add_event(event.event, {"cp.rollout.detail": event.detail, "cp.rollout.actor": event.actor,
+                                     "cp.rollout.reason": event.reason})
+        span.set_attribute("cp.rollout.verdict", event.event)
+        span.end()
 
     def trace_override(self, *, action: str, kind: str, scope: str, actor: str, reason: str,
                        old: str, new: str) -> None:
