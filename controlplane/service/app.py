@@ -38,6 +38,7 @@ from controlplane.service.agent_servicer import AgentServicer
 from controlplane.service.auth import Authenticator, AuthInterceptor, server_credentials
 from controlplane.service.config import ControllerConfig
 from controlplane.service.controller import SCHEDULER_TICK_S, Controller
+from controlplane.service.fleet_view import rollout_views
 from controlplane.service.operator_servicer import OperatorServicer
 from controlplane.store import EmbeddedRedis, Store, StoreUnavailable, create_store
 
@@ -180,6 +181,7 @@ class ControllerApp:
         if controller is None or store is None:  # pragma: no cover - started after both
             return
         last_registry_s = float("-inf")
+        published: dict[str, bytes] | None = None  # the rollout views last written
         while True:
             if self._embedded is not None and not await asyncio.to_thread(self._embedded.alive):
                 logger.warning("the embedded redis-server is gone; restarting it from its append-only file")
@@ -195,8 +197,16 @@ class ControllerApp:
                         if chunk:
                             await store.heartbeats(chunk, ttl_s=self.config.registry_ttl_s)
                     last_registry_s = time.monotonic()
+                    published = None  # renew the rollout views with the registry
                 except StoreUnavailable as exc:
                     controller.note_store_failure("heartbeat", exc)
+            views = rollout_views(controller.fleet)
+            if ok and views != published:
+                try:
+                    await store.put_rollouts(controller.controller_id, views, ttl_s=self.config.registry_ttl_s)
+                    published = views
+                except StoreUnavailable as exc:
+                    controller.note_store_failure("put_rollouts", exc)
             await self._update_readiness()
             await asyncio.sleep(self.config.store_retry_s)
 

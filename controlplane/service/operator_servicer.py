@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.loop.overrides import SCOPE_RANK, OverrideError, check_kind, check_reason, expiry_at
@@ -135,7 +136,23 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
 
     async def ListRollouts(self, request: operator_pb2.ListRolloutsRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> operator_pb2.ListRolloutsResponse:
-        return rollouts_response(self._controller.fleet)
+        """This replica's rollouts and recent verdicts, then the rollouts the other replicas run (from the store,
+        as of their latest write; this replica's alone when the store does not answer in time)."""
+        response = rollouts_response(self._controller.fleet)
+        try:
+            stored = await asyncio.wait_for(self._store.list_rollouts(), timeout=FLEET_READ_TIMEOUT_S)
+        except (StoreUnavailable, TimeoutError) as exc:
+            logger.warning("ListRollouts answers with this replica's rollouts only: %s", exc)
+            return response
+        for owner in sorted(stored):
+            if owner == self._controller.controller_id:
+                continue
+            for blob in sorted(stored[owner]):
+                try:
+                    response.rollouts.append(operator_pb2.RolloutView.FromString(blob))
+                except DecodeError:
+                    logger.warning("replica %s wrote an unreadable rollout view; skipped", bounded(owner))
+        return response
 
     async def SteerRollout(self, request: operator_pb2.SteerRolloutRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> operator_pb2.RolloutView:

@@ -6,6 +6,7 @@ multi-key script touches one slot:
     P:decision:{e:<engine_id>}                   hash    latest decision of an engine (version-guarded)
     P:epoch:{e:<engine_id>}                      string  the engine's epoch counter (INCR; no expiry)
     P:engine:{e:<engine_id>}                     hash    registry entry, expires unless refreshed
+    P:rollouts:{r:<controller_id>}               hash    a replica's rollouts in progress, by pool key
     P:history:{p:<h>}:<pool_key>                 stream  decisions of the pool's engines, capped (MAXLEN ~)
     P:historyindex:{o}                           zset    the history streams' keys, scored by the Unix time
                                                          their expiry was last renewed (found without a SCAN)
@@ -148,6 +149,20 @@ class KeySpace:
     @property
     def engine_pattern(self) -> str:
         return f"{_escape_glob(self.prefix)}:engine:{{e:*}}"
+
+    def rollouts(self, controller_id: str) -> str:
+        return f"{self.prefix}:rollouts:{{r:{controller_id}}}"
+
+    @property
+    def rollouts_pattern(self) -> str:
+        return f"{_escape_glob(self.prefix)}:rollouts:{{r:*}}"
+
+    def rollouts_owner(self, key: str) -> str:
+        """The controller id in a key of `rollouts`."""
+        head = f"{self.prefix}:rollouts:{{r:"
+        if not (key.startswith(head) and key.endswith("}")):
+            raise ValueError(f"not a rollouts key of prefix {self.prefix!r}: {key!r}")
+        return key[len(head):-1]
 
     def engine_id_of(self, key: str, *, kind: str) -> str:
         """The engine id in a per-engine key "<prefix>:<kind>:{e:<engine_id>}".

@@ -33,14 +33,13 @@ Contracts:
   the old value in the audit is exactly the one replaced.
 - Overrides with an expiry are dropped by Redis (PEXPIREAT); readers also skip those already past
   their expiry at the `now_s` they pass in, since Redis expires keys lazily.
-- Pool statistics are opaque bytes (up to a few MB), stored and returned byte for byte.
+- Pool statistics and rollout views (`store.rollouts`) are opaque bytes, stored and returned byte for byte.
 - At most `max_connections` operations run at once (more wait up to `pool_timeout_s`), so the pool
   never overflows however many engines a replica serves.
 - Every Redis failure raises `StoreUnavailable` naming the operation (reads and writes alike); bad
   arguments raise `ValueError` before Redis is contacted. Only `ping()` never raises.
 
-The store reads no clock except where a method documents a wall-clock default, and keeps no state
-besides its connections.
+The store reads no clock except where a method documents a wall-clock default; it keeps only its connections.
 """
 
 from __future__ import annotations
@@ -65,6 +64,7 @@ from controlplane.store.keys import override_kind_name, pool_key, scope_key
 from controlplane.store.notices import RESYNC, OverrideNotice, decode_notice, encode_notice
 from controlplane.store.pool_statistics import PoolStatisticsMixin
 from controlplane.store.records import is_expired, parse_payload, record_json, stream_entries, text, text_fields
+from controlplane.store.rollouts import RolloutsMixin
 from controlplane.store.scripts import (
     CHANGE_RECORD,
     HSET_WITH_TTL,
@@ -90,7 +90,7 @@ logger = logging.getLogger(__name__)
 _MAX_CAS_ATTEMPTS = 32
 
 
-class RedisStore(HistoryMixin, PoolStatisticsMixin):
+class RedisStore(HistoryMixin, PoolStatisticsMixin, RolloutsMixin):
     """The store over one Redis (or Valkey) deployment, through `redis.asyncio`.
 
     Construct with `RedisStore(url, ...)` or `create_store(url, ...)` (arguments: `StoreBase.__init__`).

@@ -1,7 +1,8 @@
 """Guarded rollouts through a real controller (loopback gRPC, a real redis-server): a calibration put into a
 running pool of three engines asks for another mode; one canary runs it while the others hold the established
 mode; ListRollouts shows it, an operator aborts it with SteerRollout (audited with the controller's own entry of
-its start), and the canary is back on the established mode."""
+its start), and the canary is back on the established mode. A second replica on the same Redis shows the
+first's rollout in its ListRollouts while it runs, and not after it ended."""
 
 from __future__ import annotations
 
@@ -35,9 +36,23 @@ def _mb_favouring() -> operator_pb2.Calibration:
                                      source="mb-favouring")
 
 
+async def _other_replicas(stub, owner: str, *, present: bool) -> list[operator_pb2.RolloutView]:
+    """The rollouts another replica lists as `owner`'s, once there are some (present) or none (not present)."""
+    for _ in range(100):
+        listed = [r for r in (await stub.ListRollouts(operator_pb2.ListRolloutsRequest())).rollouts
+                  if r.controller_id == owner]
+        if bool(listed) == present:
+            return listed
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the other replica never listed {'a' if present else 'no'} rollout of {owner}")
+
+
 async def test_an_operator_aborts_a_rollout_and_the_canary_returns_to_the_established_mode(redis_url: str) -> None:
-    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
+    async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel, \
+            running_controller(make_config(redis_url, controller_id="replica-b")) as other, \
+            grpc.aio.insecure_channel(other.address) as other_channel:
         stub = operator_stub(channel)
+        other_stub = operator_stub(other_channel)
         await stub.PutCalibration(operator_pb2.PutCalibrationRequest(calibration=_mb_favouring()))
         agents = {e: await AgentStream(channel, e, POOL).open() for e in ENGINES}
         rng = np.random.default_rng(30)
@@ -66,6 +81,9 @@ async def test_an_operator_aborts_a_rollout_and_the_canary_returns_to_the_establ
         assert all(views[e].decision.mode == common_pb2.MODE_MB and views[e].latest.reason == "rollout_hold"
                    for e in held), {e: (v.decision.mode, v.latest.reason) for e, v in views.items()}
         assert views[canary].outcomes.rollout.startswith("canary mb→eb")
+        [shown] = await _other_replicas(other_stub, rollout.controller_id, present=True)
+        assert (shown.pool, shown.from_mode, shown.to_mode, shown.state) == (POOL, "mb", "eb", "running")
+        assert list(shown.canary_engine_ids) == [canary] and shown.controller_id != "replica-b"
 
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await stub.SteerRollout(operator_pb2.SteerRolloutRequest(
@@ -78,6 +96,7 @@ async def test_an_operator_aborts_a_rollout_and_the_canary_returns_to_the_establ
         assert back.decision.mode == common_pb2.MODE_MB and back.latest.reason == "rollout_hold"
         listed = await stub.ListRollouts(operator_pb2.ListRolloutsRequest())
         assert not listed.rollouts and listed.recent[0].state == "aborted"
+        assert await _other_replicas(other_stub, rollout.controller_id, present=False) == []
 
         audit = []
         for _ in range(50):  # the audit writer appends within about half a second

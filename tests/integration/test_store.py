@@ -542,6 +542,25 @@ async def test_registry_entries_expire_without_heartbeats(store: RedisStore) -> 
         await store.heartbeat("engine-a", info={"pool": POOL_KEY}, ttl_s=0.0)
 
 
+async def test_rollout_views_are_replaced_per_replica_and_lapse(store: RedisStore) -> None:
+    await store.put_rollouts("replica-a", {"m|a": b"view-1", "n|b": b"view-2"}, ttl_s=60.0)
+    await store.put_rollouts("replica-b", {"m|a": b"view-3"}, ttl_s=0.3)
+    listed = await store.list_rollouts()
+    assert {owner: sorted(views) for owner, views in listed.items()} == {"replica-a": [b"view-1", b"view-2"],
+                                                                        "replica-b": [b"view-3"]}
+    await store.put_rollouts("replica-a", {"n|b": b"view-4"}, ttl_s=60.0)  # replaced, not merged
+    await store.put_rollouts("replica-c", {}, ttl_s=60.0)  # none: nothing listed
+
+    async def b_lapsed() -> bool:
+        return await store.list_rollouts() == {"replica-a": [b"view-4"]}
+
+    await eventually(b_lapsed)
+    await store.put_rollouts("replica-a", {}, ttl_s=60.0)
+    assert await store.list_rollouts() == {}
+    with pytest.raises(ValueError, match="controller_id"):
+        await store.put_rollouts("", {}, ttl_s=60.0)
+
+
 async def test_heartbeats_register_many_engines_at_once(store: RedisStore) -> None:
     entries = {f"engine-{i}": {"pool": POOL_KEY, "n": str(i)} for i in range(260)}  # read in 3 pipelines
     await store.heartbeats(entries, ttl_s=60.0)
