@@ -454,9 +454,7 @@ class RedisStore(HistoryMixin, PoolStatisticsMixin, RolloutsMixin):
             StoreUnavailable: when Redis fails.
         """
         async with self._operation("list_registry"):
-            keys = await self._scan(self._keys.engine_pattern)
-            rows = await self._batched(keys, lambda pipe, key: pipe.hgetall(key), per_pipeline=100)
-        present = [(key, row) for key, row in zip(keys, rows, strict=True) if row]  # expired between SCAN, HGETALL
+            present = await self._hashes(self._keys.engine_pattern, per_pipeline=100)
         parsed = await map_yielding(lambda item: (self._keys.engine_id_of(item[0], kind="engine"),
                                                   text_fields(item[1])), present)
         return dict(parsed)

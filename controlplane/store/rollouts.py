@@ -38,7 +38,5 @@ class RolloutsMixin(StoreBase):
             StoreUnavailable: when Redis fails.
         """
         async with self._operation("list_rollouts"):
-            keys = await self._scan(self._keys.rollouts_pattern)
-            rows = await self._batched(keys, lambda pipe, key: pipe.hgetall(key))
-        return {self._keys.rollouts_owner(key): list(row.values()) for key, row in zip(keys, rows, strict=True)
-                if row}
+            present = await self._hashes(self._keys.rollouts_pattern)
+        return {self._keys.rollouts_owner(key): list(row.values()) for key, row in present}

@@ -162,6 +162,13 @@ class StoreBase:
         found = [text(key) async for key in self._redis.scan_iter(match=pattern, count=_SCAN_BATCH)]
         return list(dict.fromkeys(found))
 
+    async def _hashes(self, pattern: str, *, per_pipeline: int = _SCAN_BATCH) -> list[tuple[str, dict[Any, Any]]]:
+        """(key, fields) of every hash matching `pattern`, read per_pipeline at a time; a key that expired between
+        the SCAN and its HGETALL is left out. Call inside `_operation`."""
+        keys = await self._scan(pattern)
+        rows = await self._batched(keys, lambda pipe, key: pipe.hgetall(key), per_pipeline=per_pipeline)
+        return [(key, row) for key, row in zip(keys, rows, strict=True) if row]
+
     async def _batched(self, keys: list[str], command: Callable[[Any, str], object], *,
                        per_pipeline: int = _SCAN_BATCH) -> list[Any]:
         """Run `command(pipe, key)` for every key, pipelined (not transactional) in batches of per_pipeline
