@@ -57,8 +57,7 @@ class EngineObjectives:
             self.forget(engine_id)
         for engine_id, record in wanted.items():
             tracker = self._trackers.get(engine_id)
-            if tracker is not None and tracker.objective.SerializeToString(deterministic=True) == \
-                    record.objective.SerializeToString(deterministic=True):
+            if tracker is not None and tracker.follows(record.objective):
                 continue
             tracker = self._trackers[engine_id] = ObjectiveTracker(objective=record.objective)
             window = self._windows[engine_id] = OutcomeWindow(self._window_buckets, self._bucket_s)

@@ -123,6 +123,10 @@ class ObjectiveTracker:
                               budget_min_tokens=self.objective.budget_min_tokens,
                               budget_max_tokens=self.objective.budget_max_tokens)
 
+    def follows(self, objective: operator_pb2.LatencyObjective) -> bool:
+        """Whether this loop runs `objective` (the same fields): a changed objective starts a new loop."""
+        return self.objective.SerializeToString(deterministic=True) == objective.SerializeToString(deterministic=True)
+
     @property
     def evaluated(self) -> bool:
         """Whether the loop has run once (a new objective is evaluated as soon as it is set)."""
@@ -266,8 +270,7 @@ def sync_tracker(trackers: dict[str, ObjectiveTracker], records: list[operator_p
         trackers.pop(pool_key, None)
         return None
     tracker = trackers.get(pool_key)
-    wanted = record.objective.SerializeToString(deterministic=True)
-    if tracker is None or tracker.objective.SerializeToString(deterministic=True) != wanted:
+    if tracker is None or not tracker.follows(record.objective):
         tracker = trackers[pool_key] = ObjectiveTracker(objective=record.objective)
     return tracker
 
