@@ -47,8 +47,9 @@ from controlplane.loop.judging import (
     judge_block,
 )
 from controlplane.loop.latest_blocks import LatestBlocks
-from controlplane.loop.objective import ObjectiveTracker, sync_tracker
-from controlplane.loop.outcomes import OutcomeSummary
+from controlplane.loop.objective import ObjectiveTracker, PoolView, sync_tracker
+from controlplane.loop.objective_view import pool_view
+from controlplane.loop.outcomes import LatencySet, OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.loop.records import EngineRecord, PoolRecord
@@ -236,7 +237,12 @@ class FleetState:
         rollout = pool.rollouts.active
         if rollout is not None and batch.duration_s.size:
             rollout.observe(engine_id, now_s, float(batch.decode_tokens.sum()), float(batch.duration_s.sum()))
+        latencies = batch.latencies
+        if rollout is not None and rollout.objective is not None and latencies is not None:
+            rollout.observe_latencies(engine_id, now_s, LatencySet.from_values(latencies.ttft_s, latencies.tpot_s,
+                                                                               _EMPTY))
         prompts, outputs = batch.prompt_tokens, batch.output_tokens
+        pool.finished.add(now_s, outputs.size)
         admitted_age_s = batch.admitted_age_s if outputs.size else None
         self._engine_objectives.add(engine_id, batch.latencies, now_s)
         if outputs.size:
@@ -350,9 +356,10 @@ class FleetState:
                               trigger_traceparent=trigger_traceparent)
         if guarded and outcome.decision.diagnostics.theta0 > 0:  # a data-driven verdict (not a cold start)
             key, wanted = hello.pool_key, loop.policy_state.mode
+            pool_tracker = self._trackers.get(key)
             asked, rollout = pool.rollouts.asked(hello.engine_id, wanted, lambda: [
                 e for e, r in self._engines.items() if r.connected and r.loop.hello.pool_key == key
-                and r.own is None], now_s)
+                and r.own is None], now_s, objective=pool_tracker.objective if pool_tracker is not None else None)
             if rollout is not None:
                 effects.rollouts.append(RolloutEvent(key, "started", rollout.from_mode.value, rollout.to_mode.value,
                                                      rollout.describe(pool.num_connected)))
@@ -407,7 +414,7 @@ class FleetState:
         for key, pool in self._pools.items():
             tracker = sync_tracker(self._trackers, self._overrides, key, now_s)
             if tracker is not None and not tracker.evaluated:
-                tracker.evaluate(now_s, pool.stats.outcomes.total, force=True)
+                tracker.evaluate(now_s, pool.stats.outcomes.total, force=True, view=self._view(key, tracker, now_s))
         self._engine_objectives.sync(self._overrides, self._engines, now_s)
         return self.redecide_all(now_s)
 
@@ -490,6 +497,11 @@ class FleetState:
         effects.rollouts.append(RolloutEvent(key, verdict.value, rollout.from_mode.value, rollout.to_mode.value,
                                              detail))
         pool.rollouts.finish(verdict, now_s, detail=detail)
+        tracker = self._trackers.get(key)
+        if tracker is not None and rollout.objective is not None and tracker.follows(rollout.objective):
+            rolled_back = verdict == RolloutVerdict.ROLLED_BACK
+            tracker.learn(rollout.to_mode, rollout.measured(0), now_s, rolled_back=rolled_back)
+            tracker.learn(rollout.from_mode, rollout.measured(1), now_s)
         self._decide_pool(key, now_s, effects)
 
     def _decide_pool(self, key: str, now_s: float, effects: Effects, *, skip: str = "") -> None:
@@ -573,5 +585,10 @@ class FleetState:
         pool.refreshed_bucket = end_bucket
         tracker = sync_tracker(self._trackers, self._overrides, key, now_s)
         if tracker is not None:
-            tracker.evaluate(now_s, pool.stats.outcomes.total)
+            tracker.evaluate(now_s, pool.stats.outcomes.total, view=self._view(key, tracker, now_s))
         return estimate
+
+    def _view(self, key: str, tracker: ObjectiveTracker, now_s: float) -> PoolView:
+        """What the pool's objective loop sees of it (`loop.objective_view`)."""
+        decisions = [r.loop.current for _, r in self.engines() if r.connected and r.loop.hello.pool_key == key]
+        return pool_view(self._pools[key], decisions, tracker.objective, now_s, self.policy)

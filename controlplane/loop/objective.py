@@ -2,31 +2,47 @@
 
 An objective (`LatencyObjective`, set like a δ override, at fleet or pool scope; the pool's own wins) asks
 that a TTFT quantile and/or a TPOT quantile of the pool's finished requests stay under a target. δ is the
-margin of the EB/MB crossover rule: raising it favours MB, which starts new requests sooner (lower TTFT);
-lowering it favours EB, whose decode-only steps are not slowed by prefills (lower TPOT); δ = 0 is the choice
-the cost model predicts gives the most output tokens per second. The rule's decision is binary, so δ only
-matters where it crosses the pool's LHS − RHS gap, whose scale the loop does not assume.
+margin of the EB/MB crossover rule: raising it favours MB, lowering it favours EB; δ = 0 is the choice the cost
+model predicts gives the most output tokens per second. The rule's decision is binary, so δ only matters where
+it crosses the pool's LHS − RHS gap.
 
 Each evaluation (at most every EVALUATE_EVERY_S) reads the quantiles over the pool's outcome window:
-- a target exceeded: δ moves one step in the direction that lowers that latency;
-- every target met with a HYSTERESIS margin: δ moves one step back towards 0 (throughput), never past it;
+- a target exceeded: δ moves one step towards the mode expected to lower that latency;
+- every target met with a HYSTERESIS margin: δ moves one step back towards 0 (throughput), never past it, and
+  not at all while the other mode was measured missing a target (it would only cross back into it);
 - otherwise (met, inside the margin): δ holds.
-Steps start at FIRST_STEP_S_PER_TOKEN and grow ×STEP_GROWTH while they go the same way, and fall back to the
-first step when the direction turns (so a gap of any scale is crossed in a few evaluations, and the loop
-settles instead of oscillating: the margin separates the state that tightens from the one that loosens).
-TTFT and TPOT exceeded at once pull opposite ways: δ moves for the one exceeded by more.
+Which mode lowers a latency is not assumed. Per mode the loop keeps what it measured running that mode alone (a
+whole latency window of it, DRAIN_S after it began, or a guarded rollout's canary or control group, `learn`),
+and the model's prediction
+at the pool's load (`PoolView.predictions`, `core.latency_model`), corrected by the other mode's measured /
+predicted ratio when only that one was measured. δ moves towards the mode whose estimate is lower by
+PREDICTION_MARGIN; closer than that, deeper into the mode the pool runs (no switch on noise); without estimates
+towards the usual one: MB for TTFT (it starts requests sooner when prompts are short beside many decodes), EB for
+TPOT (its decode steps carry no prefill).
+Steps start at FIRST_STEP_S_PER_TOKEN and grow ×STEP_GROWTH while they go the same way; when the pool's
+crossings are known (`PoolView.crossing`: the δ past which every engine's rule leaves its hysteresis band for a
+mode) a step goes at least just past it, so the whole pool changes mode at once. TTFT and TPOT exceeded at once
+pull opposite ways: δ moves for the one exceeded by more.
 
-With δ at the bound on the exceeded target's side, the loop's second lever is P-PAS's budget under pressure,
-B_cap (the step budget while prefills queue beside decodes): a TTFT target exceeded doubles it (more prompt
-tokens per step: waiting prompts start sooner), a TPOT target exceeded halves it (shorter steps for the running
-decodes), one step per evaluation, as a scale of the policy's own B_cap within [1/MAX_BUDGET_SCALE,
-MAX_BUDGET_SCALE]; each engine's policy clamps the scaled B_cap to the objective's budget bounds, its B_max
-and the agent's floor (`core.policy`). Met with margin, the loop first brings the scale back towards 1 (never
-onto the scale that last exceeded a target), then δ towards 0. A target still exceeded with both levers at
-their bounds for INFEASIBLE_AFTER evaluations is infeasible: these engines cannot reach it at this load by
-scheduling alone (the pool needs more engines), and both stay at their bounds, the configuration with the
-lowest latency the loop can reach. An explicit δ override or a pin in force for an engine wins over the
-objective (its δ and its budget).
+After the pool changes mode its window holds the old mode's requests for a while: the window is by completion,
+and a request that finishes under the new mode may have had its first token under the old one, so for a window
+plus DRAIN_S the loop holds, its state read from what the pool's guarded rollout measured of the new mode, when
+one did. While a guarded rollout of the pool runs it holds too: the rollout judges the change on this objective
+first (`loop.rollout`), and its verdict is the measurement.
+
+With δ at the bound on the chosen side, the loop's second lever is P-PAS's budget under pressure, B_cap (the
+step budget while prefills queue beside decodes): a TTFT target exceeded doubles it (more prompt tokens per
+step: waiting prompts start sooner), a TPOT target exceeded halves it (shorter steps for the running decodes),
+one step per evaluation, as a scale of the policy's own B_cap within [1/MAX_BUDGET_SCALE, MAX_BUDGET_SCALE]; each
+engine's policy clamps the scaled B_cap to the objective's budget bounds, its B_max and the agent's floor
+(`core.policy`). Met with margin, the loop first brings the scale back towards 1 (never onto the scale that last
+exceeded a target), then δ towards 0. With both levers at their bounds and the other mode not yet measured, the
+loop tries the other mode (explores) before anything else. A target still exceeded with both levers at their
+bounds, the other mode measured, for INFEASIBLE_AFTER evaluations is infeasible: these engines cannot reach it at
+this load by scheduling alone (the pool needs more engines), and the pool stays on the mode measured (or
+estimated) lowest with both levers at their bounds, the configuration with the lowest latency the loop found.
+Measurements are forgotten after FORGET_VIOLATION_S, so a pool whose load changed is explored again. An explicit
+δ override or a pin in force for an engine wins over the objective (its δ and its budget).
 
 Pure: no I/O, no clock (times are passed in).
 """
@@ -35,10 +51,13 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from controlplane.api.v1 import operator_pb2
-from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, ModePin, OperatorIntent
+from controlplane.core.latency_model import LatencyPrediction
+from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, Mode, ModePin, OperatorIntent
 from controlplane.loop.outcomes import LatencySet
 from controlplane.protocol import pool_key_of_message
 
@@ -49,9 +68,59 @@ FIRST_STEP_S_PER_TOKEN = 1e-6
 STEP_GROWTH = 4.0
 INFEASIBLE_AFTER = 3
 FORGET_VIOLATION_S = 600.0
+MEASURED_TTL_S = 1800.0  # a mode's measurement is kept this long, unless the pool's load moves
+LOAD_CHANGE = 0.25  # a change of the arrival rate per engine by this fraction forgets the modes' measurements
 MIN_QUANTILE, MAX_QUANTILE = 0.5, 0.9999
 MAX_TARGET_S = 3600.0
 MAX_BUDGET_SCALE = 16.0  # B_cap moves by ×2 steps between 1/16 and 16 times the policy's own
+# The model's direction (`PoolView.predictions`) is taken only when one mode's corrected prediction is lower than
+# the other's by this factor; closer than that the default direction stands (the model cannot tell them apart).
+PREDICTION_MARGIN = 1.1
+CROSSING_SLACK = 0.25  # a step across the pool's gaps goes past the farthest by this fraction of its size
+DRAIN_S = 60.0  # after a switch of mode, and a window, the window holds the new mode's requests alone
+SETTLE_S = 20.0  # a guarded rollout's measurement this long before a switch still speaks for the new mode
+_DEFAULT_DIRECTION = {"ttft": 1, "tpot": -1}  # MB starts prompts sooner, EB decodes faster
+_MODE_OF_DIRECTION = {1: Mode.MB, -1: Mode.EB}
+
+
+class Measured(NamedTuple):
+    """The objective's quantiles measured running one mode alone (s, by latency name), when, at what load."""
+
+    at_s: float
+    quantiles: dict[str, float]
+    rate_per_s: float = 0.0  # arrivals per engine per second then (0: not known)
+
+
+_NOTHING = Measured(-math.inf, {})
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """What the loop sees of its pool besides the latencies.
+
+    mode: the mode every engine of the pool runs (None: they differ, or it is not known); mode_since_s: since
+    when (controller clock); window_s: the latency window's length (the window holds the mode's requests alone
+    DRAIN_S after a window has passed since it began).
+    rollout_active: a guarded rollout measures a change of the pool now (the loop holds: its verdict, on the
+    objective too, is the measurement). predictions: the model's latencies per mode at the pool's load
+    (`core.latency_model`; empty: no model); rate_per_s: that load's arrivals per engine (a change by LOAD_CHANGE
+    forgets what was measured at the old one). crossing_s_per_token: per mode, the δ beyond which the crossover
+    rule of every engine of the pool picks it past its hysteresis band (the largest LHS − RHS + band for MB, the
+    smallest LHS − RHS − band for EB), so a step towards a mode crosses the whole pool at once instead of leaving
+    engines on both sides of their gaps.
+    """
+
+    mode: Mode | None = None
+    mode_since_s: float = math.inf
+    window_s: float = 60.0
+    rollout_active: bool = False
+    predictions: Mapping[Mode, LatencyPrediction] = field(default_factory=dict)
+    rate_per_s: float = 0.0  # arrivals per engine per second (0: not known)
+    crossing_s_per_token: Mapping[Mode, float] = field(default_factory=dict)
+
+    def crossing(self, direction: int) -> float | None:
+        """The δ past which every engine's rule leaves its hysteresis band for direction's mode (None: unknown)."""
+        return self.crossing_s_per_token.get(_MODE_OF_DIRECTION[direction])
 
 
 class ObjectiveState(enum.IntEnum):
@@ -97,7 +166,13 @@ def objective_problem(objective: operator_pb2.LatencyObjective) -> str | None:
 
 @dataclass(slots=True)
 class ObjectiveTracker:
-    """One pool's objective loop (see the module docstring)."""
+    """One pool's objective loop (see the module docstring).
+
+    measured: per mode, the objective's quantiles the pool measured running it alone (a whole window of that
+    mode, or a guarded rollout's group), with when and at what load; forgotten after MEASURED_TTL_S or when the
+    load moves by LOAD_CHANGE. predicted: the model's
+    latencies per mode at the latest evaluation (empty without a model).
+    """
 
     objective: operator_pb2.LatencyObjective
     delta_s_per_token: float = 0.0
@@ -114,6 +189,11 @@ class ObjectiveTracker:
     _violated_at_s: float = -math.inf
     _violated_scale: float | None = None  # likewise for the budget scale
     measured_s: dict[str, float] = field(default_factory=dict)
+    measured: dict[Mode, Measured] = field(default_factory=dict)
+    predicted: dict[Mode, LatencyPrediction] = field(default_factory=dict)
+    _exploring: int = 0  # a direction tried because the other one's bound missed and its mode was not measured
+    _seen_mode: Mode | None = None  # the pool's mode at the latest evaluation that saw one
+    _rate_per_s: float = 0.0  # the pool's arrivals per engine at the latest evaluation
 
     def intent(self, *, pin: ModePin) -> OperatorIntent:
         """What an engine of the pool is decided with: the loop's δ and B_cap scale within the objective's
@@ -132,17 +212,44 @@ class ObjectiveTracker:
         """Whether the loop has run once (a new objective is evaluated as soon as it is set)."""
         return self._evaluated_at_s > -math.inf
 
-    def evaluate(self, now_s: float, latencies: LatencySet | None, *, force: bool = False) -> bool:
-        """One step of the loop at now_s over the window's `latencies`; True when δ or the B_cap scale
-        changed. Does nothing before EVALUATE_EVERY_S since the last evaluation (unless force)."""
+    def evaluate(self, now_s: float, latencies: LatencySet | None, *, force: bool = False,
+                 view: PoolView | None = None) -> bool:
+        """One step of the loop at now_s over the window's `latencies`, with what `view` shows of the pool (None:
+        nothing, the model's default directions); True when δ or the B_cap scale changed. Does nothing before
+        EVALUATE_EVERY_S since the last evaluation (unless force)."""
         if not force and now_s - self._evaluated_at_s < EVALUATE_EVERY_S:
             return False
         self._evaluated_at_s = now_s
+        view = view if view is not None else PoolView()
+        self.predicted = dict(view.predictions)
+        self._rate_per_s = view.rate_per_s
+        self._forget(now_s)
+        if view.rollout_active:
+            self.state = ObjectiveState.ADJUSTING
+            self.detail = "holding while a guarded rollout measures the pool's change (on this objective too)"
+            return False
+        clean = view.mode is not None and now_s - view.mode_since_s >= view.window_s + DRAIN_S
+        if view.mode is not None and not clean and self._seen_mode not in (None, view.mode):
+            fresh = self._measured_since(view.mode, view.mode_since_s - SETTLE_S)
+            self.state = ObjectiveState.MEETING if fresh and not self._misses(view.mode) else ObjectiveState.ADJUSTING
+            self.detail = (f"holding: the pool switched to {view.mode.value} {now_s - view.mode_since_s:.0f} s ago; "
+                           f"its window holds {self._seen_mode.value}'s requests until "
+                           f"{view.window_s + DRAIN_S:.0f} s after{self._measured_text(view.mode)}")
+            if fresh and self._hopeless():
+                self.state = ObjectiveState.INFEASIBLE
+                self.detail = (f"both modes measured beyond the target ({self._basis_all()}): these engines cannot "
+                               f"reach it at this load; holding {view.mode.value} while its window clears")
+            return False
         excess = self._excess(latencies)
         if not excess:
             self.state, self.detail = ObjectiveState.NO_LATENCY_DATA, (
                 f"fewer than {MIN_REQUESTS} requests with latency stamps in the window")
             return False
+        self._seen_mode = view.mode if view.mode is not None else self._seen_mode
+        if clean:
+            self.measured[view.mode] = Measured(now_s, dict(self.measured_s), view.rate_per_s)
+        if self._exploring and _MODE_OF_DIRECTION[self._exploring] in self.measured:
+            self._exploring = 0
         worst_name, worst = max(excess.items(), key=lambda item: item[1])
         low, high = delta_bounds(self.objective)
         if now_s - self._violated_at_s > FORGET_VIOLATION_S:
@@ -150,27 +257,43 @@ class ObjectiveTracker:
         if worst > 1.0:
             self._violated_delta, self._violated_scale = self.delta_s_per_token, self.budget_cap_scale
             self._violated_at_s = now_s
-            direction = 1 if worst_name == "ttft" else -1
+            direction = self._direction_for(worst_name, view.mode)
             bound = high if direction > 0 else low
             if self.delta_s_per_token == bound:
-                if self._scale_budget(direction):
+                if self._scale_budget(_DEFAULT_DIRECTION[worst_name]):
                     self._at_bound = 0
                     self.state = ObjectiveState.ADJUSTING
                     self.detail = (f"{self._describe(worst_name)}: δ at its bound, B_cap ×{self.budget_cap_scale:g} "
                                    f"of the policy's")
                     return True
+                other = _MODE_OF_DIRECTION[-direction]
+                if view.mode is not None and not self._exploring and other not in self.measured:
+                    self._exploring, self._at_bound = -direction, 0
+                    self.state = ObjectiveState.ADJUSTING
+                    self.detail = (f"{self._describe(worst_name)}: not met at the "
+                                   f"{_MODE_OF_DIRECTION[direction].value} bound; trying {other.value}, not measured "
+                                   f"yet{self._basis(worst_name)}")
+                    return self._step(-direction, low, high, crossing=view.crossing(-direction))
                 self._at_bound += 1
                 if self._at_bound >= INFEASIBLE_AFTER:
                     self.state = ObjectiveState.INFEASIBLE
                     self.detail = (f"{self._describe(worst_name)}: not met with δ at its bound {bound:+.3g} s/token "
-                                   f"({'MB' if direction > 0 else 'EB'} favoured as far as allowed) and B_cap "
-                                   f"×{self.budget_cap_scale:g}; these engines cannot reach it at this load")
+                                   f"({'MB' if direction > 0 else 'EB'} favoured as far as allowed, the lower of the "
+                                   f"two{self._basis(worst_name)}) and B_cap ×{self.budget_cap_scale:g}; these "
+                                   f"engines cannot reach it at this load")
                 else:
                     self.state, self.detail = ObjectiveState.ADJUSTING, f"{self._describe(worst_name)}: at the bound"
                 return False
             self._at_bound = 0
-            self.state, self.detail = ObjectiveState.ADJUSTING, f"{self._describe(worst_name)}: adjusting δ"
-            return self._step(direction, low, high)
+            self.state = ObjectiveState.ADJUSTING
+            self.detail = (f"{self._describe(worst_name)}: adjusting δ towards "
+                           f"{_MODE_OF_DIRECTION[direction].value}{self._basis(worst_name)}")
+            if self._hopeless():
+                self.state = ObjectiveState.INFEASIBLE
+                self.detail = (f"{self._describe(worst_name)}: both modes measured beyond the target "
+                               f"({self._basis_all()}): these engines cannot reach it at this load; δ towards "
+                               f"{_MODE_OF_DIRECTION[direction].value}, the lower")
+            return self._step(direction, low, high, crossing=view.crossing(direction))
         self._at_bound = 0
         if worst <= 1.0 - HYSTERESIS and self.budget_cap_scale != 1.0:
             self.state = ObjectiveState.MEETING
@@ -181,11 +304,101 @@ class ObjectiveTracker:
             return False
         if worst <= 1.0 - HYSTERESIS and self.delta_s_per_token != 0.0:
             self.state = ObjectiveState.MEETING
+            other = {Mode.MB: Mode.EB, Mode.EB: Mode.MB}.get(view.mode)
+            if other is not None and self._misses(other):
+                self.detail = (f"{self._describe(worst_name)}: met (δ held: {other.value} misses the "
+                               f"target{self._basis(worst_name)})")
+                return False
             self.detail = f"{self._describe(worst_name)}: met with margin, δ back towards throughput"
             return self._loosen(low, high)
         self.state, self.detail = ObjectiveState.MEETING, f"{self._describe(worst_name)}: met"
         self._direction = 0
         return False
+
+    def learn(self, mode: Mode, quantiles: Mapping[str, float], now_s: float, *, rolled_back: bool = False) -> None:
+        """What a guarded rollout's group measured running `mode` (the objective's quantiles, those it had
+        enough requests for); rolled_back: the canaries' mode missed the objective worse than the control's,
+        so loosening never goes back onto the δ in force now."""
+        if quantiles:
+            self.measured[mode] = Measured(now_s, dict(quantiles), self._rate_per_s)
+        if rolled_back:
+            self._violated_delta, self._violated_at_s = self.delta_s_per_token, now_s
+
+    def _measured_since(self, mode: Mode, since_s: float) -> bool:
+        measured = self.measured.get(mode)
+        return measured is not None and measured.at_s >= since_s and bool(measured.quantiles)
+
+    def _measured_text(self, mode: Mode) -> str:
+        measured = self.measured.get(mode, _NOTHING).quantiles
+        return f"; its rollout measured{''.join(f' {name.upper()} {v:.3g} s' for name, v in measured.items())}" \
+            if measured else ""
+
+    def _misses(self, mode: Mode, *, margin: float = 1.0) -> bool:
+        """Whether `mode` was measured (recently) above margin × a target of the objective."""
+        measured = self.measured.get(mode)
+        return measured is not None and any(value > margin * getattr(self.objective, f"{name}_target_s")
+                                            for name, value in measured.quantiles.items())
+
+    def _hopeless(self) -> bool:
+        """Both modes measured beyond a target by more than HYSTERESIS: no mode reaches the objective."""
+        return all(self._misses(mode, margin=1.0 + HYSTERESIS) for mode in (Mode.MB, Mode.EB))
+
+    def _basis_all(self) -> str:
+        """Every mode's measured quantiles, in words."""
+        return ", ".join(f"{mode.value}" + "".join(f" {name.upper()} {value:.3g} s" for name, value in
+                                                   self.measured.get(mode, _NOTHING).quantiles.items())
+                         for mode in (Mode.EB, Mode.MB))
+
+    def _forget(self, now_s: float) -> None:
+        rate = self._rate_per_s
+        for mode, seen in list(self.measured.items()):
+            moved = rate > 0.0 and seen.rate_per_s > 0.0 and abs(rate / seen.rate_per_s - 1.0) > LOAD_CHANGE
+            if moved or now_s - seen.at_s > MEASURED_TTL_S:
+                del self.measured[mode]
+
+    def _estimate(self, mode: Mode, name: str) -> float | None:
+        """The latency `name` running `mode`: measured when it was, else the model's prediction corrected by the
+        other mode's measured/predicted ratio when that mode was measured; None without either."""
+        measured = self.measured.get(mode)
+        if measured is not None and name in measured.quantiles:
+            return measured.quantiles[name]
+        prediction = self.predicted.get(mode)
+        if prediction is None:
+            return None
+        value = prediction.latency_s(name)
+        other = Mode.EB if mode == Mode.MB else Mode.MB
+        seen, guess = self.measured.get(other), self.predicted.get(other)
+        if math.isfinite(value) and seen is not None and name in seen.quantiles and guess is not None:
+            guessed = guess.latency_s(name)
+            if math.isfinite(guessed) and guessed > 0.0:
+                value *= seen.quantiles[name] / guessed
+        return value
+
+    def _direction_for(self, name: str, running: Mode | None) -> int:
+        """Which way δ moves for a missed `name`: the direction being explored, else towards the mode whose
+        estimate is lower by PREDICTION_MARGIN, else (closer than that) towards the mode `running`, else the
+        default (TTFT towards MB, TPOT towards EB)."""
+        if self._exploring:
+            return self._exploring
+        up, down = self._estimate(Mode.MB, name), self._estimate(Mode.EB, name)
+        if up is not None and down is not None:
+            if up * PREDICTION_MARGIN < down:
+                return 1
+            if down * PREDICTION_MARGIN < up:
+                return -1
+            if running is not None:
+                return 1 if running == Mode.MB else -1
+        return _DEFAULT_DIRECTION[name]
+
+    def _basis(self, name: str) -> str:
+        """What the direction rests on, in words ("" without estimates)."""
+        parts = []
+        for mode in (Mode.EB, Mode.MB):
+            value = self._estimate(mode, name)
+            if value is not None:
+                how = "measured" if name in self.measured.get(mode, _NOTHING).quantiles else "predicted"
+                parts.append(f"{mode.value} {how} {value:.3g} s")
+        return f" ({', '.join(parts)})" if parts else ""
 
     def _excess(self, latencies: LatencySet | None) -> dict[str, float]:
         """measured quantile / target per objective with enough data."""
@@ -242,13 +455,20 @@ class ObjectiveTracker:
         self.budget_cap_scale = moved
         return True
 
-    def _step(self, direction: int, low: float, high: float, *, toward_zero: bool = False) -> bool:
+    def _step(self, direction: int, low: float, high: float, *, toward_zero: bool = False,
+              crossing: float | None = None) -> bool:
+        """One step of δ in `direction` (growing ×STEP_GROWTH while the direction holds), at least to just past
+        `crossing` (the δ that moves every engine of the pool to direction's mode) when it is ahead; within the
+        bounds, and not past 0 when toward_zero."""
         if direction == self._direction:
             self._step_s_per_token *= STEP_GROWTH
         else:
             self._step_s_per_token = FIRST_STEP_S_PER_TOKEN
         self._direction = direction
         moved = self.delta_s_per_token + direction * self._step_s_per_token
+        if crossing is not None and math.isfinite(crossing) and (crossing - self.delta_s_per_token) * direction >= 0:
+            past = crossing + direction * max(CROSSING_SLACK * abs(crossing), FIRST_STEP_S_PER_TOKEN)
+            moved = max(moved, past) if direction > 0 else min(moved, past)
         if toward_zero and (moved > 0) != (self.delta_s_per_token > 0):
             moved = 0.0
         moved = min(high, max(low, moved))

@@ -173,6 +173,10 @@ class OutcomeWindow:
             self._expire()
 
     @property
+    def window_s(self) -> float:
+        return self.window_buckets * self.bucket_s
+
+    @property
     def total(self) -> LatencySet:
         """The window's sum (read-only by convention)."""
         return self._total
@@ -182,6 +186,6 @@ class OutcomeWindow:
         total = self._total
         if total.count == 0:
             return None
-        return OutcomeSummary(window_s=self.window_buckets * self.bucket_s, ttft=quantiles_of(total.ttft),
+        return OutcomeSummary(window_s=self.window_s, ttft=quantiles_of(total.ttft),
                               tpot=quantiles_of(total.tpot), queue=quantiles_of(total.queue),
                               num_requests=total.count)

@@ -25,6 +25,20 @@ rolled-back (or aborted) change is not tried again for COOLDOWN_S: the model ask
 answered by holding the established mode (reason rollout_hold); a promoted one is let through at once for
 COOLDOWN_S (the control engines, and any other engine asking for the same change, switch).
 
+A pool under a latency objective also judges its rollouts on the objective's attainment, first: both groups'
+finished requests (after WARMUP_S) fill a latency set per group, and each quantile q the objective names (TTFT
+and/or TPOT) is compared between the groups (`compare_quantile`): the share of each group's requests above the
+two groups' pooled q-quantile, by a two-proportion z statistic (the test of Mood's median test, at q; under no
+difference both shares are 1 − q). A canary worse by LATENCY_Z on a latency whose target its own quantile misses
+is rolled back; one better by LATENCY_Z on a latency whose target the control misses is promoted, at once (the
+objective is the constraint under which throughput is maximised, so a change that meets it where the old mode
+does not is not held back by the throughput test). While the control misses a target, nothing else promotes the
+change: not found better on the objective by MAX_OBSERVE_S, it is rolled back (it did not help the objective);
+a throughput loss still rolls it back at once. Otherwise (both groups meet the targets) the throughput rules above
+decide. Each latency is tested once LATENCY_MIN_TAIL requests of each
+group lie beyond the quantile; LATENCY_Z = Z_BOUND, so a change that makes no difference is rolled back (or
+promoted) on a latency with probability at most 36 × 0.023% ≈ 0.84% per latency, as on throughput.
+
 Pure: no I/O, no clock (times are passed in).
 """
 
@@ -36,7 +50,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from controlplane.api.v1 import operator_pb2
+from controlplane.core.latency_sketch import LatencySketch, bucket_indices
 from controlplane.core.types import DeltaSource, Mode, ModePin, OperatorIntent, Reason
+from controlplane.loop.outcomes import LatencySet
 
 MIN_ENGINES = 2
 CANARY_FRACTION = 0.1
@@ -49,6 +68,9 @@ TOLERANCE = 0.01
 Z_BOUND = 3.5
 COOLDOWN_S = 600.0
 MIN_BUSY_S = 0.5  # a slice with less stepping says nothing about throughput
+LATENCY_Z = Z_BOUND
+LATENCY_MIN_TAIL = 5  # requests beyond the quantile, per group, before its interval is trusted
+LATENCY_NAMES = ("ttft", "tpot")
 
 
 # Where δ may come from in a guarded pool: an operator's explicit δ override bypasses the guard.
@@ -136,9 +158,80 @@ def compare(canary: list[float], control: list[float]) -> Comparison | None:
     return Comparison(mean_a, mean_b, (mean_a - mean_b) / mean_b, se / mean_b, len(canary), len(control), df)
 
 
+@dataclass(frozen=True, slots=True)
+class LatencyComparison:
+    """One latency's quantile in both groups (s), the objective's target, and the test statistic: z > 0 when
+    more of the control's requests than of the canary's lie above the two groups' pooled quantile."""
+
+    name: str
+    quantile: float
+    target_s: float
+    canary_s: float
+    control_s: float
+    z: float
+
+    @property
+    def better(self) -> bool:
+        return self.z >= LATENCY_Z
+
+    @property
+    def worse(self) -> bool:
+        return self.z <= -LATENCY_Z
+
+    def describe(self) -> str:
+        return (f"{self.name.upper()} p{100 * self.quantile:g} {self.canary_s:.3g} s against {self.control_s:.3g} s "
+                f"(target {self.target_s:.3g} s{', better' if self.better else ', worse' if self.worse else ''})")
+
+
+def compare_quantile(name: str, quantile: float, target_s: float, canary: LatencySet, control: LatencySet
+                     ) -> LatencyComparison | None:
+    """The two groups' `name` latency at `quantile`, tested by the share of each group above their pooled
+    quantile (a two-proportion z statistic; equal shares, 1 − quantile each, when the distributions are the
+    same); None while a group has fewer than LATENCY_MIN_TAIL requests beyond the quantile."""
+    mine, theirs = getattr(canary, name), getattr(control, name)
+    if min(mine.count, theirs.count) * (1.0 - quantile) < LATENCY_MIN_TAIL:
+        return None
+    pooled = mine.copy()
+    pooled.merge(theirs)
+    threshold = int(bucket_indices(np.array([pooled.quantile(quantile)]))[0])
+    share_mine, share_theirs = _share_above(mine, threshold), _share_above(theirs, threshold)
+    share = (share_mine * mine.count + share_theirs * theirs.count) / (mine.count + theirs.count)
+    se = math.sqrt(share * (1.0 - share) * (1.0 / mine.count + 1.0 / theirs.count))
+    z = (share_theirs - share_mine) / se if se > 0.0 else 0.0
+    return LatencyComparison(name, quantile, target_s, mine.quantile(quantile), theirs.quantile(quantile), z)
+
+
+def _share_above(sketch: LatencySketch, index: int) -> float:
+    indices, counts = sketch.buckets()
+    return float(counts[indices > index].sum()) / sketch.count
+
+
+def latency_comparisons(objective: operator_pb2.LatencyObjective, canary: LatencySet, control: LatencySet
+                        ) -> list[LatencyComparison]:
+    """Each latency the objective names that both groups have enough requests to compare."""
+    compared = []
+    for name in LATENCY_NAMES:
+        quantile, target = getattr(objective, f"{name}_quantile"), getattr(objective, f"{name}_target_s")
+        found = compare_quantile(name, quantile, target, canary, control) if quantile and target else None
+        if found is not None:
+            compared.append(found)
+    return compared
+
+
+def latency_verdict(compared: list[LatencyComparison]) -> Verdict | None:
+    """ROLLED_BACK when the canary is worse with confidence on a latency whose target it misses; PROMOTED when it
+    is better with confidence on one whose target the control misses (and not rolled back); else None."""
+    if any(c.worse and c.canary_s > c.target_s for c in compared):
+        return Verdict.ROLLED_BACK
+    if any(c.better and c.control_s > c.target_s for c in compared):
+        return Verdict.PROMOTED
+    return None
+
+
 @dataclass(slots=True)
 class Rollout:
-    """One change under test in a pool."""
+    """One change under test in a pool. objective: the pool's latency objective at the start (None: judged on
+    throughput alone); latencies: each group's finished requests since the warm-up, while it has one."""
 
     from_mode: Mode
     to_mode: Mode
@@ -147,36 +240,66 @@ class Rollout:
     participants: frozenset[str] = frozenset()  # the engines of the change's established mode at its start
     slices: dict[str, _Slices] = field(default_factory=dict)
     last: Comparison | None = None
+    objective: operator_pb2.LatencyObjective | None = None
+    latencies: tuple[LatencySet, LatencySet] = field(default_factory=lambda: (LatencySet.empty(), LatencySet.empty()))
+    last_latency: list[LatencyComparison] = field(default_factory=list)
 
     def observe(self, engine_id: str, now_s: float, tokens: float, busy_s: float) -> None:
         if now_s - self.started_at_s < WARMUP_S or (self.participants and engine_id not in self.participants):
             return
         self.slices.setdefault(engine_id, _Slices(start_s=now_s)).add(now_s, tokens, busy_s)
 
+    def observe_latencies(self, engine_id: str, now_s: float, latencies: LatencySet) -> None:
+        """A participant's finished requests of one batch (ignored without an objective or in the warm-up)."""
+        if (self.objective is None or now_s - self.started_at_s < WARMUP_S
+                or (self.participants and engine_id not in self.participants)):
+            return
+        self.latencies[0 if engine_id in self.canary_ids else 1].merge(latencies)
+
+    def measured(self, group: int) -> dict[str, float]:
+        """The objective's quantiles a group measured (0: canary, 1: control), those it had enough requests for."""
+        if self.objective is None:
+            return {}
+        found = {}
+        for name in LATENCY_NAMES:
+            quantile, sketch = getattr(self.objective, f"{name}_quantile"), getattr(self.latencies[group], name)
+            if quantile and sketch.count * (1.0 - quantile) >= LATENCY_MIN_TAIL:
+                found[name] = sketch.quantile(quantile)
+        return found
+
     def evaluate(self, now_s: float) -> Verdict | None:
+        missed = False  # the control misses a target of the pool's objective: only a latency verdict promotes
+        if self.objective is not None:
+            self.last_latency = latency_comparisons(self.objective, *self.latencies)
+            verdict = latency_verdict(self.last_latency)
+            if verdict is not None:
+                return verdict
+            missed = any(c.control_s > c.target_s for c in self.last_latency)
         canary = [r for e, s in self.slices.items() if e in self.canary_ids for r in s.rates]
         control = [r for e, s in self.slices.items() if e not in self.canary_ids for r in s.rates]
         self.last = compare(canary, control)
         elapsed_s = now_s - self.started_at_s
+        settled = Verdict.ROLLED_BACK if missed else Verdict.PROMOTED  # the verdict at MAX_OBSERVE_S
         if self.last is None:  # too few slices: none at all (the engines report no steps) cannot be measured
             unmeasured = not self.slices and elapsed_s >= WARMUP_S + 2 * SLICE_S
-            return Verdict.PROMOTED if unmeasured or elapsed_s >= MAX_OBSERVE_S else None
+            return settled if unmeasured or elapsed_s >= MAX_OBSERVE_S else None
         c = self.last
         if c.relative + c.bound * c.relative_se < -TOLERANCE:
             return Verdict.ROLLED_BACK
-        if elapsed_s >= MIN_OBSERVE_S and c.relative - c.bound * c.relative_se > -TOLERANCE:
+        if not missed and elapsed_s >= MIN_OBSERVE_S and c.relative - c.bound * c.relative_se > -TOLERANCE:
             return Verdict.PROMOTED
         if elapsed_s >= MAX_OBSERVE_S:
-            return Verdict.PROMOTED
+            return settled
         return None
 
     def describe(self, num_engines: int) -> str:
         head = (f"canary {self.from_mode.value}→{self.to_mode.value} since {self.started_at_s:.0f} s, "
                 f"{len(self.canary_ids)} of {num_engines} engines")
+        latency = "".join(f", {c.describe()}" for c in self.last_latency)
         c = self.last
         if c is None:
-            return head + ", measuring"
-        return (f"{head}, tokens/s per busy second {100 * c.relative:+.1f}% ± {100 * c.relative_se:.1f}% "
+            return head + latency + ", measuring"
+        return (f"{head}{latency}, tokens/s per busy second {100 * c.relative:+.1f}% ± {100 * c.relative_se:.1f}% "
                 f"({c.num_canary} / {c.num_control} slices)")
 
 
@@ -207,12 +330,13 @@ class PoolRollouts:
             return active.to_mode
         return self.established.get(engine_id)
 
-    def asked(self, engine_id: str, wanted: Mode, engines: Callable[[], list[str]], now_s: float
-              ) -> tuple[Asked, Rollout | None]:
+    def asked(self, engine_id: str, wanted: Mode, engines: Callable[[], list[str]], now_s: float, *,
+              objective: operator_pb2.LatencyObjective | None = None) -> tuple[Asked, Rollout | None]:
         """The model asked `engine_id` for `wanted` (a data-driven verdict). A change from the engine's
         established mode is let through when promoted within COOLDOWN_S, held when rolled back within
         COOLDOWN_S or while another change is under test, and otherwise starts a rollout among the pool's
-        engines (`engines()`, called only then) of the same established mode. Returns what the engine runs now
+        engines (`engines()`, called only then) of the same established mode, judged also on `objective` (the pool's
+latency objective, if any). Returns what the engine runs now
         and the rollout started (None when none started)."""
         established = self.established.setdefault(engine_id, wanted)
         if wanted == established:
@@ -230,7 +354,8 @@ class PoolRollouts:
         participants = [e for e in engines() if self.established.get(e) == established]
         if len(participants) < MIN_ENGINES:
             return Asked.NOTHING, None
-        self.active = Rollout(established, wanted, now_s, canaries(participants, now_s), frozenset(participants))
+        self.active = Rollout(established, wanted, now_s, canaries(participants, now_s), frozenset(participants),
+                              objective=objective)
         return (Asked.CANARY if engine_id in self.active.canary_ids else Asked.NOTHING), self.active
 
     def finish(self, verdict: Verdict, now_s: float, *, detail: str = "") -> None:

@@ -94,6 +94,14 @@ SMOKES = (
         rf"^index \+ SCAN \(every 5 min; before: 5 s\)\s+{NUMBER}\s+{NUMBER}\s+3$",
         rf"^ratio index / SCAN: wall {NUMBER}, server CPU {NUMBER}$",
     )),
+    Smoke("latency_model.py", (
+        r"^latency model against the twin: pools of 2 engines pinned to each mode",
+        r"^case\s+load/s\s+mode\s+TTFT p99 s\s+predicted\s+ratio\s+TPOT ms\s+predicted\s+ratio$",
+        *(rf"^h200-qwen3-8b sharegpt\s+{NUMBER}\s+{mode}" + rf"\s+{NUMBER}" * 6 + "$" for mode in ("eb", "mb")),
+        r"^  order TTFT p99: twin (EB|MB|tie) lower, model running (eb|mb): (EB|MB|tie) lower "
+        r"-> (agree|too close|DISAGREE)$",
+        rf"^orders agreed: \d+ of \d+ that both tell apart; \|log\(predicted / measured\)\| median {NUMBER}, largest",
+    )),
     Smoke("lognormal_tail.py", (
         r"^cold windows of 512 slots, 2 seeds;",
         r"^law\s+cut\s+Ŝ\(τ\)\s+constant tail\s+log-normal tail\s+used\s+ms\s+base ms$",

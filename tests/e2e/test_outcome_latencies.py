@@ -80,7 +80,7 @@ async def _objective_moves_delta(address: str, view: operator_pb2.DecisionView, 
     while True:
         explained = json.loads(await asyncio.to_thread(_ctl, address, "explain", "latency", "-o", "json"))
         elapsed_s = time.monotonic() - started
-        if explained["delta_source"] == "objective" and explained["terms"]["delta_s_per_token"] > 0:
+        if explained["delta_source"] == "objective" and explained["terms"]["delta_s_per_token"] != 0:
             assert explained["outcomes"]["objective"]["state"] in ("adjusting", "infeasible"), explained["outcomes"]
             return elapsed_s
         assert elapsed_s <= 10.0, explained

@@ -1,0 +1,116 @@
+"""What a pool's objective loop sees of the pool besides its latencies (`loop.objective.PoolView`): the mode its
+engines run and since when, its arrival rate, and the model's latencies per mode at that load.
+
+The mode is the one every connected engine of the pool here was last decided to run (None while they differ,
+e.g. during a guarded rollout). The arrival rate is this replica's: the requests its engines of the pool finished
+over the last RATE_WINDOW_S (an open-loop pool finishes what arrives), per connected engine. The predictions
+(`core.latency_model`) use the cost model the pool's steps identify (its online fit, the calibration for the
+phases the steps do not cover: a stale calibration must not decide which mode is faster where the steps
+measured it), the window's mean prompt and output lengths, and the admission cap N, threshold k and budgets
+of one of its engines' current decision. The crossings are where every engine's crossover rule, read from its
+current decision's LHS and RHS, leaves its hysteresis band for each mode.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from controlplane.api.v1 import common_pb2, operator_pb2
+from controlplane.core.latency_model import EngineLoad, LatencyPrediction, load_problem, predict
+from controlplane.core.types import Mode, PolicyConfig
+from controlplane.loop.estimate import PoolEstimate
+from controlplane.loop.objective import PoolView
+from controlplane.protocol import MODE_FROM_PROTO
+
+if TYPE_CHECKING:
+    from controlplane.loop.records import PoolRecord
+
+RATE_WINDOW_S = 60.0
+DEFAULT_QUANTILE = 0.99  # a TTFT quantile predicted when the objective names only TPOT
+
+
+@dataclass(slots=True)
+class FinishedCounter:
+    """Requests finished per whole second over the last RATE_WINDOW_S (controller clock)."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+
+    def add(self, now_s: float, count: int) -> None:
+        if count <= 0:
+            return
+        second = math.floor(now_s)
+        self.counts[second] = self.counts.get(second, 0) + count
+        if len(self.counts) > 2 * RATE_WINDOW_S:
+            oldest = second - RATE_WINDOW_S
+            for old in [s for s in self.counts if s < oldest]:
+                del self.counts[old]
+
+    def rate_per_s(self, now_s: float) -> float:
+        oldest = math.floor(now_s) - RATE_WINDOW_S
+        return sum(count for second, count in self.counts.items() if second >= oldest) / RATE_WINDOW_S
+
+
+@dataclass(slots=True)
+class ModeClock:
+    """The pool's unanimous mode and since when it has held (inf before any)."""
+
+    mode: Mode | None = None
+    since_s: float = math.inf
+
+    def update(self, decisions: Iterable[common_pb2.Decision | None], now_s: float) -> None:
+        modes = {MODE_FROM_PROTO.get(d.mode) if d is not None else None for d in decisions}
+        mode = modes.pop() if len(modes) == 1 else None
+        if mode not in (Mode.MB, Mode.EB):
+            mode = None
+        if mode != self.mode:
+            self.mode, self.since_s = mode, (now_s if mode is not None else math.inf)
+
+
+def predictions(estimate: PoolEstimate | None, decision: common_pb2.Decision | None, rate_per_engine_s: float,
+                *, quantile: float) -> dict[Mode, LatencyPrediction]:
+    """The model's latencies for EB and MB at the pool's load; empty when something it needs is missing (no
+    costs, no lengths yet, no decision, or a load `core.latency_model` refuses)."""
+    if estimate is None or decision is None or estimate.costs is None or not decision.HasField("diagnostics"):
+        return {}
+    costs = estimate.cost_fit.to_cost_model(fallback=estimate.costs) or estimate.costs
+    diagnostics = decision.diagnostics
+    n = max(1, decision.n)
+    load = EngineLoad(arrival_rate_per_s=rate_per_engine_s, mu_l_tokens=diagnostics.mu_l_tokens,
+                      mu_o_tokens=diagnostics.mu_o_tokens, max_running=n, k=min(max(1, decision.k), n),
+                      b_max_tokens=decision.budget.b_max_tokens, b_cap_tokens=decision.budget.b_cap_tokens)
+    if load_problem(load) is not None:
+        return {}
+    return {mode: predict(mode, costs, load, quantile=quantile) for mode in (Mode.EB, Mode.MB)}
+
+
+def crossings(decisions: Iterable[common_pb2.Decision | None], policy: PolicyConfig) -> dict[Mode, float]:
+    """Per mode, the δ beyond which every data-driven decision's crossover rule picks it past the hysteresis band
+    (`core.crossover.select_mode`): max(LHS − RHS + band) for MB, min(LHS − RHS − band) for EB; empty without
+    one."""
+    to_mb, to_eb = -math.inf, math.inf
+    for decision in decisions:
+        if decision is None or decision.diagnostics.theta0 <= 0.0:
+            continue
+        lhs, rhs = decision.diagnostics.lhs_s_per_token, decision.diagnostics.rhs_s_per_token
+        band = policy.hysteresis_rel * (abs(lhs) + abs(rhs)) + policy.hysteresis_abs_s_per_token
+        to_mb, to_eb = max(to_mb, lhs - rhs + band), min(to_eb, lhs - rhs - band)
+    return {Mode.MB: to_mb, Mode.EB: to_eb} if math.isfinite(to_mb) and math.isfinite(to_eb) else {}
+
+
+def pool_view(pool: PoolRecord, decisions: list[common_pb2.Decision | None], objective: operator_pb2.LatencyObjective,
+              now_s: float, policy: PolicyConfig) -> PoolView:
+    """The objective loop's view of `pool`, whose connected engines here were last decided `decisions` under
+    `policy`."""
+    pool.mode.update(decisions, now_s)
+    rate_s = pool.finished.rate_per_s(now_s) / max(1, pool.num_connected)
+    decision = next((d for d in decisions if d is not None), None)
+    return PoolView(mode=pool.mode.mode, mode_since_s=pool.mode.since_s, window_s=pool.stats.outcomes.window_s,
+                    rollout_active=pool.rollouts.active is not None, rate_per_s=rate_s,
+                    crossing_s_per_token=crossings(decisions, policy),
+                    predictions=predictions(pool.stats.estimate, decision, rate_s,
+                                            quantile=objective.ttft_quantile or DEFAULT_QUANTILE))

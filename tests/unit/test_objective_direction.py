@@ -1,0 +1,133 @@
+"""Which way the objective loop moves δ when it sees its pool (`loop.objective.PoolView`): the model's predicted
+latencies per mode choose the first direction, measurements per mode correct it, a bound that misses makes it try
+the other mode before calling the target infeasible, an infeasible pool is held on the mode measured lowest, and
+the loop holds while a guarded rollout measures the pool or while its latency window still holds the mode before."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from controlplane.api.v1 import operator_pb2
+from controlplane.core.latency_model import LatencyPrediction
+from controlplane.core.types import Mode
+from controlplane.loop.objective import DRAIN_S, EVALUATE_EVERY_S, ObjectiveState, ObjectiveTracker, PoolView
+from controlplane.loop.outcomes import LatencySet
+
+GAP_S_PER_TOKEN = 2e-5  # the pool runs MB while δ > −GAP_S_PER_TOKEN: MB is its throughput choice at δ = 0
+BOUND_S_PER_TOKEN = 1e-4
+WINDOW_S = 60.0
+
+
+def _objective(target_s: float) -> operator_pb2.LatencyObjective:
+    return operator_pb2.LatencyObjective(ttft_quantile=0.99, ttft_target_s=target_s,
+                                         delta_min_s_per_token=-BOUND_S_PER_TOKEN,
+                                         delta_max_s_per_token=BOUND_S_PER_TOKEN)
+
+
+def _prediction(mode: Mode, ttft_s: float) -> LatencyPrediction:
+    return LatencyPrediction(mode, 2048, ttft_s, 0.02, 0.02, 10.0, 0.5)
+
+
+class _Pool:
+    """A simulated pool: MB runs while δ > gap (δ = 0 gives MB when the gap is negative), each mode with its own
+    TTFT p99 (the window holds the new mode's requests at once: the loop still holds a window + DRAIN_S)."""
+
+    def __init__(self, *, ttft_mb_s: float, ttft_eb_s: float, gap: float = -GAP_S_PER_TOKEN,
+                 predictions: dict[Mode, LatencyPrediction] | None = None) -> None:
+        self.ttft = {Mode.MB: ttft_mb_s, Mode.EB: ttft_eb_s}
+        self.gap = gap
+        self.predictions = predictions or {}
+        self.mode: Mode | None = None
+        self.since_s = math.inf
+        self.rng = np.random.default_rng(0)
+
+    def run(self, tracker: ObjectiveTracker, evaluations: int) -> list[tuple[float, Mode]]:
+        path = []
+        for i in range(evaluations):
+            now_s = i * EVALUATE_EVERY_S
+            mode = Mode.MB if tracker.delta_s_per_token > self.gap else Mode.EB
+            if mode != self.mode:
+                self.mode, self.since_s = mode, now_s if self.mode is not None else -WINDOW_S
+            p99_s = self.ttft[mode]
+            latencies = LatencySet.from_values(self.rng.lognormal(math.log(p99_s) - 2.326 * 0.3, 0.3, 2000),
+                                               np.zeros(0), np.zeros(0))
+            view = PoolView(mode=mode, mode_since_s=self.since_s, window_s=WINDOW_S, predictions=self.predictions)
+            tracker.evaluate(now_s, latencies, view=view)
+            path.append((tracker.delta_s_per_token, mode))
+        return path
+
+
+def test_the_models_prediction_chooses_the_first_direction() -> None:
+    pool = _Pool(ttft_mb_s=0.26, ttft_eb_s=0.13, predictions={Mode.MB: _prediction(Mode.MB, 0.3),
+                                                              Mode.EB: _prediction(Mode.EB, 0.1)})
+    tracker = ObjectiveTracker(_objective(0.16))
+    path = pool.run(tracker, 80)
+    assert path[0][0] < 0.0  # towards EB at once: the model predicts EB's TTFT lower
+    assert path[-1][1] == Mode.EB and tracker.state == ObjectiveState.MEETING
+    assert tracker.measured[Mode.EB].quantiles["ttft"] < 0.16
+
+
+def test_without_a_model_a_bound_that_misses_makes_it_try_the_other_mode_before_infeasible() -> None:
+    pool = _Pool(ttft_mb_s=0.26, ttft_eb_s=0.13)
+    tracker = ObjectiveTracker(_objective(0.16))
+    path = pool.run(tracker, 160)
+    assert any(delta == BOUND_S_PER_TOKEN for delta, _ in path)  # first the default direction (MB) to its bound
+    assert path[-1][1] == Mode.EB and tracker.state == ObjectiveState.MEETING
+    assert all(mode == Mode.EB for _, mode in path[-20:])  # and it stays there, no oscillation
+    assert "ttft" in tracker.measured[Mode.MB].quantiles and "ttft" in tracker.measured[Mode.EB].quantiles
+
+
+def test_a_target_neither_mode_meets_is_infeasible_on_the_mode_measured_lowest() -> None:
+    pool = _Pool(ttft_mb_s=0.26, ttft_eb_s=0.13)
+    tracker = ObjectiveTracker(_objective(0.05))
+    path = pool.run(tracker, 160)
+    assert tracker.state == ObjectiveState.INFEASIBLE and "cannot reach" in tracker.detail
+    assert path[-1][1] == Mode.EB and "measured" in tracker.detail
+
+
+def test_measurements_correct_a_wrong_prediction() -> None:
+    # The model says MB is faster; the pool's own MB window says 0.26 s; EB, never run, is predicted at the
+    # MB's measured/predicted ratio: 0.2 × (0.26 / 0.1) = 0.52 s, so MB stays first, and EB is still tried at
+    # MB's bound before the target is called infeasible.
+    pool = _Pool(ttft_mb_s=0.26, ttft_eb_s=0.13, predictions={Mode.MB: _prediction(Mode.MB, 0.1),
+                                                              Mode.EB: _prediction(Mode.EB, 0.2)})
+    tracker = ObjectiveTracker(_objective(0.16))
+    path = pool.run(tracker, 160)
+    assert path[-1][1] == Mode.EB and tracker.state == ObjectiveState.MEETING
+
+
+def test_it_holds_while_a_guarded_rollout_measures_the_pool() -> None:
+    tracker = ObjectiveTracker(_objective(0.1))
+    latencies = LatencySet.from_values(np.full(1000, 0.5), np.zeros(0), np.zeros(0))
+    assert not tracker.evaluate(0.0, latencies, view=PoolView(mode=Mode.MB, mode_since_s=-100.0,
+                                                              rollout_active=True))
+    assert tracker.delta_s_per_token == 0.0 and "rollout" in tracker.detail
+    assert tracker.evaluate(10.0, latencies, view=PoolView(mode=Mode.MB, mode_since_s=-100.0))
+
+
+def test_it_holds_while_its_window_holds_the_mode_before() -> None:
+    tracker = ObjectiveTracker(_objective(0.1))
+    latencies = LatencySet.from_values(np.full(1000, 0.5), np.zeros(0), np.zeros(0))
+    assert tracker.evaluate(0.0, latencies, view=PoolView(mode=Mode.MB, mode_since_s=-100.0))
+    before = tracker.delta_s_per_token
+    assert not tracker.evaluate(10.0, latencies, view=PoolView(mode=Mode.EB, mode_since_s=8.0))
+    assert tracker.delta_s_per_token == before and "window holds mb's requests" in tracker.detail
+    assert not tracker.evaluate(8.0 + WINDOW_S + DRAIN_S - EVALUATE_EVERY_S, latencies,
+                                view=PoolView(mode=Mode.EB, mode_since_s=8.0))
+    assert tracker.evaluate(8.0 + WINDOW_S + DRAIN_S, latencies, view=PoolView(mode=Mode.EB, mode_since_s=8.0))
+    assert "ttft" in tracker.measured[Mode.EB].quantiles  # a clean window of EB: measured
+
+
+def test_a_rolled_back_canary_teaches_the_loop_its_modes_latency() -> None:
+    tracker = ObjectiveTracker(_objective(0.2))
+    tracker.delta_s_per_token = 3e-5  # moved towards MB for a TTFT excess; MB's canary measured worse
+    tracker.learn(Mode.MB, {"ttft": 0.4}, 100.0, rolled_back=True)
+    tracker.learn(Mode.EB, {"ttft": 0.3}, 100.0)
+    assert tracker.measured[Mode.MB].quantiles == {"ttft": 0.4} and tracker.measured[Mode.MB].at_s == 100.0
+    latencies = LatencySet.from_values(np.full(1000, 0.3), np.zeros(0), np.zeros(0))
+    assert tracker.evaluate(101.0, latencies, view=PoolView(mode=Mode.EB, mode_since_s=0.0))
+    assert tracker.delta_s_per_token < 3e-5  # towards EB now, the lower measured
+    assert "eb TTFT 0.3 s, mb TTFT 0.4 s" in tracker.detail  # both beyond 0.2 s by more than the margin:
+    assert tracker.state == ObjectiveState.INFEASIBLE  # infeasible, on the lower
