@@ -12,11 +12,10 @@ Each evaluation (at most every EVALUATE_EVERY_S) reads the quantiles over the po
   not at all while the other mode was measured missing a target (it would only cross back into it);
 - otherwise (met, inside the margin): δ holds.
 Which mode lowers a latency is not assumed. Per mode the loop keeps what it measured running that mode alone (a
-whole latency window of it, DRAIN_S after it began, or a guarded rollout's canary or control group, `learn`),
-and the model's prediction
-at the pool's load (`PoolView.predictions`, `core.latency_model`), corrected by the other mode's measured /
-predicted ratio when only that one was measured. δ moves towards the mode whose estimate is lower by
-PREDICTION_MARGIN; closer than that, deeper into the mode the pool runs (no switch on noise); without estimates
+whole latency window of it, DRAIN_S after it began, or a guarded rollout's canary or control group, `learn`), and
+the model's prediction at the pool's load (`PoolView.predictions`, `core.latency_model`), corrected by the other
+mode's measured / predicted ratio when only that one was measured. δ moves towards the mode whose estimate is lower
+by PREDICTION_MARGIN; closer than that, deeper into the mode the pool runs (no switch on noise); without estimates
 towards the usual one: MB for TTFT (it starts requests sooner when prompts are short beside many decodes), EB for
 TPOT (its decode steps carry no prefill).
 Steps start at FIRST_STEP_S_PER_TOKEN and grow ×STEP_GROWTH while they go the same way; when the pool's
@@ -41,8 +40,10 @@ loop tries the other mode (explores) before anything else. A target still exceed
 bounds, the other mode measured, for INFEASIBLE_AFTER evaluations is infeasible: these engines cannot reach it at
 this load by scheduling alone (the pool needs more engines), and the pool stays on the mode measured (or
 estimated) lowest with both levers at their bounds, the configuration with the lowest latency the loop found.
-Measurements are forgotten after FORGET_VIOLATION_S, so a pool whose load changed is explored again. An explicit
-δ override or a pin in force for an engine wins over the objective (its δ and its budget).
+So is a target both modes were measured beyond by more than HYSTERESIS (a running rollout's two groups so far
+count). Measurements are forgotten after MEASURED_TTL_S, or at once when the arrival rate per engine moves by
+LOAD_CHANGE, so a pool whose load changed is explored again. An explicit δ override or a pin in force for an
+engine wins over the objective (its δ and its budget).
 
 Pure: no I/O, no clock (times are passed in).
 """
@@ -73,8 +74,8 @@ LOAD_CHANGE = 0.25  # a change of the arrival rate per engine by this fraction f
 MIN_QUANTILE, MAX_QUANTILE = 0.5, 0.9999
 MAX_TARGET_S = 3600.0
 MAX_BUDGET_SCALE = 16.0  # B_cap moves by ×2 steps between 1/16 and 16 times the policy's own
-# The model's direction (`PoolView.predictions`) is taken only when one mode's corrected prediction is lower than
-# the other's by this factor; closer than that the default direction stands (the model cannot tell them apart).
+# A mode's estimate (measured, else predicted) must be lower than the other's by this factor for δ to move towards
+# it; closer than that δ goes deeper into the mode the pool runs (the estimates cannot tell them apart).
 PREDICTION_MARGIN = 1.1
 CROSSING_SLACK = 0.25  # a step across the pool's gaps goes past the farthest by this fraction of its size
 DRAIN_S = 60.0  # after a switch of mode, and a window, the window holds the new mode's requests alone
@@ -102,7 +103,8 @@ class PoolView:
     when (controller clock); window_s: the latency window's length (the window holds the mode's requests alone
     DRAIN_S after a window has passed since it began).
     rollout_active: a guarded rollout measures a change of the pool now (the loop holds: its verdict, on the
-    objective too, is the measurement). predictions: the model's latencies per mode at the pool's load
+    objective too, is the measurement); rollout_measured: what its groups measured so far, per mode (both beyond
+    the target by HYSTERESIS: infeasible already). predictions: the model's latencies per mode at the pool's load
     (`core.latency_model`; empty: no model); rate_per_s: that load's arrivals per engine (a change by LOAD_CHANGE
     forgets what was measured at the old one). crossing_s_per_token: per mode, the δ beyond which the crossover
     rule of every engine of the pool picks it past its hysteresis band (the largest LHS − RHS + band for MB, the
@@ -116,6 +118,7 @@ class PoolView:
     rollout_active: bool = False
     predictions: Mapping[Mode, LatencyPrediction] = field(default_factory=dict)
     rate_per_s: float = 0.0  # arrivals per engine per second (0: not known)
+    rollout_measured: Mapping[Mode, Mapping[str, float]] = field(default_factory=dict)
     crossing_s_per_token: Mapping[Mode, float] = field(default_factory=dict)
 
     def crossing(self, direction: int) -> float | None:
@@ -170,8 +173,8 @@ class ObjectiveTracker:
 
     measured: per mode, the objective's quantiles the pool measured running it alone (a whole window of that
     mode, or a guarded rollout's group), with when and at what load; forgotten after MEASURED_TTL_S or when the
-    load moves by LOAD_CHANGE. predicted: the model's
-    latencies per mode at the latest evaluation (empty without a model).
+    load moves by LOAD_CHANGE. predicted: the model's latencies per mode at the latest evaluation (empty without
+    a model).
     """
 
     objective: operator_pb2.LatencyObjective
@@ -227,6 +230,12 @@ class ObjectiveTracker:
         if view.rollout_active:
             self.state = ObjectiveState.ADJUSTING
             self.detail = "holding while a guarded rollout measures the pool's change (on this objective too)"
+            so_far = view.rollout_measured
+            if len(so_far) == 2 and all(self._beyond(quantiles) for quantiles in so_far.values()):
+                self.state = ObjectiveState.INFEASIBLE
+                self.detail = (f"both modes beyond the target in the guarded rollout so far ("
+                               f"{', '.join(f'{m.value}{_quantiles_text(q)}' for m, q in so_far.items())}): these "
+                               f"engines cannot reach it at this load; holding while it measures")
             return False
         clean = view.mode is not None and now_s - view.mode_since_s >= view.window_s + DRAIN_S
         if view.mode is not None and not clean and self._seen_mode not in (None, view.mode):
@@ -336,8 +345,11 @@ class ObjectiveTracker:
     def _misses(self, mode: Mode, *, margin: float = 1.0) -> bool:
         """Whether `mode` was measured (recently) above margin × a target of the objective."""
         measured = self.measured.get(mode)
-        return measured is not None and any(value > margin * getattr(self.objective, f"{name}_target_s")
-                                            for name, value in measured.quantiles.items())
+        return measured is not None and self._beyond(measured.quantiles, margin=margin)
+
+    def _beyond(self, quantiles: Mapping[str, float], *, margin: float = 1.0 + HYSTERESIS) -> bool:
+        """Whether any of `quantiles` (by latency name) is above margin × its target."""
+        return any(value > margin * getattr(self.objective, f"{name}_target_s") for name, value in quantiles.items())
 
     def _hopeless(self) -> bool:
         """Both modes measured beyond a target by more than HYSTERESIS: no mode reaches the objective."""
@@ -345,8 +357,7 @@ class ObjectiveTracker:
 
     def _basis_all(self) -> str:
         """Every mode's measured quantiles, in words."""
-        return ", ".join(f"{mode.value}" + "".join(f" {name.upper()} {value:.3g} s" for name, value in
-                                                   self.measured.get(mode, _NOTHING).quantiles.items())
+        return ", ".join(f"{mode.value}{_quantiles_text(self.measured.get(mode, _NOTHING).quantiles)}"
                          for mode in (Mode.EB, Mode.MB))
 
     def _forget(self, now_s: float) -> None:
@@ -475,6 +486,10 @@ class ObjectiveTracker:
         changed = moved != self.delta_s_per_token
         self.delta_s_per_token = moved
         return changed
+
+
+def _quantiles_text(quantiles: Mapping[str, float]) -> str:
+    return "".join(f" {name.upper()} {value:.3g} s" for name, value in quantiles.items())
 
 
 def _percent(quantile: float) -> str:

@@ -109,8 +109,11 @@ def pool_view(pool: PoolRecord, decisions: list[common_pb2.Decision | None], obj
     pool.mode.update(decisions, now_s)
     rate_s = pool.finished.rate_per_s(now_s) / max(1, pool.num_connected)
     decision = next((d for d in decisions if d is not None), None)
+    active = pool.rollouts.active
+    so_far = {active.to_mode: active.measured(0), active.from_mode: active.measured(1)} if active else {}
     return PoolView(mode=pool.mode.mode, mode_since_s=pool.mode.since_s, window_s=pool.stats.outcomes.window_s,
-                    rollout_active=pool.rollouts.active is not None, rate_per_s=rate_s,
+                    rollout_active=active is not None, rate_per_s=rate_s,
+                    rollout_measured={mode: quantiles for mode, quantiles in so_far.items() if quantiles},
                     crossing_s_per_token=crossings(decisions, policy),
                     predictions=predictions(pool.stats.estimate, decision, rate_s,
                                             quantile=objective.ttft_quantile or DEFAULT_QUANTILE))

@@ -107,6 +107,17 @@ def test_it_holds_while_a_guarded_rollout_measures_the_pool() -> None:
     assert tracker.evaluate(10.0, latencies, view=PoolView(mode=Mode.MB, mode_since_s=-100.0))
 
 
+def test_both_modes_beyond_the_target_in_a_rollout_so_far_is_infeasible_while_it_holds() -> None:
+    tracker = ObjectiveTracker(_objective(0.1))
+    latencies = LatencySet.from_values(np.full(1000, 0.5), np.zeros(0), np.zeros(0))
+    both = {Mode.EB: {"ttft": 0.14}, Mode.MB: {"ttft": 0.19}}
+    assert not tracker.evaluate(0.0, latencies, view=PoolView(mode=None, rollout_active=True, rollout_measured=both))
+    assert tracker.state == ObjectiveState.INFEASIBLE and "eb TTFT 0.14 s, mb TTFT 0.19 s" in tracker.detail
+    one = {Mode.EB: {"ttft": 0.105}, Mode.MB: {"ttft": 0.19}}  # EB within the margin: not yet
+    assert not tracker.evaluate(10.0, latencies, view=PoolView(mode=None, rollout_active=True, rollout_measured=one))
+    assert tracker.state == ObjectiveState.ADJUSTING and tracker.delta_s_per_token == 0.0
+
+
 def test_it_holds_while_its_window_holds_the_mode_before() -> None:
     tracker = ObjectiveTracker(_objective(0.1))
     latencies = LatencySet.from_values(np.full(1000, 0.5), np.zeros(0), np.zeros(0))
