@@ -6,8 +6,8 @@ Events, each with the time as an argument (`now_s`, controller seconds), each re
 - `batch` (a validated telemetry batch): engine loop → probation and outlier judging → pool buckets →
   decide when due, in that order;
 - `detach` (the stream ended), `tick` (due decisions, keep-alives, bucket closes, forgetting disconnected
-  engines), `set_overrides`, `set_calibration`, and the pool exchange: `close_bucket`, `take_peer_bucket`,
-  `seed_pool`, `refresh_pool`.
+  engines), `set_overrides`, `set_calibration`, and the replicas' exchange: `close_bucket`, `take_peer_bucket`,
+  `seed_pool`, `refresh_pool`, `take_peer_rollouts`.
 
 Effects are what the caller applies: decisions to trace and persist, messages to push to a stream and show
 to watchers, closed buckets to publish, engines and pools forgotten, pool membership changes, sequence gaps.
@@ -52,9 +52,10 @@ from controlplane.loop.objective_view import pool_view
 from controlplane.loop.outcomes import LatencySet, OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics
-from controlplane.loop.records import EngineRecord, PoolRecord
+from controlplane.loop.records import DisconnectedEngines, EngineRecord, PoolRecord
 from controlplane.loop.rollout import MIN_ENGINES, SLICE_S, UNGUIDED_SOURCES, Asked, held_intent
 from controlplane.loop.rollout import Verdict as RolloutVerdict
+from controlplane.loop.rollout_peers import PeerRollout, apply_peers
 
 _EMPTY = np.zeros(0)
 class FleetState:
@@ -76,8 +77,7 @@ class FleetState:
         self._default_intent = default_intent or OperatorIntent()
         self._engines: dict[str, EngineRecord] = {}
         self._pools: dict[str, PoolRecord] = {}
-        # Per agent identity, its disconnected engine ids in the order they disconnected (the oldest first).
-        self._disconnected: dict[str, dict[str, None]] = {}
+        self._disconnected = DisconnectedEngines()
         self._overrides: list[operator_pb2.OverrideRecord] = []
         self._trackers: dict[str, ObjectiveTracker] = {}  # per pool under a latency objective
         self._engine_objectives = EngineObjectives(loop_config.bucket_s)  # engines under their own
@@ -144,7 +144,7 @@ class FleetState:
         effects = Effects()
         record = self._engines.get(hello.engine_id)
         if record is not None and not record.connected:
-            self._leave_disconnected_queue(hello.engine_id, record)
+            self._disconnected.leave(record.identity, hello.engine_id)
         if record is None or record.loop.hello.pool_key != hello.pool_key:
             if record is not None:  # the engine moved to another pool
                 old_key = record.loop.hello.pool_key
@@ -202,20 +202,8 @@ class FleetState:
         """Queue a newly disconnected engine under its identity; past the identity's max_disconnected_engines
         (unless 0), forget its longest-disconnected engines now (their TTL would let a client cycling through
         engine ids hold memory in proportion to its rate)."""
-        queue = self._disconnected.setdefault(record.identity, {})
-        queue[engine_id] = None
-        limit = self.loop_config.max_disconnected_engines
-        while limit and len(queue) > limit:
-            oldest = next(iter(queue))
+        for oldest in self._disconnected.add(record.identity, engine_id, self.loop_config.max_disconnected_engines):
             self._forget(oldest, self._engines[oldest], "capacity", now_s, effects)
-
-    def _leave_disconnected_queue(self, engine_id: str, record: EngineRecord) -> None:
-        queue = self._disconnected.get(record.identity)
-        if queue is None:
-            return
-        queue.pop(engine_id, None)
-        if not queue:
-            del self._disconnected[record.identity]
 
     def ack(self, engine_id: str, stream: object, *, version: int, applied: bool) -> str | None:
         """Record an ACK: "applied", "rejected" or "unknown_version"; None when the stream lost the id."""
@@ -490,6 +478,24 @@ class FleetState:
         self._end_rollout(key, verdict, now_s, effects)
         return effects
 
+    def take_peer_rollouts(self, peers: list[PeerRollout], now_s: float) -> Effects:
+        """The other replicas' rollouts as they published them (`loop.rollout_peers`): this replica yields its own
+        where a peer owns the pool's, starts none where one runs, and takes their verdicts; a pool whose rollout
+        state changed has its engines re-decided."""
+        effects = Effects()
+        by_pool: dict[str, list[PeerRollout]] = {}
+        for peer in peers:
+            by_pool.setdefault(peer.pool_key, []).append(peer)
+        for key, pool in self._pools.items():
+            rollout = pool.rollouts.active
+            outcome = apply_peers(pool.rollouts, by_pool.get(key, []), replica_id=self.replica_id, now_s=now_s)
+            if outcome.yielded_to is not None:
+                effects.rollouts.append(RolloutEvent(key, RolloutVerdict.YIELDED.value, rollout.from_mode.value,
+                                                     rollout.to_mode.value, pool.rollouts.history[-1].detail))
+            if outcome.yielded_to is not None or outcome.newly_applied:
+                self._decide_pool(key, now_s, effects)
+        return effects
+
     def _end_rollout(self, key: str, verdict: RolloutVerdict, now_s: float, effects: Effects) -> None:
         pool = self._pools[key]
         rollout = pool.rollouts.active
@@ -515,7 +521,7 @@ class FleetState:
         if pool is not None:
             pool.distinct.discard(engine_id)
             pool.rollouts.forget(engine_id)
-        self._leave_disconnected_queue(engine_id, record)
+        self._disconnected.leave(record.identity, engine_id)
         key = record.loop.hello.pool_key
         effects.forgotten.append(Forgotten(engine_id, key, reason, record.identity, now_s - record.disconnected_at_s))
         self._release_pool(key, effects)

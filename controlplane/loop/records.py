@@ -52,3 +52,26 @@ class PoolRecord:
     urgent_since_s: float = float("-inf")
     finished: FinishedCounter = field(default_factory=FinishedCounter)  # this replica's, for the objective's view
     mode: ModeClock = field(default_factory=ModeClock)  # the engines' unanimous mode, for the objective's view
+
+
+@dataclass(eq=False)
+class DisconnectedEngines:
+    """Per agent identity, its disconnected engine ids in the order they disconnected (the oldest first)."""
+
+    by_identity: dict[str, dict[str, None]] = field(default_factory=dict)
+
+    def add(self, identity: str, engine_id: str, limit: int) -> list[str]:
+        """Queue engine_id under identity; the identity's oldest ids beyond `limit` (0: none) to forget now, in
+        order (the caller forgets them, which calls `leave`)."""
+        queue = self.by_identity.setdefault(identity, {})
+        queue[engine_id] = None
+        return list(queue)[:len(queue) - limit] if limit and len(queue) > limit else []
+
+    def leave(self, identity: str, engine_id: str) -> None:
+        """engine_id is connected again or forgotten."""
+        queue = self.by_identity.get(identity)
+        if queue is None:
+            return
+        queue.pop(engine_id, None)
+        if not queue:
+            del self.by_identity[identity]

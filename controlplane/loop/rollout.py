@@ -39,6 +39,9 @@ decide. Each latency is tested once LATENCY_MIN_TAIL requests of each
 group lie beyond the quantile; LATENCY_Z = Z_BOUND, so a change that makes no difference is rolled back (or
 promoted) on a latency with probability at most 36 × 0.023% ≈ 0.84% per latency, as on throughput.
 
+Replicas holding engines of one pool agree on its rollout: one owns it, and its verdict holds on all of them
+(`loop.rollout_peers`).
+
 Pure: no I/O, no clock (times are passed in).
 """
 
@@ -89,6 +92,7 @@ class Verdict(enum.StrEnum):
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
     ABORTED = "aborted"  # the model stopped asking for the change (or an operator aborted it)
+    YIELDED = "yielded"  # another replica owns the pool's rollout (`loop.rollout_peers`): neither let through nor held
 
 
 def canaries(engine_ids: list[str], started_at_s: float) -> frozenset[str]:
@@ -321,6 +325,8 @@ class PoolRollouts:
     blocked_until_s: dict[tuple[Mode, Mode], float] = field(default_factory=dict)
     approved_until_s: dict[tuple[Mode, Mode], float] = field(default_factory=dict)
     history: list[Ended] = field(default_factory=list)  # the latest verdicts, oldest first (at most 16)
+    peer_owner: str | None = None  # another replica whose rollout of this pool is in progress (`loop.rollout_peers`)
+    peer_verdicts_applied: dict[tuple[str, float], float] = field(default_factory=dict)  # (replica, start) → end
 
     def hold_for(self, engine_id: str) -> Mode | None:
         """The mode an engine is held on (only where the model asks for another): a canary's new mode, else
@@ -334,10 +340,10 @@ class PoolRollouts:
               objective: operator_pb2.LatencyObjective | None = None) -> tuple[Asked, Rollout | None]:
         """The model asked `engine_id` for `wanted` (a data-driven verdict). A change from the engine's
         established mode is let through when promoted within COOLDOWN_S, held when rolled back within
-        COOLDOWN_S or while another change is under test, and otherwise starts a rollout among the pool's
-        engines (`engines()`, called only then) of the same established mode, judged also on `objective` (the pool's
-latency objective, if any). Returns what the engine runs now
-        and the rollout started (None when none started)."""
+        COOLDOWN_S or while another change is under test (here, or by another replica: `peer_owner`), and
+        otherwise starts a rollout among the pool's engines (`engines()`, called only then) of the same
+        established mode, judged also on `objective` (the pool's latency objective, if any). Returns what the
+        engine runs now and the rollout started (None when none started)."""
         established = self.established.setdefault(engine_id, wanted)
         if wanted == established:
             return Asked.NOTHING, None
@@ -349,7 +355,7 @@ latency objective, if any). Returns what the engine runs now
         if active is not None:
             same = (active.from_mode, active.to_mode) == change and engine_id in active.canary_ids
             return (Asked.CANARY if same else Asked.NOTHING), None
-        if self.blocked_until_s.get(change, -math.inf) > now_s:
+        if self.peer_owner is not None or self.blocked_until_s.get(change, -math.inf) > now_s:
             return Asked.NOTHING, None
         participants = [e for e in engines() if self.established.get(e) == established]
         if len(participants) < MIN_ENGINES:
@@ -360,12 +366,15 @@ latency objective, if any). Returns what the engine runs now
 
     def finish(self, verdict: Verdict, now_s: float, *, detail: str = "") -> None:
         """End the rollout in progress: promoted (its change is let through for COOLDOWN_S, its canaries'
-        established mode is the new one), rolled back or aborted (the change is held off for COOLDOWN_S)."""
+        established mode is the new one), rolled back or aborted (the change is held off for COOLDOWN_S), or yielded
+        to another replica's (neither)."""
         rollout = self.active
         if rollout is None:
             return
         change = (rollout.from_mode, rollout.to_mode)
-        if verdict == Verdict.PROMOTED:
+        if verdict == Verdict.YIELDED:
+            pass
+        elif verdict == Verdict.PROMOTED:
             self.approved_until_s[change] = now_s + COOLDOWN_S
             self.blocked_until_s.pop(change, None)
             for engine_id in rollout.canary_ids:

@@ -38,8 +38,8 @@ from controlplane.service.agent_servicer import AgentServicer
 from controlplane.service.auth import Authenticator, AuthInterceptor, server_credentials
 from controlplane.service.config import ControllerConfig
 from controlplane.service.controller import SCHEDULER_TICK_S, Controller
-from controlplane.service.fleet_view import rollout_views
 from controlplane.service.operator_servicer import OperatorServicer
+from controlplane.service.rollout_sharing import peer_rollouts, peer_views, rollout_views
 from controlplane.store import EmbeddedRedis, Store, StoreUnavailable, create_store
 
 logger = logging.getLogger(__name__)
@@ -200,13 +200,19 @@ class ControllerApp:
                     published = None  # renew the rollout views with the registry
                 except StoreUnavailable as exc:
                     controller.note_store_failure("heartbeat", exc)
-            views = rollout_views(controller.fleet)
+            views = rollout_views(controller.fleet, controller.now_s())
             if ok and views != published:
                 try:
                     await store.put_rollouts(controller.controller_id, views, ttl_s=self.config.registry_ttl_s)
                     published = views
                 except StoreUnavailable as exc:
                     controller.note_store_failure("put_rollouts", exc)
+            if ok:  # the other replicas' rollouts: one owns a pool's, its verdict holds here too
+                try:
+                    stored = await store.list_rollouts()
+                    controller.take_peer_rollouts(peer_rollouts(peer_views(stored, controller.controller_id)))
+                except StoreUnavailable as exc:
+                    controller.note_store_failure("list_rollouts", exc)
             await self._update_readiness()
             await asyncio.sleep(self.config.store_retry_s)
 

@@ -29,6 +29,7 @@ from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.overrides import OverrideError, check_kind, check_override, check_reason
 from controlplane.loop.rollout import Ended
 from controlplane.loop.rollout import Verdict as RolloutVerdict
+from controlplane.loop.rollout_peers import PeerRollout
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
 from controlplane.protocol import VERSION_EPOCH_FACTOR
@@ -409,6 +410,10 @@ class Controller:
                               operator_pb2.ScopeKind.Name(r.scope.kind).removeprefix("SCOPE_KIND_").lower(),
                               scope_key(r.scope), r.expires_at_s))
         self._metrics.show_overrides(shown)
+
+    def take_peer_rollouts(self, peers: list[PeerRollout]) -> None:
+        """The other replicas' rollouts as published (`loop.rollout_peers`)."""
+        self._apply(self.fleet.take_peer_rollouts(peers, self._clock()))
 
     def steer_rollout(self, pool_key: str, verdict: RolloutVerdict, *, actor: str, reason: str) -> Ended | None:
         """An operator promotes or aborts the pool's rollout now (audited with `actor` and `reason`); the ended

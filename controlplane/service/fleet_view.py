@@ -204,12 +204,6 @@ def rollout_view(key: str, rollout: Rollout, fleet: FleetState, *, ended: Ended 
         controller_id=fleet.replica_id)
 
 
-def rollout_views(fleet: FleetState) -> dict[str, bytes]:
-    """This replica's rollouts in progress as the store shares them: pool key → serialised `RolloutView`."""
-    return {key: rollout_view(key, fleet.pool(key).rollouts.active, fleet).SerializeToString(deterministic=True)
-            for key in sorted(fleet.pool_keys()) if fleet.pool(key).rollouts.active is not None}
-
-
 def rollouts_response(fleet: FleetState) -> operator_pb2.ListRolloutsResponse:
     """This replica's rollouts in progress (by pool) and its pools' recent verdicts (newest first)."""
     response = operator_pb2.ListRolloutsResponse()

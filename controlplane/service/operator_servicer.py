@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import NoReturn
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.loop.overrides import SCOPE_RANK, OverrideError, check_kind, check_reason, expiry_at
@@ -41,6 +40,7 @@ from controlplane.service.fleet_view import (
 )
 from controlplane.service.fleet_watch import SharedFollower
 from controlplane.service.read_gate import ReadGate
+from controlplane.service.rollout_sharing import add_peer_views, peer_views
 from controlplane.service.scopes import scope_is_known, unknown_scope_warning
 from controlplane.service.shared_reads import SharedReads
 from controlplane.store import Store, StoreUnavailable, pool_key, scope_key
@@ -136,22 +136,15 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
 
     async def ListRollouts(self, request: operator_pb2.ListRolloutsRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> operator_pb2.ListRolloutsResponse:
-        """This replica's rollouts and recent verdicts, then the rollouts the other replicas run (from the store,
-        as of their latest write; this replica's alone when the store does not answer in time)."""
+        """This replica's rollouts and recent verdicts, with the other replicas' rollouts in progress and verdicts
+        (from the store, as of their latest write; this replica's alone when the store does not answer in time)."""
         response = rollouts_response(self._controller.fleet)
         try:
             stored = await asyncio.wait_for(self._store.list_rollouts(), timeout=FLEET_READ_TIMEOUT_S)
         except (StoreUnavailable, TimeoutError) as exc:
             logger.warning("ListRollouts answers with this replica's rollouts only: %s", exc)
             return response
-        for owner in sorted(stored):
-            if owner == self._controller.controller_id:
-                continue
-            for blob in sorted(stored[owner]):
-                try:
-                    response.rollouts.append(operator_pb2.RolloutView.FromString(blob))
-                except DecodeError:
-                    logger.warning("replica %s wrote an unreadable rollout view; skipped", bounded(owner))
+        add_peer_views(response, peer_views(stored, self._controller.controller_id))
         return response
 
     async def SteerRollout(self, request: operator_pb2.SteerRolloutRequest,  # noqa: N802

@@ -2,7 +2,9 @@
 running pool of three engines asks for another mode; one canary runs it while the others hold the established
 mode; ListRollouts shows it, an operator aborts it with SteerRollout (audited with the controller's own entry of
 its start), and the canary is back on the established mode. A second replica on the same Redis shows the
-first's rollout in its ListRollouts while it runs, and not after it ended."""
+first's rollout in its ListRollouts while it runs, and not after it ended. Two replicas holding engines of one
+pool run one rollout of a change both pools' engines ask for (one owns it; the other's engines are held), and the
+owner's promotion switches the other replica's engines too."""
 
 from __future__ import annotations
 
@@ -107,5 +109,69 @@ async def test_an_operator_aborts_a_rollout_and_the_canary_returns_to_the_establ
         assert [(e.action, e.actor) for e in audit] == [("rollout_aborted", "anonymous"),
                                                         ("rollout_started", "controller controller-0")], audit
         assert audit[0].reason == "not during the launch" and audit[0].target == f"pool:{POOL.model}|{POOL.accelerator}"
+        for agent in agents.values():
+            await agent.close()
+
+
+async def _all_rollouts(stubs) -> list[operator_pb2.RolloutView]:
+    """Every rollout in progress as the replicas list them (each lists its own and the others'), by owner."""
+    seen = {}
+    for stub in stubs:
+        for view in (await stub.ListRollouts(operator_pb2.ListRolloutsRequest())).rollouts:
+            seen[(view.controller_id, view.started_at_s)] = view
+    return list(seen.values())
+
+
+async def test_two_replicas_holding_one_pool_run_one_rollout_and_both_take_its_verdict(redis_url: str) -> None:
+    async with running_controller(make_config(redis_url, controller_id="replica-a")) as a, \
+            grpc.aio.insecure_channel(a.address) as channel_a, \
+            running_controller(make_config(redis_url, controller_id="replica-b")) as b, \
+            grpc.aio.insecure_channel(b.address) as channel_b:
+        stubs = {"replica-a": operator_stub(channel_a), "replica-b": operator_stub(channel_b)}
+        await stubs["replica-a"].PutCalibration(operator_pb2.PutCalibrationRequest(calibration=_mb_favouring()))
+        engines = {"replica-a": ("a0", "a1", "a2"), "replica-b": ("b0", "b1", "b2")}
+        channels = {"replica-a": channel_a, "replica-b": channel_b}
+        agents = {e: await AgentStream(channels[r], e, POOL).open() for r, ids in engines.items() for e in ids}
+        rng = np.random.default_rng(31)
+        for seq in range(1, 9):
+            for agent in agents.values():
+                await agent.send_batch(geometric_batch(seq, rng, num=250))
+        for agent in agents.values():
+            assert (await agent.next_decision(where=is_data_driven)).mode == common_pb2.MODE_MB
+
+        # The calibration reaches both replicas; both pools' engines ask for EB; one replica's rollout owns it.
+        await stubs["replica-a"].PutCalibration(operator_pb2.PutCalibrationRequest(calibration=calibration_for(POOL)))
+        running = []
+        for _ in range(100):
+            running = await _all_rollouts(stubs.values())
+            if len(running) == 1:
+                await asyncio.sleep(1.0)  # a few publication rounds later it is still the only one
+                running = await _all_rollouts(stubs.values())
+                if len(running) == 1:
+                    break
+            await asyncio.sleep(0.1)
+        assert len(running) == 1, running
+        [owned] = running
+        owner = owned.controller_id
+        other = next(r for r in stubs if r != owner)
+        assert set(owned.canary_engine_ids) <= set(engines[owner])
+        views = {e: await stubs[other].GetDecision(operator_pb2.GetDecisionRequest(engine_id=e))
+                 for e in engines[other]}
+        assert all(v.decision.mode == common_pb2.MODE_MB for v in views.values()), views  # held by the owner's
+
+        await stubs[owner].SteerRollout(operator_pb2.SteerRolloutRequest(
+            pool=POOL, action=operator_pb2.ROLLOUT_ACTION_PROMOTE, reason="one owner"))
+        modes = {}
+        for _ in range(100):  # the other replica takes the verdict at its next read of the views
+            modes = {e: (await stubs[other].GetDecision(operator_pb2.GetDecisionRequest(engine_id=e))).decision.mode
+                     for e in engines[other]}
+            if all(mode == common_pb2.MODE_EB for mode in modes.values()):
+                break
+            await asyncio.sleep(0.1)
+        assert all(mode == common_pb2.MODE_EB for mode in modes.values()), modes
+        recent = (await stubs[other].ListRollouts(operator_pb2.ListRolloutsRequest())).recent
+        assert any(v.controller_id == owner and v.state == "promoted" for v in recent), recent
+        # The other replica ran none to a verdict of its own: it started none, or yielded the one it started.
+        assert {v.state for v in recent if v.controller_id == other} <= {"yielded"}, recent
         for agent in agents.values():
             await agent.close()
