@@ -27,7 +27,7 @@ from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.fleet import FleetState
 from controlplane.loop.ingest import EngineHello, Latencies, ValidatedBatch
-from controlplane.loop.objective import ObjectiveState
+from controlplane.loop.objective import ObjectiveState, ObjectiveTracker
 from controlplane.protocol import pool_key_of
 from controlplane.sim.engine import SimEngine
 from controlplane.sim.lengths import ClippedLogNormalLengths
@@ -61,13 +61,20 @@ CASES = {
 @dataclass(frozen=True)
 class Config:
     """One run's controls: a pin ("mb"/"eb"), a fixed δ (None: the objective's or 0), a static B_cap scale,
-    an objective's TTFT p99 target (None: none)."""
+    an objective's TTFT p99 target (None: none) and the engine it is set on (None: the fleet)."""
 
     label: str
     pin: str | None = None
     delta_s_per_token: float | None = None
     budget_scale: float = 1.0
     target_s: float | None = None
+    objective_engine: str | None = None
+
+    def tracker(self, fleet: FleetState) -> ObjectiveTracker | None:
+        """The objective loop this run's objective runs in (None: none in force)."""
+        if self.objective_engine is not None:
+            return fleet.objective_for_engine(self.objective_engine)
+        return fleet.objective_of(POOL_KEY)
 
 
 @dataclass
@@ -152,7 +159,9 @@ def run(profile: SimProfile, workload: str, config: Config, *, rate_per_s: float
         mode = {"mb": operator_pb2.PINNED_MODE_MB, "eb": operator_pb2.PINNED_MODE_EB}[config.pin]
         records.append(operator_pb2.OverrideRecord(kind=operator_pb2.OVERRIDE_KIND_PIN, mode=mode, scope=FLEET))
     if config.target_s is not None:
-        records.append(operator_pb2.OverrideRecord(kind=operator_pb2.OVERRIDE_KIND_OBJECTIVE, scope=FLEET,
+        scope = FLEET if config.objective_engine is None else operator_pb2.Scope(
+            kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id=config.objective_engine)
+        records.append(operator_pb2.OverrideRecord(kind=operator_pb2.OVERRIDE_KIND_OBJECTIVE, scope=scope,
                                                    objective=operator_pb2.LatencyObjective(
                                                        ttft_quantile=0.99, ttft_target_s=config.target_s)))
     pool: list[_Engine] = []
@@ -181,10 +190,10 @@ def run(profile: SimProfile, workload: str, config: Config, *, rate_per_s: float
             if fleet.refresh_due(POOL_KEY, now_s) is not None:
                 fleet.refresh_pool(POOL_KEY, now_s)
             _apply(pool, fleet.tick(now_s), now_s, result)
-            _observe(fleet, result, now_s)
+            _observe(fleet, config, result, now_s)
             next_tick_s += 1.0
             if now_s >= next_minute_s:
-                tracker = fleet.objective_of(POOL_KEY)
+                tracker = config.tracker(fleet)
                 if tracker is not None:
                     result.trace.append((round(next_minute_s / 60.0), tracker.state.name,
                                          tracker.delta_s_per_token, tracker.budget_cap_scale))
@@ -214,8 +223,8 @@ def run(profile: SimProfile, workload: str, config: Config, *, rate_per_s: float
     return result
 
 
-def _observe(fleet: FleetState, result: Result, now_s: float) -> None:
-    tracker = fleet.objective_of(POOL_KEY)
+def _observe(fleet: FleetState, config: Config, result: Result, now_s: float) -> None:
+    tracker = config.tracker(fleet)
     if tracker is not None and tracker.state != ObjectiveState.NO_LATENCY_DATA and result.data_at_s is None:
         result.data_at_s = now_s
     if tracker is not None and tracker.state == ObjectiveState.INFEASIBLE and result.infeasible_at_s is None:

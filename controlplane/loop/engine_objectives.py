@@ -6,8 +6,11 @@ over its pool's and the fleet's: the engine gets an `ObjectiveTracker` of its ow
 requests over the last OUTCOME_WINDOW_S, summed batch by batch into one-second buckets. Only engines under an
 engine objective keep such a window (three latency sketches a bucket), so the cost is bounded by the engine
 objectives in force, not by the fleet. The engine's lengths and costs still come from its pool: only the
-levers the objective moves are its own. An engine held by another replica is followed by that replica (an
-engine's stream is held by one replica at a time); when it moves, the new holder starts a fresh window.
+levers the objective moves are its own. Its loop sees the engine as a pool's loop sees its pool
+(`loop.objective_view`): the mode it was last decided and since when, its own arrival rate, the model's latencies
+per mode from its pool's estimate and its own decision, and its crossings; so it too learns which mode meets its
+objective. An engine held by another replica is followed by that replica (an engine's stream is held by one
+replica at a time); when it moves, the new holder starts a fresh window.
 
 Pure: no I/O, no clock (times are passed in).
 """
@@ -15,12 +18,15 @@ Pure: no I/O, no clock (times are passed in).
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Mapping
 
 from controlplane.api.v1 import operator_pb2
+from controlplane.core.types import PolicyConfig
 from controlplane.loop.ingest import Latencies
-from controlplane.loop.objective import ObjectiveTracker
+from controlplane.loop.objective import ObjectiveTracker, PoolView
+from controlplane.loop.objective_view import DEFAULT_QUANTILE, FinishedCounter, ModeClock, crossings, predictions
 from controlplane.loop.outcomes import OUTCOME_WINDOW_S, LatencySet, OutcomeSummary, OutcomeWindow
+from controlplane.loop.records import EngineRecord, PoolRecord
 
 
 def engine_objective_records(records: Iterable[operator_pb2.OverrideRecord], *,
@@ -43,6 +49,8 @@ class EngineObjectives:
         self._window_buckets = max(1, math.ceil(OUTCOME_WINDOW_S / bucket_s))
         self._trackers: dict[str, ObjectiveTracker] = {}
         self._windows: dict[str, OutcomeWindow] = {}
+        self._modes: dict[str, ModeClock] = {}
+        self._finished: dict[str, FinishedCounter] = {}
 
     def __len__(self) -> int:
         return len(self._trackers)
@@ -61,6 +69,7 @@ class EngineObjectives:
                 continue
             tracker = self._trackers[engine_id] = ObjectiveTracker(objective=record.objective)
             window = self._windows[engine_id] = OutcomeWindow(self._window_buckets, self._bucket_s)
+            self._modes[engine_id], self._finished[engine_id] = ModeClock(), FinishedCounter()
             tracker.evaluate(now_s, window.total, force=True)
 
     def add(self, engine_id: str, latencies: Latencies | None, now_s: float) -> None:
@@ -71,17 +80,34 @@ class EngineObjectives:
             return
         window.add(self._bucket(now_s), LatencySet.from_values(latencies.ttft_s, latencies.tpot_s,
                                                                 latencies.queue_s))
+        self._finished[engine_id].add(now_s, max(latencies.ttft_s.size, latencies.tpot_s.size))
 
-    def evaluate(self, now_s: float) -> list[str]:
-        """Run each engine's loop (each at most every EVALUATE_EVERY_S) over its window as of now_s; the
-        engines whose δ or B_cap changed."""
+    def evaluate(self, now_s: float, engines: Mapping[str, EngineRecord] | None = None,
+                 pools: Mapping[str, PoolRecord] | None = None, policy: PolicyConfig | None = None) -> list[str]:
+        """Run each engine's loop (each at most every EVALUATE_EVERY_S) over its window as of now_s, with its view
+        of the engine (`engines`, their `pools` and the `policy`; none given: no view); the engines whose δ or
+        B_cap changed."""
         changed = []
         for engine_id, tracker in self._trackers.items():
             window = self._windows[engine_id]
             window.advance(self._bucket(now_s))
-            if tracker.evaluate(now_s, window.total):
+            record = engines.get(engine_id) if engines is not None else None
+            view = self._view(engine_id, tracker, record, pools or {}, policy, now_s) if record is not None else None
+            if tracker.evaluate(now_s, window.total, view=view):
                 changed.append(engine_id)
         return changed
+
+    def _view(self, engine_id: str, tracker: ObjectiveTracker, record: EngineRecord, pools: Mapping[str, PoolRecord],
+              policy: PolicyConfig | None, now_s: float) -> PoolView:
+        decision = record.loop.current
+        clock = self._modes[engine_id]
+        clock.update([decision], now_s)
+        pool = pools.get(record.loop.hello.pool_key)
+        rate_s = self._finished[engine_id].rate_per_s(now_s)
+        return PoolView(mode=clock.mode, mode_since_s=clock.since_s, window_s=OUTCOME_WINDOW_S, rate_per_s=rate_s,
+                        predictions=predictions(pool.stats.estimate if pool is not None else None, decision, rate_s,
+                                                quantile=tracker.objective.ttft_quantile or DEFAULT_QUANTILE),
+                        crossing_s_per_token=crossings([decision], policy) if policy is not None else {})
 
     def tracker(self, engine_id: str) -> ObjectiveTracker | None:
         """engine_id's own objective loop; None when no engine objective is in force for it."""
@@ -93,8 +119,8 @@ class EngineObjectives:
         return window.summary() if window is not None else None
 
     def forget(self, engine_id: str) -> None:
-        self._trackers.pop(engine_id, None)
-        self._windows.pop(engine_id, None)
+        for kept in (self._trackers, self._windows, self._modes, self._finished):
+            kept.pop(engine_id, None)
 
     def _bucket(self, now_s: float) -> int:
         return math.floor(now_s / self._bucket_s)

@@ -450,7 +450,7 @@ class FleetState:
             self.restored = {}
         if self._overrides:  # engines under their own objective: attached since, or forgotten
             self._engine_objectives.sync(self._overrides, self._engines, now_s)
-            self._engine_objectives.evaluate(now_s)
+            self._engine_objectives.evaluate(now_s, self._engines, self._pools, self.policy)
         for key in list(self._pools):
             closed = self.close_bucket(key, now_s)
             if closed is not None:

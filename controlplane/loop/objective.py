@@ -15,9 +15,9 @@ Which mode lowers a latency is not assumed. Per mode the loop keeps what it meas
 whole latency window of it, DRAIN_S after it began, or a guarded rollout's canary or control group, `learn`), and
 the model's prediction at the pool's load (`PoolView.predictions`, `core.latency_model`), corrected by the other
 mode's measured / predicted ratio when only that one was measured. δ moves towards the mode whose estimate is lower
-by PREDICTION_MARGIN; closer than that, deeper into the mode the pool runs (no switch on noise); without estimates
-towards the usual one: MB for TTFT (it starts requests sooner when prompts are short beside many decodes), EB for
-TPOT (its decode steps carry no prefill).
+by PREDICTION_MARGIN; closer than that with a mode measured, deeper into the mode the pool runs (no switch on
+noise); otherwise (no estimates, or neither finite) towards the usual one: MB for TTFT (it starts requests sooner
+when prompts are short beside many decodes), EB for TPOT (its decode steps carry no prefill).
 Steps start at FIRST_STEP_S_PER_TOKEN and grow ×STEP_GROWTH while they go the same way; when the pool's
 crossings are known (`PoolView.crossing`: the δ past which every engine's rule leaves its hysteresis band for a
 mode) a step goes at least just past it, so the whole pool changes mode at once. TTFT and TPOT exceeded at once
@@ -228,8 +228,11 @@ class ObjectiveTracker:
         self._rate_per_s = view.rate_per_s
         self._forget(now_s)
         if view.rollout_active:
-            self.state = ObjectiveState.ADJUSTING
-            self.detail = "holding while a guarded rollout measures the pool's change (on this objective too)"
+            excess = self._excess(latencies)
+            met = bool(excess) and max(excess.values()) <= 1.0
+            self.state = ObjectiveState.MEETING if met else ObjectiveState.ADJUSTING
+            self.detail = (f"{'met; ' if met else ''}holding while a guarded rollout measures the pool's change (on "
+                           f"this objective too)")
             so_far = view.rollout_measured
             if len(so_far) == 2 and all(self._beyond(quantiles) for quantiles in so_far.values()):
                 self.state = ObjectiveState.INFEASIBLE
@@ -387,17 +390,19 @@ class ObjectiveTracker:
 
     def _direction_for(self, name: str, running: Mode | None) -> int:
         """Which way δ moves for a missed `name`: the direction being explored, else towards the mode whose
-        estimate is lower by PREDICTION_MARGIN, else (closer than that) towards the mode `running`, else the
-        default (TTFT towards MB, TPOT towards EB)."""
+        estimate is lower by PREDICTION_MARGIN, else (closer than that, a mode measured) towards the mode
+        `running`, else the default (TTFT towards MB, TPOT towards EB; also when neither mode's estimate is
+        finite: the model sees no stable mode at the measured load)."""
         if self._exploring:
             return self._exploring
         up, down = self._estimate(Mode.MB, name), self._estimate(Mode.EB, name)
-        if up is not None and down is not None:
+        if up is not None and down is not None and (math.isfinite(up) or math.isfinite(down)):
             if up * PREDICTION_MARGIN < down:
                 return 1
             if down * PREDICTION_MARGIN < up:
                 return -1
-            if running is not None:
+            measured = any(name in self.measured.get(mode, _NOTHING).quantiles for mode in (Mode.MB, Mode.EB))
+            if running is not None and measured:
                 return 1 if running == Mode.MB else -1
         return _DEFAULT_DIRECTION[name]
 

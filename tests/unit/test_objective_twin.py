@@ -1,8 +1,8 @@
-"""The objective loop and guarded rollouts together, on seeded twin pools (`testbench.twin_pool`): two H200 twin
+"""The objective loop and guarded rollouts together, on seeded twin pools (`testbench.twin_pool`): H200 twin
 engines under ShareGPT-like open-loop load, where EB gives the lower TTFT p99 (about 0.13 s against MB's 0.26 s)
 although the pool starts on MB. A TTFT p99 target between the two is reached through one canary promoted on the
 objective and then held without oscillating; a target nothing reaches is called infeasible with the pool on EB,
-the mode measured lowest."""
+the mode measured lowest; an engine objective on a lone engine finds EB from its own windows."""
 
 from __future__ import annotations
 
@@ -38,3 +38,14 @@ def test_a_target_nothing_reaches_is_infeasible_on_eb() -> None:
     assert result.infeasible_at_s is not None and result.infeasible_at_s <= 5 * 60.0
     assert "cannot reach it" in result.infeasible_detail and "eb TTFT" in result.infeasible_detail
     assert result.trace[-1][1] == "INFEASIBLE" and result.trace[-1][2] < 0.0  # held on the EB side
+
+
+def test_an_engine_objective_on_a_lone_engine_learns_eb_from_its_own_windows() -> None:
+    # One engine: no guarded rollout to measure the other mode; its own loop runs each mode for whole windows.
+    result = run(get_profile("h200-qwen3-8b"), "sharegpt", Config("engine", target_s=0.165, objective_engine="e0"),
+                 rate_per_s=RATE_PER_S, engines=1, minutes=12.0, seed=0, warmup_s=180.0, guard=True)
+    assert result.rollouts == []
+    met = [p99 <= 0.165 for p99 in result.window_p99_s]
+    assert sum(met) >= len(met) - 1, result.window_p99_s  # 8 of the 9 windows after minute 3
+    assert all(delta < 0.0 for _, _, delta, _ in result.trace[2:])  # on EB's side from minute 2 on
+    assert result.trace[-1][1] == "MEETING"
