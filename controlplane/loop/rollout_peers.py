@@ -13,15 +13,23 @@ applies the other replicas' (`PeerRollout`) to the pools it holds (`apply_peers`
 The owner's canaries are among the engines it holds; the other replicas' engines of the pool hold their mode until
 the verdict.
 
+A view is believed only when its times are possible (`is_plausible`): finite, not ahead of this replica's clock by
+more than MAX_SKEW_S, and, for one in progress, started within MAX_OBSERVE_S + MAX_SKEW_S (no rollout runs
+longer): a replica that died mid-rollout, a clock gone wrong or a forged view cannot hold a pool's changes for
+longer than one rollout could.
+
 Pure: no I/O, no clock (times are passed in).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from controlplane.core.types import Mode
-from controlplane.loop.rollout import COOLDOWN_S, PoolRollouts, Verdict
+from controlplane.loop.rollout import COOLDOWN_S, MAX_OBSERVE_S, PoolRollouts, Verdict
+
+MAX_SKEW_S = 30.0  # how far another replica's clock may run ahead of this one's
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +58,21 @@ class PeerOutcome:
     newly_applied: bool = False
 
 
+def is_plausible(peer: PeerRollout, now_s: float) -> bool:
+    """Whether a peer's view has possible times (see the module docstring)."""
+    started, ended = peer.started_at_s, peer.ended_at_s
+    if not (math.isfinite(started) and math.isfinite(ended) and started <= now_s + MAX_SKEW_S):
+        return False
+    if peer.verdict is None:
+        return started >= now_s - MAX_OBSERVE_S - MAX_SKEW_S
+    return started <= ended <= now_s + MAX_SKEW_S
+
+
 def apply_peers(rollouts: PoolRollouts, peers: list[PeerRollout], *, replica_id: str, now_s: float) -> PeerOutcome:
-    """Apply the other replicas' rollouts of one pool (their published views; this replica's own are left out by
-    the caller) to its `rollouts` here (see the module docstring)."""
-    running = [p for p in peers if p.verdict is None and p.controller_id != replica_id]
+    """Apply the other replicas' rollouts of one pool (their published views; this replica's own, and views with
+    impossible times, are left out) to its `rollouts` here (see the module docstring)."""
+    peers = [p for p in peers if p.controller_id != replica_id and is_plausible(p, now_s)]
+    running = [p for p in peers if p.verdict is None]
     owner = min(running, key=lambda p: p.rank, default=None)
     yielded_to = None
     active = rollouts.active
@@ -64,7 +83,7 @@ def apply_peers(rollouts: PoolRollouts, peers: list[PeerRollout], *, replica_id:
     rollouts.peer_owner = owner.controller_id if owner is not None and rollouts.active is None else None
     newly = False
     for peer in peers:
-        if peer.verdict is None or peer.controller_id == replica_id or now_s - peer.ended_at_s >= COOLDOWN_S:
+        if peer.verdict is None or now_s - peer.ended_at_s >= COOLDOWN_S:
             continue
         seen = (peer.controller_id, peer.started_at_s)
         if seen in rollouts.peer_verdicts_applied:

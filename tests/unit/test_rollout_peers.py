@@ -1,13 +1,14 @@
 """Replicas agree on a pool's rollout (`loop.rollout_peers`): of two rollouts in progress the one started first owns
 the pool (ties: the lower replica id) and the other replica yields its own, neither letting the change through nor
 holding it off; while a peer owns it no rollout starts here; a peer's promotion lets the change through here and
-its rollback holds it off, each applied once and only within the cooldown."""
+its rollback holds it off, each applied once and only within the cooldown; views with impossible times (forged, a
+clock gone wrong, a replica that died mid-rollout) are not believed."""
 
 from __future__ import annotations
 
 from controlplane.core.types import Mode
 from controlplane.loop.rollout import COOLDOWN_S, Asked, PoolRollouts, Verdict
-from controlplane.loop.rollout_peers import PeerRollout, apply_peers
+from controlplane.loop.rollout_peers import PeerOutcome, PeerRollout, apply_peers
 
 POOL = "m|a"
 ENGINES = ["a0", "a1", "a2"]
@@ -89,3 +90,21 @@ def test_a_replicas_own_views_are_not_peers() -> None:
     assert apply_peers(rollouts, [_peer(99.0, replica="replica-a")], replica_id="replica-a",
                        now_s=101.0).yielded_to is None
     assert rollouts.active is not None and rollouts.peer_owner is None
+
+
+def test_views_with_impossible_times_are_not_believed() -> None:
+    now_s = 10_000.0
+    forged = [
+        _peer(float("nan")),  # not a time
+        _peer(now_s + 3600.0),  # starts an hour ahead of this replica's clock
+        _peer(now_s - 3600.0),  # "in progress" for an hour: no rollout runs that long (its replica died, say)
+        _peer(now_s - 100.0, verdict=Verdict.PROMOTED, ended_at_s=now_s - 200.0),  # ended before it started
+        _peer(now_s - 100.0, verdict=Verdict.ROLLED_BACK, ended_at_s=float("inf")),
+    ]
+    for view in forged:
+        rollouts = _started_here(now_s - 10.0)
+        outcome = apply_peers(rollouts, [view], replica_id="replica-a", now_s=now_s)
+        assert outcome == PeerOutcome() and rollouts.active is not None and rollouts.peer_owner is None, view
+        assert not rollouts.approved_until_s and not rollouts.blocked_until_s
+    believed = _started_here(now_s - 10.0)
+    assert apply_peers(believed, [_peer(now_s - 20.0)], replica_id="replica-a", now_s=now_s).yielded_to == "replica-b"
