@@ -24,7 +24,7 @@ from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import PolicyConfig
 from controlplane.loop.ingest import Latencies
 from controlplane.loop.objective import ObjectiveTracker, PoolView
-from controlplane.loop.objective_view import DEFAULT_QUANTILE, FinishedCounter, ModeClock, crossings, predictions
+from controlplane.loop.objective_view import DEFAULT_QUANTILE, ModeClock, crossings, predictions
 from controlplane.loop.outcomes import OUTCOME_WINDOW_S, LatencySet, OutcomeSummary, OutcomeWindow
 from controlplane.loop.records import EngineRecord, PoolRecord
 
@@ -50,7 +50,6 @@ class EngineObjectives:
         self._trackers: dict[str, ObjectiveTracker] = {}
         self._windows: dict[str, OutcomeWindow] = {}
         self._modes: dict[str, ModeClock] = {}
-        self._finished: dict[str, FinishedCounter] = {}
 
     def __len__(self) -> int:
         return len(self._trackers)
@@ -69,7 +68,7 @@ class EngineObjectives:
                 continue
             tracker = self._trackers[engine_id] = ObjectiveTracker(objective=record.objective)
             window = self._windows[engine_id] = OutcomeWindow(self._window_buckets, self._bucket_s)
-            self._modes[engine_id], self._finished[engine_id] = ModeClock(), FinishedCounter()
+            self._modes[engine_id] = ModeClock()
             tracker.evaluate(now_s, window.total, force=True)
 
     def add(self, engine_id: str, latencies: Latencies | None, now_s: float) -> None:
@@ -80,7 +79,6 @@ class EngineObjectives:
             return
         window.add(self._bucket(now_s), LatencySet.from_values(latencies.ttft_s, latencies.tpot_s,
                                                                 latencies.queue_s))
-        self._finished[engine_id].add(now_s, max(latencies.ttft_s.size, latencies.tpot_s.size))
 
     def evaluate(self, now_s: float, engines: Mapping[str, EngineRecord] | None = None,
                  pools: Mapping[str, PoolRecord] | None = None, policy: PolicyConfig | None = None) -> list[str]:
@@ -103,7 +101,7 @@ class EngineObjectives:
         clock = self._modes[engine_id]
         clock.update([decision], now_s)
         pool = pools.get(record.loop.hello.pool_key)
-        rate_s = self._finished[engine_id].rate_per_s(now_s)
+        rate_s = record.finished.rate_per_s(now_s)
         return PoolView(mode=clock.mode, mode_since_s=clock.since_s, window_s=OUTCOME_WINDOW_S, rate_per_s=rate_s,
                         predictions=predictions(pool.stats.estimate if pool is not None else None, decision, rate_s,
                                                 quantile=tracker.objective.ttft_quantile or DEFAULT_QUANTILE),
@@ -119,7 +117,7 @@ class EngineObjectives:
         return window.summary() if window is not None else None
 
     def forget(self, engine_id: str) -> None:
-        for kept in (self._trackers, self._windows, self._modes, self._finished):
+        for kept in (self._trackers, self._windows, self._modes):
             kept.pop(engine_id, None)
 
     def _bucket(self, now_s: float) -> int:

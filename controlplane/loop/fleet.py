@@ -230,7 +230,7 @@ class FleetState:
             rollout.observe_latencies(engine_id, now_s, LatencySet.from_values(latencies.ttft_s, latencies.tpot_s,
                                                                                _EMPTY))
         prompts, outputs = batch.prompt_tokens, batch.output_tokens
-        pool.finished.add(now_s, outputs.size)
+        record.finished.add(now_s, outputs.size)
         admitted_age_s = batch.admitted_age_s if outputs.size else None
         self._engine_objectives.add(engine_id, batch.latencies, now_s)
         if outputs.size:
@@ -596,5 +596,5 @@ class FleetState:
 
     def _view(self, key: str, tracker: ObjectiveTracker, now_s: float) -> PoolView:
         """What the pool's objective loop sees of it (`loop.objective_view`)."""
-        decisions = [r.loop.current for _, r in self.engines() if r.connected and r.loop.hello.pool_key == key]
-        return pool_view(self._pools[key], decisions, tracker.objective, now_s, self.policy)
+        held = [r for _, r in self.engines() if r.connected and r.loop.hello.pool_key == key]
+        return pool_view(self._pools[key], held, tracker.objective, now_s, self.policy)

@@ -2,8 +2,9 @@
 engines run and since when, its arrival rate, and the model's latencies per mode at that load.
 
 The mode is the one every connected engine of the pool here was last decided to run (None while they differ,
-e.g. during a guarded rollout). The arrival rate is this replica's: the requests its engines of the pool finished
-over the last RATE_WINDOW_S (an open-loop pool finishes what arrives), per connected engine. The predictions
+e.g. during a guarded rollout). The arrival rate per engine is the lower median of this replica's engines of the pool
+of the requests each finished a second over about RATE_WINDOW_S (an open-loop pool finishes what arrives; the median,
+so that one engine's volume cannot move it). The predictions
 (`core.latency_model`) use the cost model the pool's steps identify (its online fit, the calibration for the
 phases the steps do not cover: a stale calibration must not decide which mode is faster where the steps
 measured it), the window's mean prompt and output lengths, and the admission cap N, threshold k and budgets
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from controlplane.api.v1 import common_pb2, operator_pb2
@@ -28,31 +29,33 @@ from controlplane.loop.objective import PoolView
 from controlplane.protocol import MODE_FROM_PROTO
 
 if TYPE_CHECKING:
-    from controlplane.loop.records import PoolRecord
+    from controlplane.loop.records import EngineRecord, PoolRecord
 
 RATE_WINDOW_S = 60.0
 DEFAULT_QUANTILE = 0.99  # a TTFT quantile predicted when the objective names only TPOT
 
 
 @dataclass(slots=True)
-class FinishedCounter:
-    """Requests finished per whole second over the last RATE_WINDOW_S (controller clock)."""
+class RecentRate:
+    """Events a second, exponentially weighted over RATE_WINDOW_S (controller clock): each event adds
+    1/RATE_WINDOW_S and the sum decays by e^(−Δt/RATE_WINDOW_S), so a steady rate λ reads λ. Two floats."""
 
-    counts: dict[int, int] = field(default_factory=dict)
+    value_per_s: float = 0.0
+    at_s: float = -math.inf
 
     def add(self, now_s: float, count: int) -> None:
-        if count <= 0:
-            return
-        second = math.floor(now_s)
-        self.counts[second] = self.counts.get(second, 0) + count
-        if len(self.counts) > 2 * RATE_WINDOW_S:
-            oldest = second - RATE_WINDOW_S
-            for old in [s for s in self.counts if s < oldest]:
-                del self.counts[old]
+        self.value_per_s = self.rate_per_s(now_s) + max(0, count) / RATE_WINDOW_S
+        self.at_s = max(self.at_s, now_s)
 
     def rate_per_s(self, now_s: float) -> float:
-        oldest = math.floor(now_s) - RATE_WINDOW_S
-        return sum(count for second, count in self.counts.items() if second >= oldest) / RATE_WINDOW_S
+        if self.at_s == -math.inf:
+            return 0.0
+        return self.value_per_s * math.exp(-max(0.0, now_s - self.at_s) / RATE_WINDOW_S)
+
+
+def typical_rate_per_s(rates: list[float]) -> float:
+    """The lower median of the engines' rates (0 without engines): one engine's volume cannot move it."""
+    return sorted(rates)[(len(rates) - 1) // 2] if rates else 0.0
 
 
 @dataclass(slots=True)
@@ -102,12 +105,12 @@ def crossings(decisions: Iterable[common_pb2.Decision | None], policy: PolicyCon
     return {Mode.MB: to_mb, Mode.EB: to_eb} if math.isfinite(to_mb) and math.isfinite(to_eb) else {}
 
 
-def pool_view(pool: PoolRecord, decisions: list[common_pb2.Decision | None], objective: operator_pb2.LatencyObjective,
-              now_s: float, policy: PolicyConfig) -> PoolView:
-    """The objective loop's view of `pool`, whose connected engines here were last decided `decisions` under
-    `policy`."""
+def pool_view(pool: PoolRecord, held: list[EngineRecord], objective: operator_pb2.LatencyObjective, now_s: float,
+              policy: PolicyConfig) -> PoolView:
+    """The objective loop's view of `pool`, whose connected engines here are `held`, decided under `policy`."""
+    decisions = [record.loop.current for record in held]
     pool.mode.update(decisions, now_s)
-    rate_s = pool.finished.rate_per_s(now_s) / max(1, pool.num_connected)
+    rate_s = typical_rate_per_s([record.finished.rate_per_s(now_s) for record in held])
     decision = next((d for d in decisions if d is not None), None)
     active = pool.rollouts.active
     so_far = {active.to_mode: active.measured(0), active.from_mode: active.measured(1)} if active else {}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.judging import EngineJudge
 from controlplane.loop.latest_blocks import LatestBlocks
-from controlplane.loop.objective_view import FinishedCounter, ModeClock
+from controlplane.loop.objective_view import ModeClock, RecentRate
 from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.loop.rollout import PoolRollouts
 
@@ -29,6 +29,7 @@ class EngineRecord:
     # from once they hold min_samples completions (the pool's until then). None: it is part of its pool.
     own: PoolStatistics | None = None
     decided_from_own: bool = False  # its latest decision stood on its own statistics
+    finished: RecentRate = field(default_factory=RecentRate)  # requests it finishes a second (objective views)
 
     @property
     def connected(self) -> bool:
@@ -50,7 +51,6 @@ class PoolRecord:
     rollout_checked_s: float = 0.0
     # Engines decided before this are due at once: the pool's estimate moved on a shift (`refresh_pool`).
     urgent_since_s: float = float("-inf")
-    finished: FinishedCounter = field(default_factory=FinishedCounter)  # this replica's, for the objective's view
     mode: ModeClock = field(default_factory=ModeClock)  # the engines' unanimous mode, for the objective's view
 
 
