@@ -6,7 +6,9 @@ multi-key script touches one slot:
     P:decision:{e:<engine_id>}                   hash    latest decision of an engine (version-guarded)
     P:epoch:{e:<engine_id>}                      string  the engine's epoch counter (INCR; no expiry)
     P:engine:{e:<engine_id>}                     hash    registry entry, expires unless refreshed
-    P:rollouts:{r:<controller_id>}               hash    a replica's rollouts in progress, by pool key
+    P:rollouts:{r:<controller_id>}               hash    a replica's rollouts in progress and recent verdicts
+    P:rolloutsindex:{o}                          zset    the replicas with rollout views, scored by the Unix time
+                                                         their views expire (found without a SCAN)
     P:history:{p:<h>}:<pool_key>                 stream  decisions of the pool's engines, capped (MAXLEN ~)
     P:historyindex:{o}                           zset    the history streams' keys, scored by the Unix time
                                                          their expiry was last renewed (found without a SCAN)
@@ -24,7 +26,8 @@ multi-key script touches one slot:
   share a key even if their hashes collide (they would only share a slot).
 - Operator records (overrides, calibrations, the audit stream, the channel) share the tag {o}: a change
   and its audit entry are written by one script in one slot. They are few and rarely written. The history
-  index lives there too: one small key, written once per pool and renewal interval.
+  index lives there too: one small key, written once per pool and renewal interval; so does the rollouts index,
+  one entry per replica.
 
 The prefix P may not contain braces (the tags above must be the first braces of every key). SCAN patterns
 match the tagged forms only, so keys of another layout under the same prefix are ignored.
@@ -154,15 +157,8 @@ class KeySpace:
         return f"{self.prefix}:rollouts:{{r:{controller_id}}}"
 
     @property
-    def rollouts_pattern(self) -> str:
-        return f"{_escape_glob(self.prefix)}:rollouts:{{r:*}}"
-
-    def rollouts_owner(self, key: str) -> str:
-        """The controller id in a key of `rollouts`."""
-        head = f"{self.prefix}:rollouts:{{r:"
-        if not (key.startswith(head) and key.endswith("}")):
-            raise ValueError(f"not a rollouts key of prefix {self.prefix!r}: {key!r}")
-        return key[len(head):-1]
+    def rollouts_index(self) -> str:
+        return f"{self.prefix}:rolloutsindex:{{o}}"
 
     def engine_id_of(self, key: str, *, kind: str) -> str:
         """The engine id in a per-engine key "<prefix>:<kind>:{e:<engine_id>}".

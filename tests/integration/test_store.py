@@ -559,6 +559,13 @@ async def test_rollout_views_are_replaced_per_replica_and_lapse(store: RedisStor
     assert await store.list_rollouts() == {}
     with pytest.raises(ValueError, match="controller_id"):
         await store.put_rollouts("", {}, ttl_s=60.0)
+    # The replicas are found through the index, not a SCAN; an entry long past its views' expiry is pruned.
+    index = store._keys.rollouts_index
+    assert await store._redis.zscore(index, "replica-a") is not None
+    await store._redis.zadd(index, {"replica-gone": 1.0})
+    await store._redis.hset(store._keys.rollouts("replica-gone"), mapping={"m|a": b"stale"})  # never listed
+    assert await store.list_rollouts() == {}
+    assert await store._redis.zscore(index, "replica-gone") is None
 
 
 async def test_heartbeats_register_many_engines_at_once(store: RedisStore) -> None:
