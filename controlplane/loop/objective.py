@@ -82,6 +82,7 @@ DRAIN_S = 60.0  # after a switch of mode, and a window, the window holds the new
 SETTLE_S = 20.0  # a guarded rollout's measurement this long before a switch still speaks for the new mode
 _DEFAULT_DIRECTION = {"ttft": 1, "tpot": -1}  # MB starts prompts sooner, EB decodes faster
 _MODE_OF_DIRECTION = {1: Mode.MB, -1: Mode.EB}
+_OTHER_MODE = {Mode.MB: Mode.EB, Mode.EB: Mode.MB}
 
 
 class Measured(NamedTuple):
@@ -316,7 +317,7 @@ class ObjectiveTracker:
             return False
         if worst <= 1.0 - HYSTERESIS and self.delta_s_per_token != 0.0:
             self.state = ObjectiveState.MEETING
-            other = {Mode.MB: Mode.EB, Mode.EB: Mode.MB}.get(view.mode)
+            other = _OTHER_MODE.get(view.mode)
             if other is not None and self._misses(other):
                 self.detail = (f"{self._describe(worst_name)}: met (δ held: {other.value} misses the "
                                f"target{self._basis(worst_name)})")
@@ -342,8 +343,7 @@ class ObjectiveTracker:
 
     def _measured_text(self, mode: Mode) -> str:
         measured = self.measured.get(mode, _NOTHING).quantiles
-        return f"; its rollout measured{''.join(f' {name.upper()} {v:.3g} s' for name, v in measured.items())}" \
-            if measured else ""
+        return f"; its rollout measured{_quantiles_text(measured)}" if measured else ""
 
     def _misses(self, mode: Mode, *, margin: float = 1.0) -> bool:
         """Whether `mode` was measured (recently) above margin × a target of the objective."""
@@ -380,7 +380,7 @@ class ObjectiveTracker:
         if prediction is None:
             return None
         value = prediction.latency_s(name)
-        other = Mode.EB if mode == Mode.MB else Mode.MB
+        other = _OTHER_MODE[mode]
         seen, guess = self.measured.get(other), self.predicted.get(other)
         if math.isfinite(value) and seen is not None and name in seen.quantiles and guess is not None:
             guessed = guess.latency_s(name)

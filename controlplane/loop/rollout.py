@@ -193,7 +193,7 @@ def compare_quantile(name: str, quantile: float, target_s: float, canary: Latenc
     quantile (a two-proportion z statistic; equal shares, 1 − quantile each, when the distributions are the
     same); None while a group has fewer than LATENCY_MIN_TAIL requests beyond the quantile."""
     mine, theirs = getattr(canary, name), getattr(control, name)
-    if min(mine.count, theirs.count) * (1.0 - quantile) < LATENCY_MIN_TAIL:
+    if not (_tail_is_enough(mine, quantile) and _tail_is_enough(theirs, quantile)):
         return None
     pooled = mine.copy()
     pooled.merge(theirs)
@@ -203,6 +203,11 @@ def compare_quantile(name: str, quantile: float, target_s: float, canary: Latenc
     se = math.sqrt(share * (1.0 - share) * (1.0 / mine.count + 1.0 / theirs.count))
     z = (share_theirs - share_mine) / se if se > 0.0 else 0.0
     return LatencyComparison(name, quantile, target_s, mine.quantile(quantile), theirs.quantile(quantile), z)
+
+
+def _tail_is_enough(sketch: LatencySketch, quantile: float) -> bool:
+    """Whether LATENCY_MIN_TAIL of the sketch's values lie beyond `quantile`: its quantile can be trusted."""
+    return sketch.count * (1.0 - quantile) >= LATENCY_MIN_TAIL
 
 
 def _share_above(sketch: LatencySketch, index: int) -> float:
@@ -267,7 +272,7 @@ class Rollout:
         found = {}
         for name in LATENCY_NAMES:
             quantile, sketch = getattr(self.objective, f"{name}_quantile"), getattr(self.latencies[group], name)
-            if quantile and sketch.count * (1.0 - quantile) >= LATENCY_MIN_TAIL:
+            if quantile and _tail_is_enough(sketch, quantile):
                 found[name] = sketch.quantile(quantile)
         return found
 
