@@ -389,7 +389,8 @@ class Ctl:
         self.emit({"rollouts": running, "recent": recent}, lambda: output.print_table(
             ("POOL", "CHANGE", "STATE", "STARTED", "ENDED", "CANARIES", "DETAIL"),
             [(output.pool_text(r["pool"]), f"{r['from_mode']}→{r['to_mode']}", r["state"],
-              r["started_at"], r["ended_at"] or "-", f"{len(r['canary_engine_ids'])} of {r['num_engines']}",
+              r["started_at"], r["ended_at"] or "-",
+              "switchback" if r.get("switchback") else f"{len(r['canary_engine_ids'])} of {r['num_engines']}",
               r["detail"]) for r in running + recent]))
         return 0
 

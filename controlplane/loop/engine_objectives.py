@@ -24,7 +24,7 @@ from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import PolicyConfig
 from controlplane.loop.ingest import Latencies
 from controlplane.loop.objective import ObjectiveTracker, PoolView
-from controlplane.loop.objective_view import DEFAULT_QUANTILE, ModeClock, crossings, predictions
+from controlplane.loop.objective_view import DEFAULT_QUANTILE, ModeClock, crossings, predictions, rollout_measured
 from controlplane.loop.outcomes import OUTCOME_WINDOW_S, LatencySet, OutcomeSummary, OutcomeWindow
 from controlplane.loop.records import EngineRecord, PoolRecord
 
@@ -102,7 +102,10 @@ class EngineObjectives:
         clock.update([decision], now_s)
         pool = pools.get(record.loop.hello.pool_key)
         rate_s = record.finished.rate_per_s(now_s)
+        active = pool.rollouts.active if pool is not None else None
+        switchback = active if active is not None and active.switchback and engine_id in active.canary_ids else None
         return PoolView(mode=clock.mode, mode_since_s=clock.since_s, window_s=OUTCOME_WINDOW_S, rate_per_s=rate_s,
+                        rollout_active=switchback is not None, rollout_measured=rollout_measured(switchback),
                         predictions=predictions(pool.stats.estimate if pool is not None else None, decision, rate_s,
                                                 quantile=tracker.objective.ttft_quantile or DEFAULT_QUANTILE),
                         crossing_s_per_token=crossings([decision], policy) if policy is not None else {})

@@ -38,14 +38,7 @@ from controlplane.loop.engine import EngineLoop
 from controlplane.loop.engine_objectives import EngineObjectives
 from controlplane.loop.estimate import PoolEstimate, moved_on_shift
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
-from controlplane.loop.judging import (
-    CONFIRM_BLOCKS,
-    MIN_POOL_ENGINES,
-    HeldBatch,
-    Reference,
-    Released,
-    judge_block,
-)
+from controlplane.loop.judging import CONFIRM_BLOCKS, MIN_POOL_ENGINES, HeldBatch, Reference, Released, judge_block
 from controlplane.loop.latest_blocks import LatestBlocks
 from controlplane.loop.objective import ObjectiveTracker, PoolView, sync_tracker
 from controlplane.loop.objective_view import pool_view
@@ -335,19 +328,19 @@ class FleetState:
         base_intent = intent
         # Guarded: no pin, no explicit δ override (the operator's changes bypass rollouts), part of its pool.
         guarded = (self.guard_rollouts and intent.pin.mode is None and not intent.pin.advisory
-                   and intent.delta_source in UNGUIDED_SOURCES and record.own is None
-                   and pool.num_connected >= MIN_ENGINES)
+                   and intent.delta_source in UNGUIDED_SOURCES and record.own is None)
         if guarded:
-            intent = held_intent(intent, pool.rollouts.hold_for(hello.engine_id))
+            intent = held_intent(intent, pool.rollouts.hold_for(hello.engine_id, now_s))
         started = self._timer() if self._timer is not None else 0.0
         outcome = loop.decide(estimate, intent=intent, now_s=now_s, force_push=force_push,
                               trigger_traceparent=trigger_traceparent)
         if guarded and outcome.decision.diagnostics.theta0 > 0:  # a data-driven verdict (not a cold start)
             key, wanted = hello.pool_key, loop.policy_state.mode
-            pool_tracker = self._trackers.get(key)
+            # Judged on the pool's objective; a lone engine's switchback on the engine's own.
+            judge = self._trackers.get(key) or (tracker if pool.num_connected == 1 else None)
             asked, rollout = pool.rollouts.asked(hello.engine_id, wanted, lambda: [
                 e for e, r in self._engines.items() if r.connected and r.loop.hello.pool_key == key
-                and r.own is None], now_s, objective=pool_tracker.objective if pool_tracker is not None else None)
+                and r.own is None], now_s, objective=judge.objective if judge is not None else None)
             if rollout is not None:
                 effects.rollouts.append(RolloutEvent(key, "started", rollout.from_mode.value, rollout.to_mode.value,
                                                      rollout.describe(pool.num_connected)))
@@ -459,13 +452,18 @@ class FleetState:
         return effects
 
     def _check_rollout(self, key: str, now_s: float, effects: Effects) -> None:
-        """Evaluate the pool's rollout (every SLICE_S); on a verdict, finish it and re-decide the pool."""
+        """Evaluate the pool's rollout (every SLICE_S); on a verdict, finish it and re-decide the pool. A
+        switchback's engine is re-decided as each of its periods starts."""
         pool = self._pools[key]
         rollout = pool.rollouts.active
+        if rollout is not None and rollout.switchback and rollout.period(now_s) != rollout.decided_period:
+            rollout.decided_period = rollout.period(now_s)
+            self._decide_pool(key, now_s, effects)
         if rollout is None or now_s - pool.rollout_checked_s < SLICE_S:
             return
         pool.rollout_checked_s = now_s
-        verdict = rollout.evaluate(now_s) if pool.num_connected >= MIN_ENGINES else RolloutVerdict.ABORTED
+        enough = pool.num_connected >= (1 if rollout.switchback else MIN_ENGINES)
+        verdict = rollout.evaluate(now_s) if enough else RolloutVerdict.ABORTED
         if verdict is not None:
             self._end_rollout(key, verdict, now_s, effects)
 
@@ -503,7 +501,8 @@ class FleetState:
         effects.rollouts.append(RolloutEvent(key, verdict.value, rollout.from_mode.value, rollout.to_mode.value,
                                              detail))
         pool.rollouts.finish(verdict, now_s, detail=detail)
-        tracker = self._trackers.get(key)
+        tracker = self._trackers.get(key) or (self._engine_objectives.tracker(min(rollout.canary_ids))
+                                              if rollout.switchback else None)
         if tracker is not None and rollout.objective is not None and tracker.follows(rollout.objective):
             rolled_back = verdict == RolloutVerdict.ROLLED_BACK
             tracker.learn(rollout.to_mode, rollout.measured(0), now_s, rolled_back=rolled_back)

@@ -17,7 +17,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,7 @@ from controlplane.protocol import MODE_FROM_PROTO
 
 if TYPE_CHECKING:
     from controlplane.loop.records import EngineRecord, PoolRecord
+    from controlplane.loop.rollout import Rollout
 
 RATE_WINDOW_S = 60.0
 DEFAULT_QUANTILE = 0.99  # a TTFT quantile predicted when the objective names only TPOT
@@ -105,6 +106,14 @@ def crossings(decisions: Iterable[common_pb2.Decision | None], policy: PolicyCon
     return {Mode.MB: to_mb, Mode.EB: to_eb} if math.isfinite(to_mb) and math.isfinite(to_eb) else {}
 
 
+def rollout_measured(active: Rollout | None) -> dict[Mode, Mapping[str, float]]:
+    """What a rollout's groups measured so far, per mode (those with any quantile)."""
+    if active is None:
+        return {}
+    so_far = {active.to_mode: active.measured(0), active.from_mode: active.measured(1)}
+    return {mode: quantiles for mode, quantiles in so_far.items() if quantiles}
+
+
 def pool_view(pool: PoolRecord, held: list[EngineRecord], objective: operator_pb2.LatencyObjective, now_s: float,
               policy: PolicyConfig) -> PoolView:
     """The objective loop's view of `pool`, whose connected engines here are `held`, decided under `policy`."""
@@ -113,10 +122,8 @@ def pool_view(pool: PoolRecord, held: list[EngineRecord], objective: operator_pb
     rate_s = typical_rate_per_s([record.finished.rate_per_s(now_s) for record in held])
     decision = next((d for d in decisions if d is not None), None)
     active = pool.rollouts.active
-    so_far = {active.to_mode: active.measured(0), active.from_mode: active.measured(1)} if active else {}
     return PoolView(mode=pool.mode.mode, mode_since_s=pool.mode.since_s, window_s=pool.stats.outcomes.window_s,
-                    rollout_active=active is not None, rate_per_s=rate_s,
-                    rollout_measured={mode: quantiles for mode, quantiles in so_far.items() if quantiles},
+                    rollout_active=active is not None, rate_per_s=rate_s, rollout_measured=rollout_measured(active),
                     crossing_s_per_token=crossings(decisions, policy),
                     predictions=predictions(pool.stats.estimate, decision, rate_s,
                                             quantile=objective.ttft_quantile or DEFAULT_QUANTILE))

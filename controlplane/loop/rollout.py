@@ -39,6 +39,16 @@ decide. Each latency is tested once LATENCY_MIN_TAIL requests of each
 group lie beyond the quantile; LATENCY_Z = Z_BOUND, so a change that makes no difference is rolled back (or
 promoted) on a latency with probability at most 36 × 0.023% ≈ 0.84% per latency, as on throughput.
 
+A change asked of the only engine of its established mode (a one-engine pool, say) cannot be compared across
+engines: it is tested by a switchback instead. The engine alternates between the two modes in periods of
+SWITCH_PERIOD_S, in the order new, old, old, new (repeated: ABBA, so a steady drift of the load weighs on both
+modes alike), the first SWITCH_SETTLE_S of each period not measured (the mode takes hold, the requests of the
+other mode's period drain); the new mode's periods are the canary group, the old mode's the control, and the
+same tests decide, over up to SWITCHBACK_MAX_OBSERVE_S (half of it on each mode; at least SWITCHBACK_MIN_OBSERVE_S
+before a promotion on throughput). Its false-rollback rate is stated as the canary's, with up to
+SWITCHBACK_MAX_OBSERVE_S / SLICE_S = 72 looks: at most 72 × 0.023% ≈ 1.7% per test; slices of one engine share
+its load's swings, which the alternation spreads over both groups but does not remove.
+
 Replicas holding engines of one pool agree on its rollout: one owns it, and its verdict holds on all of them
 (`loop.rollout_peers`).
 
@@ -74,6 +84,12 @@ MIN_BUSY_S = 0.5  # a slice with less stepping says nothing about throughput
 LATENCY_Z = Z_BOUND
 LATENCY_MIN_TAIL = 5  # requests beyond the quantile, per group, before its interval is trusted
 LATENCY_NAMES = ("ttft", "tpot")
+SWITCH_PERIOD_S = 30.0  # a switchback's period: its engine runs one mode throughout
+SWITCH_SETTLE_S = WARMUP_S  # the start of each period, not measured
+SWITCHBACK_MIN_OBSERVE_S = 2 * MIN_OBSERVE_S
+SWITCHBACK_MAX_OBSERVE_S = 2 * MAX_OBSERVE_S
+LONGEST_OBSERVE_S = max(MAX_OBSERVE_S, SWITCHBACK_MAX_OBSERVE_S)  # no rollout runs longer
+_NEW_PERIODS = (0, 3)  # of each four periods, those a switchback runs the new mode in (ABBA)
 
 
 # Where δ may come from in a guarded pool: an operator's explicit δ override bypasses the guard.
@@ -240,30 +256,59 @@ def latency_verdict(compared: list[LatencyComparison]) -> Verdict | None:
 @dataclass(slots=True)
 class Rollout:
     """One change under test in a pool. objective: the pool's latency objective at the start (None: judged on
-    throughput alone); latencies: each group's finished requests since the warm-up, while it has one."""
+    throughput alone); latencies: each group's finished requests since the warm-up, while it has one; switchback:
+    its one engine (the only canary) alternates between the modes, the groups are its periods on each."""
 
     from_mode: Mode
     to_mode: Mode
     started_at_s: float
     canary_ids: frozenset[str]
     participants: frozenset[str] = frozenset()  # the engines of the change's established mode at its start
-    slices: dict[str, _Slices] = field(default_factory=dict)
+    slices: dict[tuple[str, int], _Slices] = field(default_factory=dict)  # (engine, group 0 canary / 1 control)
     last: Comparison | None = None
     objective: operator_pb2.LatencyObjective | None = None
     latencies: tuple[LatencySet, LatencySet] = field(default_factory=lambda: (LatencySet.empty(), LatencySet.empty()))
     last_latency: list[LatencyComparison] = field(default_factory=list)
+    switchback: bool = False
+    decided_period: int = 0  # the switchback period its engine was last decided for (`loop.fleet`)
+
+    def period(self, now_s: float) -> int:
+        """The switchback period at `now_s` (0 from the start)."""
+        return max(0, int((now_s - self.started_at_s) // SWITCH_PERIOD_S))
+
+    def runs_new(self, engine_id: str, now_s: float) -> bool:
+        """Whether `engine_id` runs the new mode now: a canary (in a switchback, during the new mode's periods)."""
+        if engine_id not in self.canary_ids:
+            return False
+        return not self.switchback or self.period(now_s) % 4 in _NEW_PERIODS
+
+    def group(self, engine_id: str, now_s: float) -> int | None:
+        """Where an engine's data at `now_s` counts: 0 (canary), 1 (control), or None (not a participant, the
+        warm-up, a switchback period's settling time)."""
+        if now_s - self.started_at_s < WARMUP_S or (self.participants and engine_id not in self.participants):
+            return None
+        if self.switchback and (now_s - self.started_at_s) % SWITCH_PERIOD_S < SWITCH_SETTLE_S:
+            return None
+        return 0 if self.runs_new(engine_id, now_s) else 1
+
+    @property
+    def min_observe_s(self) -> float:
+        return SWITCHBACK_MIN_OBSERVE_S if self.switchback else MIN_OBSERVE_S
+
+    @property
+    def max_observe_s(self) -> float:
+        return SWITCHBACK_MAX_OBSERVE_S if self.switchback else MAX_OBSERVE_S
 
     def observe(self, engine_id: str, now_s: float, tokens: float, busy_s: float) -> None:
-        if now_s - self.started_at_s < WARMUP_S or (self.participants and engine_id not in self.participants):
-            return
-        self.slices.setdefault(engine_id, _Slices(start_s=now_s)).add(now_s, tokens, busy_s)
+        group = self.group(engine_id, now_s)
+        if group is not None:
+            self.slices.setdefault((engine_id, group), _Slices(start_s=now_s)).add(now_s, tokens, busy_s)
 
     def observe_latencies(self, engine_id: str, now_s: float, latencies: LatencySet) -> None:
-        """A participant's finished requests of one batch (ignored without an objective or in the warm-up)."""
-        if (self.objective is None or now_s - self.started_at_s < WARMUP_S
-                or (self.participants and engine_id not in self.participants)):
-            return
-        self.latencies[0 if engine_id in self.canary_ids else 1].merge(latencies)
+        """A participant's finished requests of one batch (ignored without an objective or outside its group)."""
+        group = self.group(engine_id, now_s) if self.objective is not None else None
+        if group is not None:
+            self.latencies[group].merge(latencies)
 
     def measured(self, group: int) -> dict[str, float]:
         """The objective's quantiles a group measured (0: canary, 1: control), those it had enough requests for."""
@@ -284,26 +329,33 @@ class Rollout:
             if verdict is not None:
                 return verdict
             missed = any(c.control_s > c.target_s for c in self.last_latency)
-        canary = [r for e, s in self.slices.items() if e in self.canary_ids for r in s.rates]
-        control = [r for e, s in self.slices.items() if e not in self.canary_ids for r in s.rates]
+        canary = [r for (_, g), s in self.slices.items() if g == 0 for r in s.rates]
+        control = [r for (_, g), s in self.slices.items() if g == 1 for r in s.rates]
         self.last = compare(canary, control)
         elapsed_s = now_s - self.started_at_s
-        settled = Verdict.ROLLED_BACK if missed else Verdict.PROMOTED  # the verdict at MAX_OBSERVE_S
+        settled = Verdict.ROLLED_BACK if missed else Verdict.PROMOTED  # the verdict at the longest observation
         if self.last is None:  # too few slices: none at all (the engines report no steps) cannot be measured
             unmeasured = not self.slices and elapsed_s >= WARMUP_S + 2 * SLICE_S
-            return settled if unmeasured or elapsed_s >= MAX_OBSERVE_S else None
+            return settled if unmeasured or elapsed_s >= self.max_observe_s else None
         c = self.last
         if c.relative + c.bound * c.relative_se < -TOLERANCE:
             return Verdict.ROLLED_BACK
-        if not missed and elapsed_s >= MIN_OBSERVE_S and c.relative - c.bound * c.relative_se > -TOLERANCE:
+        if not missed and elapsed_s >= self.min_observe_s and c.relative - c.bound * c.relative_se > -TOLERANCE:
             return Verdict.PROMOTED
-        if elapsed_s >= MAX_OBSERVE_S:
+        if elapsed_s >= self.max_observe_s:
             return settled
         return None
 
     def describe(self, num_engines: int) -> str:
-        head = (f"canary {self.from_mode.value}→{self.to_mode.value} since {self.started_at_s:.0f} s, "
-                f"{len(self.canary_ids)} of {num_engines} engines")
+        """In words (a switchback's period: the one its engine was last decided for)."""
+        if self.switchback:
+            mode = self.to_mode if self.decided_period % 4 in _NEW_PERIODS else self.from_mode
+            head = (f"switchback {self.from_mode.value}→{self.to_mode.value} since {self.started_at_s:.0f} s on "
+                    f"engine {min(self.canary_ids)}, periods of {SWITCH_PERIOD_S:g} s, period "
+                    f"{self.decided_period + 1} runs {mode.value}")
+        else:
+            head = (f"canary {self.from_mode.value}→{self.to_mode.value} since {self.started_at_s:.0f} s, "
+                    f"{len(self.canary_ids)} of {num_engines} engines")
         latency = "".join(f", {c.describe()}" for c in self.last_latency)
         c = self.last
         if c is None:
@@ -333,11 +385,12 @@ class PoolRollouts:
     peer_owner: str | None = None  # another replica whose rollout of this pool is in progress (`loop.rollout_peers`)
     peer_verdicts_applied: dict[tuple[str, float], float] = field(default_factory=dict)  # (replica, start) → end
 
-    def hold_for(self, engine_id: str) -> Mode | None:
-        """The mode an engine is held on (only where the model asks for another): a canary's new mode, else
-        the engine's established mode; None before its first data-driven verdict."""
+    def hold_for(self, engine_id: str, now_s: float) -> Mode | None:
+        """The mode an engine is held on (only where the model asks for another): a canary's new mode (a
+        switchback's in its new mode's periods), else the engine's established mode; None before its first
+        data-driven verdict."""
         active = self.active
-        if active is not None and engine_id in active.canary_ids:
+        if active is not None and active.runs_new(engine_id, now_s):
             return active.to_mode
         return self.established.get(engine_id)
 
@@ -347,8 +400,9 @@ class PoolRollouts:
         established mode is let through when promoted within COOLDOWN_S, held when rolled back within
         COOLDOWN_S or while another change is under test (here, or by another replica: `peer_owner`), and
         otherwise starts a rollout among the pool's engines (`engines()`, called only then) of the same
-        established mode, judged also on `objective` (the pool's latency objective, if any). Returns what the
-        engine runs now and the rollout started (None when none started)."""
+        established mode, judged also on `objective` (the pool's latency objective, if any): a canary rollout
+        among MIN_ENGINES or more, a switchback when the engine is the only one. Returns what the engine runs now
+        and the rollout started (None when none started)."""
         established = self.established.setdefault(engine_id, wanted)
         if wanted == established:
             return Asked.NOTHING, None
@@ -358,16 +412,18 @@ class PoolRollouts:
             return Asked.SWITCH, None
         active = self.active
         if active is not None:
-            same = (active.from_mode, active.to_mode) == change and engine_id in active.canary_ids
+            same = (active.from_mode, active.to_mode) == change and active.runs_new(engine_id, now_s)
             return (Asked.CANARY if same else Asked.NOTHING), None
         if self.peer_owner is not None or self.blocked_until_s.get(change, -math.inf) > now_s:
             return Asked.NOTHING, None
         participants = [e for e in engines() if self.established.get(e) == established]
-        if len(participants) < MIN_ENGINES:
+        if engine_id not in participants:
             return Asked.NOTHING, None
-        self.active = Rollout(established, wanted, now_s, canaries(participants, now_s), frozenset(participants),
-                              objective=objective)
-        return (Asked.CANARY if engine_id in self.active.canary_ids else Asked.NOTHING), self.active
+        switchback = len(participants) < MIN_ENGINES
+        chosen = frozenset(participants) if switchback else canaries(participants, now_s)
+        self.active = Rollout(established, wanted, now_s, chosen, frozenset(participants), objective=objective,
+                              switchback=switchback)
+        return (Asked.CANARY if self.active.runs_new(engine_id, now_s) else Asked.NOTHING), self.active
 
     def finish(self, verdict: Verdict, now_s: float, *, detail: str = "") -> None:
         """End the rollout in progress: promoted (its change is let through for COOLDOWN_S, its canaries'

@@ -86,8 +86,10 @@ class StaticControl:
 class OnlineSettings:
     """How the online loop runs: the controller's loop config, the policy config, the operator's intent,
     the telemetry cadence (seconds of simulated time), an optional P-PAS budget sweep, an optional
-    persisted pool window to start from (warm start, as the controller seeds a pool from its snapshot), and the
-    engine's role in disaggregated prefill/decode (its Hello's: the pool key and what the policy steers)."""
+    persisted pool window to start from (warm start, as the controller seeds a pool from its snapshot), the
+    engine's role in disaggregated prefill/decode (its Hello's: the pool key and what the policy steers), and
+    whether its mode changes are guarded (a switchback, `loop.rollout`; off by default: the twin's one engine
+    follows EB+ at once, as the papers' runs it reproduces)."""
 
     loop: DecisionLoopConfig = field(default_factory=DecisionLoopConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -96,6 +98,7 @@ class OnlineSettings:
     budget_sweep: Sequence[SweepPoint] = ()
     warm_start: BucketStats | None = None
     kv_role: KvRole = KvRole.NONE
+    guard_rollouts: bool = False
 
 
 _EMPTY = np.zeros(0)
@@ -143,7 +146,7 @@ class OnlineControl:
         settings = self._settings
         self._hello = hello
         self._fleet = FleetState(settings.loop, settings.policy, replica_id="twin", budget_sweep=settings.budget_sweep,
-                                 default_intent=settings.intent)
+                                 default_intent=settings.intent, guard_rollouts=settings.guard_rollouts)
         self._fleet.set_calibration(hello.pool_key, self._costs, 0.0, refresh=False)
 
     @property

@@ -51,7 +51,7 @@ def test_a_worse_canary_is_rolled_back_within_three_minutes_and_not_retried_duri
     rollouts = _established()
     verdict, after_s = _run(rollouts, np.random.default_rng(0), canary_factor=0.9)
     assert verdict == Verdict.ROLLED_BACK and after_s <= 180
-    assert rollouts.hold_for("engine-3") == Mode.MB and set(rollouts.established.values()) == {Mode.MB}
+    assert rollouts.hold_for("engine-3", after_s) == Mode.MB and set(rollouts.established.values()) == {Mode.MB}
     assert rollouts.asked("engine-1", Mode.EB, lambda: ENGINES, after_s + 10) == (Asked.NOTHING, None)  # blocked
     _, again = rollouts.asked("engine-1", Mode.EB, lambda: ENGINES, after_s + COOLDOWN_S + 1)
     assert again is not None  # tried again later
@@ -63,7 +63,7 @@ def test_a_better_canary_is_promoted_after_the_minimum_observation_and_the_other
     assert verdict == Verdict.PROMOTED and MIN_OBSERVE_S <= after_s <= MAX_OBSERVE_S
     control = next(e for e in ENGINES if rollouts.established[e] == Mode.MB)
     assert rollouts.asked(control, Mode.EB, lambda: ENGINES, after_s + 1) == (Asked.SWITCH, None)
-    assert rollouts.established[control] == Mode.EB and rollouts.hold_for(control) == Mode.EB
+    assert rollouts.established[control] == Mode.EB and rollouts.hold_for(control, after_s + 1) == Mode.EB
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -87,8 +87,9 @@ def test_while_a_rollout_runs_canaries_hold_the_new_mode_and_the_others_their_ow
     assert rollout is not None and "busy" not in rollout.participants and "busy" not in rollout.canary_ids
     assert rollouts.asked("engine-1", Mode.MB, lambda: ENGINES, 101.0)[1] is None  # one at a time
     for engine in ENGINES:
-        assert rollouts.hold_for(engine) == (Mode.MB if engine in rollout.canary_ids else Mode.EB)
+        assert rollouts.hold_for(engine, 101.0) == (Mode.MB if engine in rollout.canary_ids else Mode.EB)
     assert "canary eb→mb" in rollout.describe(len(ENGINES))
     lone = PoolRollouts()
     lone.asked("only", Mode.MB, lambda: ["only"], 0.0)
-    assert lone.asked("only", Mode.EB, lambda: ["only"], 1.0) == (Asked.NOTHING, None)  # fewer than two engines
+    asked, switchback = lone.asked("only", Mode.EB, lambda: ["only"], 1.0)  # one engine: a switchback
+    assert asked == Asked.CANARY and switchback is not None and switchback.switchback

@@ -40,7 +40,7 @@ def test_the_rollout_started_later_yields_to_the_one_started_first() -> None:
     assert rollouts.history[-1].verdict == Verdict.YIELDED and "replica-b owns" in rollouts.history[-1].detail
     assert not rollouts.approved_until_s and not rollouts.blocked_until_s  # neither let through nor held off
     assert rollouts.peer_owner == "replica-b"
-    assert all(rollouts.hold_for(e) == Mode.MB for e in ENGINES)  # the canary is back on the established mode
+    assert all(rollouts.hold_for(e, 101.0) == Mode.MB for e in ENGINES)  # the canary is back on the established mode
     # While the peer owns it, no rollout starts here: the engines asking for the change are held.
     assert rollouts.asked(ENGINES[1], Mode.EB, lambda: ENGINES, 102.0) == (Asked.NOTHING, None)
 
