@@ -37,8 +37,9 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from agents.config import AgentConfig
-from agents.recorder import TelemetryRecorder
+from agents.recorder import TelemetryRecorder, TelemetrySnapshot
 from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from controlplane.protocol import pack_step_columns, reads_packed_steps
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ class ControllerLink:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="controlplane-link", daemon=True)
         self._call: grpc.Future | None = None
+        self._packed_steps = False  # the stream's controller reads Steps.packed_columns (its initial metadata)
         self.connected = False
         self.num_reconnects = 0
         self.num_batches_sent = 0
@@ -208,10 +210,13 @@ class ControllerLink:
         metadata = (("authorization", f"Bearer {self._config.token}"),) if self._config.token else ()
         with self._channel() as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
+            self._packed_steps = False  # until this stream's controller says it reads them
             call = stub.Connect(self._requests(), metadata=metadata)
             self._call = call
             try:
                 for message in call:
+                    if not self._packed_steps:  # its initial metadata came before this message: no wait
+                        self._packed_steps = reads_packed_steps(call.initial_metadata())
                     if message.HasField("decision"):
                         if not self.connected:
                             self._outage.recovered()
@@ -257,9 +262,7 @@ class ControllerLink:
                                               finish_time_s=s.finish_time_s, aborted=s.aborted,
                                               admitted_time_s=s.admitted_time_s, arrival_time_s=s.arrival_time_s,
                                               first_token_time_s=s.first_token_time_s),
-            steps=agent_pb2.Steps(prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
-                                  decode_requests=s.decode_requests, duration_s=s.duration_s, mode=s.step_mode,
-                                  budget_tokens=s.step_budget_tokens),
+            steps=self._steps(s),
             kv_used_tokens=min(s.kv_used_tokens, s.kv_total_tokens), kv_total_tokens=s.kv_total_tokens,
             scheduler=agent_pb2.SchedulerState(num_running_prefills=s.num_running_prefills,
                                                num_running_decodes=s.num_running_decodes, num_waiting=s.num_waiting,
@@ -270,3 +273,17 @@ class ControllerLink:
                                              admitted_time_s=s.running_admitted_time_s),
             sent_at_s=self._wall_clock(),
         )
+
+    def _steps(self, s: TelemetrySnapshot) -> agent_pb2.Steps:
+        """The batch's steps: packed when the controller reads them and every count is a uint32 (else as repeated
+        fields, for the controller to judge)."""
+        if self._packed_steps:
+            try:
+                packed = pack_step_columns(s.duration_s, s.prefill_tokens, s.decode_tokens, s.decode_requests)
+            except (OverflowError, TypeError, ValueError):
+                pass
+            else:
+                return agent_pb2.Steps(packed_columns=packed, mode=s.step_mode, budget_tokens=s.step_budget_tokens)
+        return agent_pb2.Steps(prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
+                               decode_requests=s.decode_requests, duration_s=s.duration_s, mode=s.step_mode,
+                               budget_tokens=s.step_budget_tokens)

@@ -50,6 +50,7 @@ import numpy as np
 import redis
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc
+from controlplane.protocol import pack_step_columns
 from controlplane.store.embedded import start_redis_on_free_port
 
 POOL = common_pb2.Pool(model="bench/Qwen3-8B", accelerator="NVIDIA H200")
@@ -83,8 +84,10 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _heavy_variants(completions: int, steps: int, seed: int = 7) -> list[bytes]:
-    """Serialised TelemetryBatch bodies (without seq/traceparent), one per output-length variant."""
+def _heavy_variants(completions: int, steps: int, seed: int = 7, *, packed: bool = True) -> list[bytes]:
+    """Serialised TelemetryBatch bodies (without seq/traceparent), one per output-length variant; packed: the
+    steps in `Steps.packed_columns` (as the agents send them to a controller that reads them), else in the
+    repeated fields (as older agents do)."""
     rng = np.random.default_rng(seed)
     variants = []
     for i in range(NUM_VARIANTS):
@@ -97,15 +100,22 @@ def _heavy_variants(completions: int, steps: int, seed: int = 7) -> list[bytes]:
         batch = agent_pb2.TelemetryBatch(
             completions=agent_pb2.Completions(prompt_tokens=prompts.tolist(), output_tokens=outputs.tolist(),
                                               finish_time_s=[1.7e9] * completions, aborted=[False] * completions),
-            steps=agent_pb2.Steps(prefill_tokens=prefill.tolist(), decode_tokens=np.where(prefill > 0, 0,
-                                                                                         decode_req).tolist(),
-                                  decode_requests=np.where(prefill > 0, 0, decode_req).tolist(),
-                                  duration_s=duration.tolist()),
+            steps=_steps(prefill, np.where(prefill > 0, 0, decode_req), np.where(prefill > 0, 0, decode_req),
+                         duration, packed=packed),
             kv_used_tokens=100_000, kv_total_tokens=1_500_000,
             scheduler=agent_pb2.SchedulerState(num_running_decodes=200, num_waiting=50),
             sent_at_s=1.7e9)
         variants.append(batch.SerializeToString())
     return variants
+
+
+def _steps(prefill: np.ndarray, decode_tokens: np.ndarray, decode_requests: np.ndarray, duration_s: np.ndarray, *,
+           packed: bool) -> agent_pb2.Steps:
+    columns = (prefill.tolist(), decode_tokens.tolist(), decode_requests.tolist())
+    if packed:
+        return agent_pb2.Steps(packed_columns=pack_step_columns(duration_s.tolist(), *columns))
+    return agent_pb2.Steps(prefill_tokens=columns[0], decode_tokens=columns[1], decode_requests=columns[2],
+                           duration_s=duration_s.tolist())
 
 
 def _message(heavy: bytes, *, stream: int, seq: int) -> bytes:
@@ -305,7 +315,7 @@ async def _drive(ports: list[int], num_streams: int, variants: list[bytes], dura
 
 
 def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s: float, completions: int,
-                 steps: int, rss_every_s: float = 10.0, workers: int = 1) -> dict[str, object]:
+                 steps: int, rss_every_s: float = 10.0, workers: int = 1, packed: bool = True) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as raw:
         tmp = Path(raw)
         redis_url, server = start_redis_on_free_port(tmp)
@@ -314,7 +324,7 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
         controllers = [c for _, per_process in started for c in per_process]  # (pid, port, metrics port)
         try:
             asyncio.run(_put_calibration(controllers[0][1]))
-            variants = _heavy_variants(completions, steps)
+            variants = _heavy_variants(completions, steps, packed=packed)
             results = Results()
             r = redis.Redis.from_url(redis_url)
             rss_samples: list[float] = []
@@ -403,6 +413,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="steps per batch")
     parser.add_argument("--rss-every-s", type=float, default=10.0,
                         help="sample the controllers' RSS this often while measuring (soak: --duration-s 600)")
+    parser.add_argument("--steps-encoding", choices=("packed", "repeated", "both"), default="packed",
+                        help="how batches carry their steps: packed (today's agents), repeated fields (older "
+                             "agents), or both, one after the other, with their ratio")
     parser.add_argument("--smoke", action="store_true",
                         help="20 streams on 2 replicas, then on 1x2 workers, 2 s each: the same code paths in seconds")
     args = parser.parse_args()
@@ -415,10 +428,14 @@ def main() -> None:
               f"{'max ms':>8} {'undecided':>9} {'untrig':>6} {'ctl cores':>10} {'RSS MiB':>8} {'gen cores':>9} "
               f"{'redis cmd/s':>11} {'agree':>9}")
     print(header)
-    for streams, replicas, workers in scenarios:
+    encodings = ("packed", "repeated") if args.steps_encoding == "both" else (args.steps_encoding,)
+    per_batch: dict[str, float] = {}  # controller CPU seconds per accepted batch, by encoding
+    for (streams, replicas, workers), encoding in ((s, e) for s in scenarios for e in encodings):
         row = run_scenario(streams, replicas=replicas, duration_s=args.duration_s, warmup_s=args.warmup_s,
                            completions=args.completions, steps=args.steps, rss_every_s=args.rss_every_s,
-                           workers=workers)
+                           workers=workers, packed=encoding == "packed")
+        if len(encodings) > 1:
+            print(f"        steps {encoding}:", flush=True)
         cores = "+".join(f"{c:.2f}" for c in row["controller_cores"])
         agree = f"{row['buckets_compared'] - row['buckets_disagreeing']}/{row['buckets_compared']}"
         processes = f"{replicas}x{workers}" if workers > 1 else str(replicas)
@@ -440,6 +457,11 @@ def main() -> None:
                   f"held at the end: {row['connected_at_end']:.0f}", flush=True)
         if row["stream_errors"]:
             print(f"        {row['stream_errors']} stream errors, first: {row['first_error']}", flush=True)
+        per_batch[encoding] = sum(row["controller_cores"]) / row["batches_per_s"] if row["batches_per_s"] else math.nan
+        if encoding == "repeated" and len(encodings) > 1:
+            print(f"        controller CPU per batch, packed / repeated: {per_batch['packed'] * 1e6:.0f} / "
+                  f"{per_batch['repeated'] * 1e6:.0f} µs = {per_batch['packed'] / per_batch['repeated']:.2f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

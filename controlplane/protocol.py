@@ -22,13 +22,20 @@ Imports only the generated protobuf code (`controlplane.api`), so `agents` may i
   maps the wire enum to "full", "degraded", "stock"; at most MAX_SUPPORT_MISSING internals named, each at most
   MAX_SUPPORT_NAME_CHARS printable characters, and a detail of at most MAX_SUPPORT_DETAIL_CHARS (the agent cuts
   to these bounds, the controller refuses a Hello beyond them).
+- Steps: `pack_step_columns` packs a batch's step columns into `Steps.packed_columns` (STEP_PACKED_BYTES per
+  step), which the controller reads without a per-value conversion. A controller that reads them says so in
+  the Connect stream's initial metadata (STEPS_METADATA: "cp-steps: packed"; `reads_packed_steps`); an agent
+  packs only then, so an agent newer than its controller still sends fields it reads.
 - Error text: `bounded` cuts echoed input to a fixed prefix so an error never carries a whole payload.
 """
 
 from __future__ import annotations
 
+import array
 import enum
 import re
+import sys
+from collections.abc import Iterable, Sequence
 
 from controlplane.api.v1 import agent_pb2, common_pb2
 
@@ -48,6 +55,8 @@ MAX_SUPPORT_DETAIL_CHARS = 512
 SUPPORT_LEVEL_NAMES = {agent_pb2.SUPPORT_LEVEL_FULL: "full", agent_pb2.SUPPORT_LEVEL_DEGRADED: "degraded",
                        agent_pb2.SUPPORT_LEVEL_STOCK: "stock"}
 SUPPORT_LEVEL_FROM_NAME = {name: level for level, name in SUPPORT_LEVEL_NAMES.items()}
+STEP_PACKED_BYTES = 20  # per step in Steps.packed_columns: a float64 duration and three uint32 counts
+STEPS_METADATA = ("cp-steps", "packed")  # the controller's Connect initial metadata: it reads packed steps
 
 
 
@@ -201,3 +210,29 @@ def split_version(version: int) -> tuple[int, int]:
     if not 0 <= version <= UINT64_MAX:
         raise ValueError(f"version must be in [0, {UINT64_MAX}] (uint64), got {version}")
     return divmod(version, VERSION_EPOCH_FACTOR)
+
+
+def pack_step_columns(duration_s: Sequence[float], prefill_tokens: Sequence[int], decode_tokens: Sequence[int],
+                      decode_requests: Sequence[int]) -> bytes:
+    """`Steps.packed_columns` for these columns (of one length): the durations as little-endian float64, then
+    the three counts as little-endian uint32.
+
+    Raises:
+        ValueError: columns of different lengths; OverflowError / TypeError: a count that is not a uint32 (the
+            caller then sends the repeated fields, which carry the value for the controller to judge).
+    """
+    if not len(duration_s) == len(prefill_tokens) == len(decode_tokens) == len(decode_requests):
+        raise ValueError("step columns must have equal lengths")
+    parts = [array.array("d", duration_s)]
+    parts += [array.array("I", column) for column in (prefill_tokens, decode_tokens, decode_requests)]
+    if parts[1].itemsize != 4:  # "I" is 4 bytes on every platform vLLM runs on; anything else is not packed
+        raise OverflowError("array type 'I' is not 4 bytes here")
+    if sys.byteorder != "little":
+        for part in parts:
+            part.byteswap()
+    return b"".join(part.tobytes() for part in parts)
+
+
+def reads_packed_steps(metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
+    """Whether a Connect stream's initial metadata says the controller reads `Steps.packed_columns`."""
+    return any((key, value) == STEPS_METADATA for key, value in metadata or ())

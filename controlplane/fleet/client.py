@@ -49,6 +49,7 @@ from controlplane.fleet.messages import (
     hello_message,
     telemetry_message,
 )
+from controlplane.protocol import reads_packed_steps
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,7 @@ class FleetEngineClient:
         self._disconnected_at: float | None = None
         self._num_events_lost = 0
         self._seq = 0
+        self._packed_steps = False
         self._stream_batches = 0
         # Pacing: engine time sim_origin_s corresponds to clock() == wall_origin_s.
         self._sim_origin_s = 0.0
@@ -265,6 +267,7 @@ class FleetEngineClient:
                 shape=self._engine.shape, agent_version=self._agent_version,
             ))
             self._connected = True
+            self._packed_steps = False  # until the controller's initial metadata says it reads them
             self._seq = 0
             self._inbox.clear()
             if self._speed is None:
@@ -294,6 +297,7 @@ class FleetEngineClient:
             await channel.close(grace=None)
 
     async def _read_decisions(self, call: grpc.aio.StreamStreamCall) -> None:
+        self._packed_steps = reads_packed_steps(await call.initial_metadata())
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
@@ -344,7 +348,8 @@ class FleetEngineClient:
         self._to_wall.add(telemetry.now_s, wall_now)
         telemetry = replace(telemetry, num_events_dropped=telemetry.num_events_dropped + self._num_events_lost)
         self._seq += 1
-        message = telemetry_message(telemetry, seq=self._seq, to_wall_s=self._to_wall, sent_at_s=wall_now)
+        message = telemetry_message(telemetry, seq=self._seq, to_wall_s=self._to_wall, sent_at_s=wall_now,
+                                    packed=self._packed_steps)
         try:
             await call.write(message)
         except BaseException:

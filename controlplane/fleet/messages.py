@@ -16,7 +16,7 @@ from controlplane import __version__
 from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.fleet.profiles import EngineShape
 from controlplane.fleet.telemetry import EngineTelemetry
-from controlplane.protocol import ENGINE_ID_PATTERN, bounded, is_valid_engine_id
+from controlplane.protocol import ENGINE_ID_PATTERN, bounded, is_valid_engine_id, pack_step_columns
 
 VLLM_VERSION = "sim"
 AGENT_VERSION = f"controlplane-fleet/{__version__}"
@@ -94,13 +94,15 @@ def hello_message(
 
 
 def telemetry_message(
-    telemetry: EngineTelemetry, *, seq: int, to_wall_s: Callable[[float], float], sent_at_s: float
+    telemetry: EngineTelemetry, *, seq: int, to_wall_s: Callable[[float], float], sent_at_s: float,
+    packed: bool = False,
 ) -> agent_pb2.AgentMessage:
     """A TelemetryBatch with sequence number `seq` (≥ 1) from one `FakeEngine.drain()`.
 
     Completion finish and admission times and the running entries' admission times go through `to_wall_s`
     (a stream's `SimToWallHistory`); every completion has aborted = False. The running
-    requests' histogram rides in `running`, as an agent sends it.
+    requests' histogram rides in `running`, as an agent sends it. packed: the steps in `Steps.packed_columns`
+    (for a controller that reads them), else in the repeated fields.
     """
     if seq < 1:
         raise ValueError(f"seq starts at 1, got {seq}")
@@ -116,7 +118,9 @@ def telemetry_message(
             arrival_time_s=[to_wall_s(t) for t in telemetry.completion_arrival_s],
             first_token_time_s=[to_wall_s(t) for t in telemetry.completion_first_token_s],
         ),
-        steps=agent_pb2.Steps(
+        steps=agent_pb2.Steps(packed_columns=pack_step_columns(
+            telemetry.step_duration_s, telemetry.step_prefill_tokens, telemetry.step_decode_tokens,
+            telemetry.step_decode_requests)) if packed else agent_pb2.Steps(
             prefill_tokens=telemetry.step_prefill_tokens,
             decode_tokens=telemetry.step_decode_tokens,
             decode_requests=telemetry.step_decode_requests,

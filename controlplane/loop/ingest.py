@@ -28,6 +28,7 @@ from controlplane.protocol import (
     MAX_SUPPORT_DETAIL_CHARS,
     MAX_SUPPORT_MISSING,
     MAX_SUPPORT_NAME_CHARS,
+    STEP_PACKED_BYTES,
     SUPPORT_LEVEL_NAMES,
     KvRole,
     bounded,
@@ -345,13 +346,44 @@ def _latencies(c: agent_pb2.Completions) -> Latencies:
     return Latencies(ttft_s=columns[0], tpot_s=columns[1], queue_s=columns[2], num_dropped=num_dropped)
 
 
+def _num_steps(s: agent_pb2.Steps) -> int:
+    """How many steps a batch reports, in the packed buffer or the repeated fields (raises TelemetryError for
+    both at once, a buffer not a whole number of steps, columns of different lengths, or too many)."""
+    if not s.packed_columns:
+        return _same_length("telemetry.steps", _STEP_COLUMNS, s.prefill_tokens, s.decode_tokens, s.decode_requests,
+                            s.duration_s)
+    if len(s.prefill_tokens) or len(s.decode_tokens) or len(s.decode_requests) or len(s.duration_s):
+        raise TelemetryError("telemetry.steps.packed_columns", "sent with the columns it packs (send one or the other)")
+    size, rest = divmod(len(s.packed_columns), STEP_PACKED_BYTES)
+    if rest:
+        raise TelemetryError("telemetry.steps.packed_columns",
+                             f"must be {STEP_PACKED_BYTES} bytes per step, got {len(s.packed_columns)} bytes")
+    if size > MAX_BATCH_EVENTS:
+        raise TelemetryError("telemetry.steps", f"at most {MAX_BATCH_EVENTS} events per batch, got {size}",
+                             cause="oversize")
+    return size
+
+
+def _step_columns(s: agent_pb2.Steps) -> np.ndarray:
+    """The steps as one (4, n) float64 array: prefill, decode tokens, decode requests, durations (the layout
+    checked by `_num_steps`). A packed buffer is read in place: about 100× cheaper than the repeated fields."""
+    packed = s.packed_columns
+    if packed:
+        size = len(packed) // STEP_PACKED_BYTES
+        columns = np.empty((4, size))
+        columns[:3] = np.frombuffer(packed, dtype="<u4", count=3 * size, offset=8 * size).reshape(3, size)
+        columns[3] = np.frombuffer(packed, dtype="<f8", count=size)
+        return columns
+    return np.array((s.prefill_tokens[:], s.decode_tokens[:], s.decode_requests[:], s.duration_s[:]),
+                    dtype=np.float64)
+
+
 def _usable_steps(s: agent_pb2.Steps, limits: EngineLimits) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                                      int]:
     """(prefill, decode tokens, decode requests, durations, num_dropped): the steps the cost fits may use."""
-    if not len(s.duration_s):
+    if not len(s.duration_s) and not s.packed_columns:
         return _EMPTY, _EMPTY, _EMPTY, _EMPTY, 0
-    columns = np.array((s.prefill_tokens[:], s.decode_tokens[:], s.decode_requests[:], s.duration_s[:]),
-                       dtype=np.float64)
+    columns = _step_columns(s)
     prefill, decode_tok, decode_req, duration = columns
     low, high = columns.min(axis=1), columns.max(axis=1)
     tokens = prefill + decode_tok
@@ -381,12 +413,11 @@ def validate_batch(batch: agent_pb2.TelemetryBatch, limits: EngineLimits) -> Val
             raise TelemetryError(f"telemetry.completions.{name}", f"must be empty or one per completion "
                                  f"({len(c.output_tokens)}), got {len(column)}")
     s = batch.steps
-    _same_length("telemetry.steps", _STEP_COLUMNS, s.prefill_tokens, s.decode_tokens, s.decode_requests,
-                 s.duration_s)
+    num_steps = _num_steps(s)
     for name in ("mode", "budget_tokens"):
         column = getattr(s, name)
-        if len(column) and len(column) != len(s.duration_s):
-            raise TelemetryError(f"telemetry.steps.{name}", f"must be empty or one per step ({len(s.duration_s)}), "
+        if len(column) and len(column) != num_steps:
+            raise TelemetryError(f"telemetry.steps.{name}", f"must be empty or one per step ({num_steps}), "
                                  f"got {len(column)}")
     r = batch.running
     _same_length("telemetry.running", _RUNNING_COLUMNS, r.output_tokens, r.num_requests)

@@ -31,6 +31,7 @@ import grpc
 from controlplane.api.v1 import agent_pb2, agent_pb2_grpc
 from controlplane.loop.ingest import TelemetryError, validate_batch, validate_hello
 from controlplane.observability.metrics import ControllerMetrics
+from controlplane.protocol import STEPS_METADATA
 from controlplane.service.auth import AGENT_PREFIX, Authenticator
 from controlplane.service.controller import Controller
 from controlplane.service.sessions import Session, StreamRefusedError
@@ -120,6 +121,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             logger.warning("engine %s runs stock vLLM %s: its agent's probe found %s missing or changed; its "
                            "decisions are not sent", hello.engine_id, hello.vllm_version or "-", named or "internals")
         try:
+            await context.send_initial_metadata((STEPS_METADATA,))  # this controller reads packed steps
             while True:
                 decision = await session.mailbox.get()
                 if decision is None:

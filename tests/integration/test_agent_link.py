@@ -20,6 +20,7 @@ from agents.config import AgentConfig
 from agents.link import ControllerLink
 from agents.recorder import TelemetryRecorder
 from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2
+from controlplane.protocol import STEPS_METADATA, pack_step_columns
 from tests.integration.controller_harness import LIMITS, make_config, operator_stub, running_controller
 
 POOL = common_pb2.Pool(model="tiny", accelerator="cpu")
@@ -174,13 +175,18 @@ async def test_fencing_outcomes_are_logged_and_the_loser_keeps_retrying(
 
 
 class _RecordingAgentService(agent_pb2_grpc.AgentServiceServicer):
-    """A stand-in controller on real gRPC: records what the agent sends, answers Hello with one decision."""
+    """A stand-in controller on real gRPC: records what the agent sends, answers Hello with one decision;
+    reads_packed: it says it reads packed steps (as this project's controller does), else says nothing (as an
+    older one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reads_packed: bool = False) -> None:
         self.hellos: list[agent_pb2.Hello] = []
         self.batches: list[agent_pb2.TelemetryBatch] = []
+        self.reads_packed = reads_packed
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        if self.reads_packed:
+            await context.send_initial_metadata((STEPS_METADATA,))
         async for message in request_iterator:
             if message.HasField("hello"):
                 self.hellos.append(message.hello)
@@ -215,6 +221,52 @@ async def test_hello_fencing_fields_and_the_running_histogram_are_sent() -> None
     finally:
         await asyncio.to_thread(link.stop)
         await server.stop(0)
+
+
+@pytest.mark.parametrize("reads_packed", [False, True])
+async def test_steps_are_packed_only_for_a_controller_that_says_it_reads_them(reads_packed: bool) -> None:
+    service = _RecordingAgentService(reads_packed=reads_packed)
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    recorder = TelemetryRecorder(capacity=64)
+    link = _link(port, recorder=recorder)
+    try:
+        link.start()
+        await _until(lambda: link.num_decisions_received >= 1)
+        await _until(lambda: len(service.batches) >= 2)  # one batch after the decision, whose metadata came first
+        recorder.record_step(300, 4, 4, 0.02)
+        recorder.record_step(0, 9, 9, 0.01)
+        await _until(lambda: any(b.steps.packed_columns or b.steps.duration_s for b in service.batches))
+        [steps] = [b.steps for b in service.batches if b.steps.packed_columns or b.steps.duration_s]
+        if reads_packed:
+            assert steps.packed_columns == pack_step_columns([0.02, 0.01], [300, 0], [4, 9], [4, 9])
+            assert not steps.duration_s
+        else:
+            assert not steps.packed_columns and list(steps.duration_s) == [0.02, 0.01]
+            assert list(steps.prefill_tokens) == [300, 0]
+    finally:
+        await asyncio.to_thread(link.stop)
+        await server.stop(0)
+
+
+async def test_the_controller_takes_the_agents_packed_steps(redis_url: str) -> None:
+    async with running_controller(make_config(redis_url, port=_free_port())) as ctl:
+        recorder = TelemetryRecorder(capacity=64)
+        link = _link(ctl.app.port, recorder=recorder)
+        registry = ctl.app.metrics.registry
+        accepted = {"kind": "step", "result": "accepted"}
+        try:
+            link.start()
+            await _until(lambda: link._packed_steps)
+            for _ in range(3):
+                recorder.record_step(300, 4, 4, 0.02)
+            await _until(lambda: (registry.get_sample_value("cp_telemetry_events_total", accepted) or 0) >= 3)
+            assert (registry.get_sample_value("cp_telemetry_events_total", {"kind": "any", "result": "dropped"})
+                    or 0) == 0
+        finally:
+            await asyncio.to_thread(link.stop)
 
 
 def test_reconnect_waits_are_capped_jittered_and_logged_as_they_are(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,8 +1,10 @@
-"""`validate_batch` keeps exactly the values possible for the engine, in both of its tiers.
+"""`validate_batch` keeps exactly the values possible for the engine, in both of its tiers and both step
+encodings.
 
 A reference written one value at a time (the contract in `loop/ingest.py`'s docstring) is compared with
 `validate_batch` on seeded batches: clean ones (the tier of whole-column reductions) and ones with each kind
-of impossible value planted (the tier of per-value masks).
+of impossible value planted (the tier of per-value masks), their steps sent as repeated fields and packed
+(`Steps.packed_columns`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 from controlplane.api.v1 import agent_pb2
 from controlplane.core.types import EngineLimits
 from controlplane.loop.ingest import MAX_STEP_DURATION_S, TelemetryError, validate_batch
+from controlplane.protocol import pack_step_columns
 
 LIMITS = EngineLimits(max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=1 << 20,
                       max_model_len_tokens=4096)
@@ -85,7 +88,24 @@ def _reference(batch: agent_pb2.TelemetryBatch) -> tuple[list, list, int, int]:
     return kept_c, kept_s, aborted, dropped
 
 
+def packed(batch: agent_pb2.TelemetryBatch) -> agent_pb2.TelemetryBatch:
+    """The same batch with its steps in `Steps.packed_columns` (mode and budget columns kept as they are)."""
+    out = agent_pb2.TelemetryBatch()
+    out.CopyFrom(batch)
+    s = batch.steps
+    columns = pack_step_columns(s.duration_s, s.prefill_tokens, s.decode_tokens, s.decode_requests)
+    out.steps.CopyFrom(agent_pb2.Steps(packed_columns=columns, mode=s.mode, budget_tokens=s.budget_tokens))
+    return out
+
+
 def _kept(batch: agent_pb2.TelemetryBatch) -> tuple[list, list, int, int]:
+    """What validate_batch keeps; the same from the batch with its steps packed (checked here)."""
+    got = _validated(batch)
+    assert _validated(packed(batch)) == got
+    return got
+
+
+def _validated(batch: agent_pb2.TelemetryBatch) -> tuple[list, list, int, int]:
     v = validate_batch(batch, LIMITS)
     completions = list(zip(v.prompt_tokens.tolist(), v.output_tokens.tolist(), strict=True))
     steps = list(zip(v.prefill_tokens.tolist(), v.decode_tokens.tolist(), v.decode_requests.tolist(),

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from controlplane.api.v1 import common_pb2 as controlplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63ontrolplane/v1/agent.proto\x12\x0f\x63ontrolplane.v1\x1a\x1c\x63ontrolplane/v1/common.proto\"\xa2\x01\n\x0c\x41gentMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.HelloH\x00\x12\x34\n\ttelemetry\x18\x02 \x01(\x0b\x32\x1f.controlplane.v1.TelemetryBatchH\x00\x12+\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x1c.controlplane.v1.DecisionAckH\x00\x42\x06\n\x04kind\"J\n\x11\x43ontrollerMessage\x12-\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x19.controlplane.v1.DecisionH\x00\x42\x06\n\x04kind\"\x99\x01\n\x0c\x45ngineLimits\x12\x14\n\x0cmax_num_seqs\x18\x01 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x02 \x01(\r\x12\x1a\n\x12kv_capacity_tokens\x18\x03 \x01(\x04\x12\x19\n\x11\x62lock_size_tokens\x18\x04 \x01(\r\x12\x1c\n\x14max_model_len_tokens\x18\x05 \x01(\r\"\xff\x01\n\x05Hello\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x14\n\x0cvllm_version\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12-\n\x06limits\x18\x05 \x01(\x0b\x32\x1d.controlplane.v1.EngineLimits\x12\x13\n\x0binstance_id\x18\x06 \x01(\t\x12\x1d\n\x15instance_started_at_s\x18\x07 \x01(\x01\x12.\n\x07support\x18\x08 \x01(\x0b\x32\x1d.controlplane.v1.AgentSupport\"]\n\x0c\x41gentSupport\x12,\n\x05level\x18\x01 \x01(\x0e\x32\x1d.controlplane.v1.SupportLevel\x12\x0f\n\x07missing\x18\x02 \x03(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xb0\x01\n\x0b\x43ompletions\x12\x15\n\rprompt_tokens\x18\x01 \x03(\r\x12\x15\n\routput_tokens\x18\x02 \x03(\r\x12\x15\n\rfinish_time_s\x18\x03 \x03(\x01\x12\x0f\n\x07\x61\x62orted\x18\x04 \x03(\x08\x12\x17\n\x0f\x61\x64mitted_time_s\x18\x05 \x03(\x01\x12\x16\n\x0e\x61rrival_time_s\x18\x06 \x03(\x01\x12\x1a\n\x12\x66irst_token_time_s\x18\x07 \x03(\x01\"\x9f\x01\n\x05Steps\x12\x16\n\x0eprefill_tokens\x18\x01 \x03(\r\x12\x15\n\rdecode_tokens\x18\x02 \x03(\r\x12\x17\n\x0f\x64\x65\x63ode_requests\x18\x03 \x03(\r\x12\x12\n\nduration_s\x18\x04 \x03(\x01\x12#\n\x04mode\x18\x05 \x03(\x0e\x32\x15.controlplane.v1.Mode\x12\x15\n\rbudget_tokens\x18\x06 \x03(\r\"\x8a\x01\n\x0eSchedulerState\x12\x1c\n\x14num_running_prefills\x18\x01 \x01(\r\x12\x1b\n\x13num_running_decodes\x18\x02 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12(\n largest_remaining_prefill_tokens\x18\x04 \x01(\x04\"?\n\x08\x43ounters\x12\x17\n\x0fnum_preemptions\x18\x01 \x01(\x04\x12\x1a\n\x12num_events_dropped\x18\x02 \x01(\x04\"V\n\x0eRunningLengths\x12\x15\n\routput_tokens\x18\x01 \x03(\r\x12\x14\n\x0cnum_requests\x18\x02 \x03(\r\x12\x17\n\x0f\x61\x64mitted_time_s\x18\x03 \x03(\x01\"\xe3\x02\n\x0eTelemetryBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x31\n\x0b\x63ompletions\x18\x02 \x01(\x0b\x32\x1c.controlplane.v1.Completions\x12%\n\x05steps\x18\x03 \x01(\x0b\x32\x16.controlplane.v1.Steps\x12\x16\n\x0ekv_used_tokens\x18\x04 \x01(\x04\x12\x17\n\x0fkv_total_tokens\x18\x05 \x01(\x04\x12\x32\n\tscheduler\x18\x06 \x01(\x0b\x32\x1f.controlplane.v1.SchedulerState\x12+\n\x08\x63ounters\x18\x07 \x01(\x0b\x32\x19.controlplane.v1.Counters\x12\x11\n\tsent_at_s\x18\x08 \x01(\x01\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12\x30\n\x07running\x18\n \x01(\x0b\x32\x1f.controlplane.v1.RunningLengths\"F\n\x0b\x44\x65\x63isionAck\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x15\n\rreject_reason\x18\x03 \x01(\t*z\n\x0cSupportLevel\x12\x1d\n\x19SUPPORT_LEVEL_UNSPECIFIED\x10\x00\x12\x16\n\x12SUPPORT_LEVEL_FULL\x10\x01\x12\x1a\n\x16SUPPORT_LEVEL_DEGRADED\x10\x02\x12\x17\n\x13SUPPORT_LEVEL_STOCK\x10\x03\x32`\n\x0c\x41gentService\x12P\n\x07\x43onnect\x12\x1d.controlplane.v1.AgentMessage\x1a\".controlplane.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63ontrolplane/v1/agent.proto\x12\x0f\x63ontrolplane.v1\x1a\x1c\x63ontrolplane/v1/common.proto\"\xa2\x01\n\x0c\x41gentMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.controlplane.v1.HelloH\x00\x12\x34\n\ttelemetry\x18\x02 \x01(\x0b\x32\x1f.controlplane.v1.TelemetryBatchH\x00\x12+\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x1c.controlplane.v1.DecisionAckH\x00\x42\x06\n\x04kind\"J\n\x11\x43ontrollerMessage\x12-\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x19.controlplane.v1.DecisionH\x00\x42\x06\n\x04kind\"\x99\x01\n\x0c\x45ngineLimits\x12\x14\n\x0cmax_num_seqs\x18\x01 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x02 \x01(\r\x12\x1a\n\x12kv_capacity_tokens\x18\x03 \x01(\x04\x12\x19\n\x11\x62lock_size_tokens\x18\x04 \x01(\r\x12\x1c\n\x14max_model_len_tokens\x18\x05 \x01(\r\"\xff\x01\n\x05Hello\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.controlplane.v1.Pool\x12\x14\n\x0cvllm_version\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12-\n\x06limits\x18\x05 \x01(\x0b\x32\x1d.controlplane.v1.EngineLimits\x12\x13\n\x0binstance_id\x18\x06 \x01(\t\x12\x1d\n\x15instance_started_at_s\x18\x07 \x01(\x01\x12.\n\x07support\x18\x08 \x01(\x0b\x32\x1d.controlplane.v1.AgentSupport\"]\n\x0c\x41gentSupport\x12,\n\x05level\x18\x01 \x01(\x0e\x32\x1d.controlplane.v1.SupportLevel\x12\x0f\n\x07missing\x18\x02 \x03(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xb0\x01\n\x0b\x43ompletions\x12\x15\n\rprompt_tokens\x18\x01 \x03(\r\x12\x15\n\routput_tokens\x18\x02 \x03(\r\x12\x15\n\rfinish_time_s\x18\x03 \x03(\x01\x12\x0f\n\x07\x61\x62orted\x18\x04 \x03(\x08\x12\x17\n\x0f\x61\x64mitted_time_s\x18\x05 \x03(\x01\x12\x16\n\x0e\x61rrival_time_s\x18\x06 \x03(\x01\x12\x1a\n\x12\x66irst_token_time_s\x18\x07 \x03(\x01\"\xb7\x01\n\x05Steps\x12\x16\n\x0eprefill_tokens\x18\x01 \x03(\r\x12\x15\n\rdecode_tokens\x18\x02 \x03(\r\x12\x17\n\x0f\x64\x65\x63ode_requests\x18\x03 \x03(\r\x12\x12\n\nduration_s\x18\x04 \x03(\x01\x12#\n\x04mode\x18\x05 \x03(\x0e\x32\x15.controlplane.v1.Mode\x12\x15\n\rbudget_tokens\x18\x06 \x03(\r\x12\x16\n\x0epacked_columns\x18\x07 \x01(\x0c\"\x8a\x01\n\x0eSchedulerState\x12\x1c\n\x14num_running_prefills\x18\x01 \x01(\r\x12\x1b\n\x13num_running_decodes\x18\x02 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12(\n largest_remaining_prefill_tokens\x18\x04 \x01(\x04\"?\n\x08\x43ounters\x12\x17\n\x0fnum_preemptions\x18\x01 \x01(\x04\x12\x1a\n\x12num_events_dropped\x18\x02 \x01(\x04\"V\n\x0eRunningLengths\x12\x15\n\routput_tokens\x18\x01 \x03(\r\x12\x14\n\x0cnum_requests\x18\x02 \x03(\r\x12\x17\n\x0f\x61\x64mitted_time_s\x18\x03 \x03(\x01\"\xe3\x02\n\x0eTelemetryBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x31\n\x0b\x63ompletions\x18\x02 \x01(\x0b\x32\x1c.controlplane.v1.Completions\x12%\n\x05steps\x18\x03 \x01(\x0b\x32\x16.controlplane.v1.Steps\x12\x16\n\x0ekv_used_tokens\x18\x04 \x01(\x04\x12\x17\n\x0fkv_total_tokens\x18\x05 \x01(\x04\x12\x32\n\tscheduler\x18\x06 \x01(\x0b\x32\x1f.controlplane.v1.SchedulerState\x12+\n\x08\x63ounters\x18\x07 \x01(\x0b\x32\x19.controlplane.v1.Counters\x12\x11\n\tsent_at_s\x18\x08 \x01(\x01\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12\x30\n\x07running\x18\n \x01(\x0b\x32\x1f.controlplane.v1.RunningLengths\"F\n\x0b\x44\x65\x63isionAck\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x15\n\rreject_reason\x18\x03 \x01(\t*z\n\x0cSupportLevel\x12\x1d\n\x19SUPPORT_LEVEL_UNSPECIFIED\x10\x00\x12\x16\n\x12SUPPORT_LEVEL_FULL\x10\x01\x12\x1a\n\x16SUPPORT_LEVEL_DEGRADED\x10\x02\x12\x17\n\x13SUPPORT_LEVEL_STOCK\x10\x03\x32`\n\x0c\x41gentService\x12P\n\x07\x43onnect\x12\x1d.controlplane.v1.AgentMessage\x1a\".controlplane.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'controlplane.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUPPORTLEVEL']._serialized_start=1893
-  _globals['_SUPPORTLEVEL']._serialized_end=2015
+  _globals['_SUPPORTLEVEL']._serialized_start=1917
+  _globals['_SUPPORTLEVEL']._serialized_end=2039
   _globals['_AGENTMESSAGE']._serialized_start=79
   _globals['_AGENTMESSAGE']._serialized_end=241
   _globals['_CONTROLLERMESSAGE']._serialized_start=243
@@ -47,17 +47,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETIONS']._serialized_start=829
   _globals['_COMPLETIONS']._serialized_end=1005
   _globals['_STEPS']._serialized_start=1008
-  _globals['_STEPS']._serialized_end=1167
-  _globals['_SCHEDULERSTATE']._serialized_start=1170
-  _globals['_SCHEDULERSTATE']._serialized_end=1308
-  _globals['_COUNTERS']._serialized_start=1310
-  _globals['_COUNTERS']._serialized_end=1373
-  _globals['_RUNNINGLENGTHS']._serialized_start=1375
-  _globals['_RUNNINGLENGTHS']._serialized_end=1461
-  _globals['_TELEMETRYBATCH']._serialized_start=1464
-  _globals['_TELEMETRYBATCH']._serialized_end=1819
-  _globals['_DECISIONACK']._serialized_start=1821
-  _globals['_DECISIONACK']._serialized_end=1891
-  _globals['_AGENTSERVICE']._serialized_start=2017
-  _globals['_AGENTSERVICE']._serialized_end=2113
+  _globals['_STEPS']._serialized_end=1191
+  _globals['_SCHEDULERSTATE']._serialized_start=1194
+  _globals['_SCHEDULERSTATE']._serialized_end=1332
+  _globals['_COUNTERS']._serialized_start=1334
+  _globals['_COUNTERS']._serialized_end=1397
+  _globals['_RUNNINGLENGTHS']._serialized_start=1399
+  _globals['_RUNNINGLENGTHS']._serialized_end=1485
+  _globals['_TELEMETRYBATCH']._serialized_start=1488
+  _globals['_TELEMETRYBATCH']._serialized_end=1843
+  _globals['_DECISIONACK']._serialized_start=1845
+  _globals['_DECISIONACK']._serialized_end=1915
+  _globals['_AGENTSERVICE']._serialized_start=2041
+  _globals['_AGENTSERVICE']._serialized_end=2137
 # @@protoc_insertion_point(module_scope)

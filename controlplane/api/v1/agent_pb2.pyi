@@ -98,20 +98,22 @@ class Completions(_message.Message):
     def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., output_tokens: _Optional[_Iterable[int]] = ..., finish_time_s: _Optional[_Iterable[float]] = ..., aborted: _Optional[_Iterable[bool]] = ..., admitted_time_s: _Optional[_Iterable[float]] = ..., arrival_time_s: _Optional[_Iterable[float]] = ..., first_token_time_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Steps(_message.Message):
-    __slots__ = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s", "mode", "budget_tokens")
+    __slots__ = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s", "mode", "budget_tokens", "packed_columns")
     PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     prefill_tokens: _containers.RepeatedScalarFieldContainer[int]
     decode_tokens: _containers.RepeatedScalarFieldContainer[int]
     decode_requests: _containers.RepeatedScalarFieldContainer[int]
     duration_s: _containers.RepeatedScalarFieldContainer[float]
     mode: _containers.RepeatedScalarFieldContainer[_common_pb2.Mode]
     budget_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prefill_tokens: _Optional[_Iterable[int]] = ..., decode_tokens: _Optional[_Iterable[int]] = ..., decode_requests: _Optional[_Iterable[int]] = ..., duration_s: _Optional[_Iterable[float]] = ..., mode: _Optional[_Iterable[_Union[_common_pb2.Mode, str]]] = ..., budget_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    packed_columns: bytes
+    def __init__(self, prefill_tokens: _Optional[_Iterable[int]] = ..., decode_tokens: _Optional[_Iterable[int]] = ..., decode_requests: _Optional[_Iterable[int]] = ..., duration_s: _Optional[_Iterable[float]] = ..., mode: _Optional[_Iterable[_Union[_common_pb2.Mode, str]]] = ..., budget_tokens: _Optional[_Iterable[int]] = ..., packed_columns: _Optional[bytes] = ...) -> None: ...
 
 class SchedulerState(_message.Message):
     __slots__ = ("num_running_prefills", "num_running_decodes", "num_waiting", "largest_remaining_prefill_tokens")
