@@ -171,21 +171,6 @@ def _mean_std(count: float, total: float, squares: float) -> tuple[float, float]
     return mean, math.sqrt(max(0.0, squares / count - mean * mean))
 
 
-def reference_of(blocks: dict[str, Block], *, excluding: str, since_s: float = -math.inf) -> Reference | None:
-    """The median of the other engines' latest block means over the blocks that ended at or after since_s (the
-    judged block's start: like is compared with like in time, so an engine that sees a pool-wide shift first
-    is not judged against blocks of the old law only), or None with fewer than MIN_POOL_ENGINES − 1 of them (a
-    pool too small for a majority to speak)."""
-    others = [block for engine_id, block in blocks.items() if engine_id != excluding and block.ended_at_s >= since_s]
-    if len(others) < MIN_POOL_ENGINES - 1:
-        return None
-    return Reference(output_mean_tokens=float(np.median([b.output_mean_tokens for b in others])),
-                     prompt_mean_tokens=float(np.median([b.prompt_mean_tokens for b in others])),
-                     num_engines=len(others),
-                     output_std_tokens=float(np.median([b.output_std_tokens for b in others])),
-                     prompt_std_tokens=float(np.median([b.prompt_std_tokens for b in others])))
-
-
 def _far(mean: float, std: float, count: int, reference: float) -> bool:
     """mean is DISTINCT_Z standard errors (of `count` draws of spread `std`) and a fraction DISTINCT_GAP of
     the reference away from it."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controlplane.loop.judging import CONFIRM_BLOCKS, Block, Reference, judge_block, reference_of
+from controlplane.loop.judging import CONFIRM_BLOCKS, Block, Reference, judge_block
+from controlplane.loop.latest_blocks import LatestBlocks
 from testbench.fleet_drive import HONEST, LONG_CONTEXT, Workload, drive, worst_change
 
 SHORT_RUN_S = 40
@@ -94,6 +95,14 @@ def test_an_engine_whose_workload_returns_to_the_pools_is_readmitted() -> None:
 
 def _block(out_mean: float, prompt_mean: float = 512.0, *, count: int = 256, std_fraction: float = 1.0) -> Block:
     return Block(count, out_mean, std_fraction * out_mean, prompt_mean, 0.3 * prompt_mean)
+
+
+def reference_of(blocks: dict[str, Block], *, excluding: str) -> Reference | None:
+    """The pool's reference (`LatestBlocks`, a pool within the panel size) for judging `excluding`."""
+    book = LatestBlocks(b"k")
+    for engine_id, block in blocks.items():
+        book.put(engine_id, block)
+    return book.reference(excluding=excluding)
 
 
 def test_the_reference_is_the_median_of_the_other_engines() -> None:

@@ -3,10 +3,24 @@ bounded however large the pool, and robust to a minority however it sends."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from controlplane.loop.judging import Block, reference_of
+from controlplane.loop.judging import MIN_POOL_ENGINES, Block, Reference
 from controlplane.loop.latest_blocks import PANEL_SIZE, LatestBlocks
+
+
+def reference_of(blocks: dict[str, Block], *, excluding: str, since_s: float = -math.inf) -> Reference | None:
+    """The reference gathered block by block (the contract `LatestBlocks.reference` keeps with its array)."""
+    others = [block for engine_id, block in blocks.items() if engine_id != excluding and block.ended_at_s >= since_s]
+    if len(others) < MIN_POOL_ENGINES - 1:
+        return None
+    return Reference(output_mean_tokens=float(np.median([b.output_mean_tokens for b in others])),
+                     prompt_mean_tokens=float(np.median([b.prompt_mean_tokens for b in others])),
+                     num_engines=len(others),
+                     output_std_tokens=float(np.median([b.output_std_tokens for b in others])),
+                     prompt_std_tokens=float(np.median([b.prompt_std_tokens for b in others])))
 
 
 def _block(out_mean: float, prompt_mean: float = 512.0, *, ended_at_s: float = 0.0) -> Block:
@@ -64,3 +78,26 @@ def test_a_large_pool_with_a_minority_of_liars_keeps_its_reference_in_the_honest
     assert reference is not None and reference.num_engines == PANEL_SIZE
     assert min(honest_means) <= reference.output_mean_tokens <= max(honest_means)
     assert reference.prompt_mean_tokens == 512.0
+
+
+def test_the_reference_follows_every_put_and_pop_as_the_blocks_gathered_afresh_would() -> None:
+    """Members ending blocks, engines entering and leaving the panel, distinct ones left out, windows in time:
+    after each change the reference equals the one gathered from the panel's blocks."""
+    rng = np.random.default_rng(11)
+    book = LatestBlocks(b"k")
+    blocks: dict[str, Block] = {}
+    for step in range(600):
+        engine_id = f"e{int(rng.integers(0, 400))}"
+        if rng.random() < 0.1 and engine_id in blocks:
+            book.pop(engine_id)
+            del blocks[engine_id]
+        else:
+            block = _block(float(rng.normal(256, 30)), float(rng.normal(512, 40)), ended_at_s=float(step))
+            book.put(engine_id, block)
+            blocks[engine_id] = block
+        panel = {e: blocks[e] for e in book.panel()}
+        since_s = float(rng.integers(0, step + 1))
+        left_out = set(rng.choice(list(blocks), size=min(3, len(blocks)), replace=False)) if blocks else set()
+        kept = {e: b for e, b in panel.items() if e not in left_out}
+        assert book.reference(excluding=engine_id, since_s=since_s, left_out=left_out) == reference_of(
+            kept, excluding=engine_id, since_s=since_s)
