@@ -26,9 +26,10 @@ from controlplane.core.budget import DEFAULT_B_CAP_TOKENS, SweepPoint
 from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.fleet import FleetState
-from controlplane.loop.ingest import EngineHello, Latencies, ValidatedBatch
+from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.objective import ObjectiveState, ObjectiveTracker
 from controlplane.protocol import pool_key_of
+from controlplane.sim.control import latencies_of
 from controlplane.sim.engine import SimEngine
 from controlplane.sim.lengths import ClippedLogNormalLengths
 from controlplane.sim.profiles import SimProfile
@@ -268,13 +269,8 @@ def _batch(engine: _Engine) -> ValidatedBatch:
     finish = np.concatenate([np.full(ids.size, end_s) for ids, end_s in engine.done]) if engine.done else _EMPTY
     engine.done.clear()
     prompts, outputs = (column.astype(np.float64) for column in sim.lengths_of(ids))
-    admitted = sim.admitted_of(ids)
-    arrival, first = sim.stamps_of(ids)
-    several = outputs >= 2
-    latencies = Latencies(ttft_s=first - arrival, tpot_s=(finish - first)[several] / (outputs[several] - 1.0),
-                          queue_s=admitted - arrival, num_dropped=0)
-    batch = twin_batch(sim, seq=engine.seq, prompts=prompts, outputs=outputs, admitted_s=admitted,
-                       steps=engine.steps, latencies=latencies)
+    batch = twin_batch(sim, seq=engine.seq, prompts=prompts, outputs=outputs, admitted_s=sim.admitted_of(ids),
+                       steps=engine.steps, latencies=latencies_of(sim, ids, finish))
     engine.steps.clear()
     return batch
 

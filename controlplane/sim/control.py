@@ -28,7 +28,7 @@ from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.fleet import Effects, FleetState
-from controlplane.loop.ingest import EngineHello, ValidatedBatch
+from controlplane.loop.ingest import EngineHello, Latencies, ValidatedBatch
 from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.protocol import KvRole
 from controlplane.sim.engine import SimEngine, SimStep
@@ -104,6 +104,16 @@ class OnlineSettings:
 _EMPTY = np.zeros(0)
 
 
+def latencies_of(engine: SimEngine, ids: np.ndarray, finish_s: np.ndarray) -> Latencies:
+    """The latencies an agent's stamps give for the twin's finished requests `ids` (finished at `finish_s`):
+    time to first token, time per output token after the first (requests of two or more tokens), queue wait."""
+    arrival, first = engine.stamps_of(ids)
+    outputs = engine.lengths_of(ids)[1].astype(np.float64)
+    several = outputs >= 2
+    return Latencies(ttft_s=first - arrival, tpot_s=(finish_s - first)[several] / (outputs[several] - 1.0),
+                     queue_s=engine.admitted_of(ids) - arrival, num_dropped=0)
+
+
 class OnlineControl:
     """The controller's fleet state machine for one engine, run on the twin's clock (see the module docstring).
 
@@ -126,6 +136,7 @@ class OnlineControl:
         self._prompts: list[np.ndarray] = []
         self._outputs: list[np.ndarray] = []
         self._admitted: list[np.ndarray] = []  # when each completion was first scheduled
+        self._latencies: list[Latencies] = []  # each finished step's completions' latencies, as the agent stamps them
         self.num_decisions = 0
         self.timeline: list[DecisionRecord] = []
         self.pool_window: BucketStats | None = None  # the window a warm start would seed (see _refresh)
@@ -179,6 +190,7 @@ class OnlineControl:
             self._prompts.append(np.asarray(prompts, dtype=np.float64))
             self._outputs.append(np.asarray(outputs, dtype=np.float64))
             self._admitted.append(engine.admitted_of(finished))
+            self._latencies.append(latencies_of(engine, finished, np.full(finished.size, step.end_s)))
         if engine.now_s >= self._next_telemetry_s:
             self._telemetry(engine)
 
@@ -191,6 +203,9 @@ class OnlineControl:
         self._prompts.clear()
         self._outputs.clear()
         self._admitted.clear()
+        latencies = Latencies(*(np.concatenate([getattr(x, name) for x in self._latencies]) if self._latencies
+                                else _EMPTY for name in ("ttft_s", "tpot_s", "queue_s")), num_dropped=0)
+        self._latencies.clear()
         self._seq += 1
         running_lengths, running_counts, running_admitted = running_length_entries(
             engine.running_output_tokens().tolist(), engine.running_admitted_s().tolist())
@@ -202,7 +217,8 @@ class OnlineControl:
             num_preemptions=int(engine.num_preemptions), num_events_dropped=0, traceparent="",
             running_lengths=np.asarray(running_lengths, dtype=np.int64),
             running_counts=np.asarray(running_counts, dtype=np.int64),
-            admitted_age_s=now_s - admitted, running_admitted_age_s=now_s - np.asarray(running_admitted))
+            admitted_age_s=now_s - admitted, running_admitted_age_s=now_s - np.asarray(running_admitted),
+            latencies=latencies)
         self._apply(engine, self.on_telemetry(batch, now_s=now_s), now_s)
 
     def _machine(self) -> FleetState:
