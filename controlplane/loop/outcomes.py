@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.core.latency_sketch import LatencySketch
+from controlplane.core.latency_sketch import LatencySketch, representative_s
 
 # Seconds of completions an outcome window covers (in buckets of the pool's bucket length).
 OUTCOME_WINDOW_S = 60.0
@@ -57,6 +57,14 @@ class LatencySet:
     def merge(self, other: LatencySet) -> None:
         for mine, theirs in zip(self.sketches(), other.sketches(), strict=True):
             mine.merge(theirs)
+
+    def thinned(self, count: int) -> LatencySet:
+        """This set weighed as at most `count` requests: each sketch's bucket counts scaled by count / self.count
+        (the shape kept, the total `count` for the largest sketch); itself when it holds no more."""
+        total = self.count
+        if total <= count:
+            return self
+        return LatencySet(*(_scaled(sketch, count / total) for sketch in self.sketches()))
 
     def subtract(self, other: LatencySet) -> None:
         """Remove a set merged earlier (ValueError when it was not, leaving this set as it was)."""
@@ -111,6 +119,16 @@ class OutcomeSummary:
     tpot: Quantiles
     queue: Quantiles
     num_requests: int
+
+
+def _scaled(sketch: LatencySketch, factor: float) -> LatencySketch:
+    """`sketch` with its bucket counts times `factor` (< 1), rounded along the cumulative counts: as if every
+    1/factor-th value in rank order were kept, so each quantile stays where it was (to one kept value)."""
+    indices, counts = sketch.buckets()
+    cumulative = np.floor(np.cumsum(counts) * factor + 0.5).astype(np.int64)
+    kept = np.diff(cumulative, prepend=0)
+    nonzero = kept > 0
+    return LatencySketch.from_values(representative_s(indices[nonzero]), kept[nonzero])
 
 
 def quantiles_of(sketch: LatencySketch) -> Quantiles:

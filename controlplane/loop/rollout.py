@@ -26,7 +26,9 @@ answered by holding the established mode (reason rollout_hold); a promoted one i
 COOLDOWN_S (the control engines, and any other engine asking for the same change, switch).
 
 A pool under a latency objective also judges its rollouts on the objective's attainment, first: both groups'
-finished requests (after WARMUP_S) fill a latency set per group, and each quantile q the objective names (TTFT
+finished requests (after WARMUP_S) fill a latency set per group (each engine weighed at most its fair share of its
+group's requests, as in the pool's buckets, so no engine's volume decides its group's quantile; its values still
+count: a one-engine canary group is what that engine reports), and each quantile q the objective names (TTFT
 and/or TPOT) is compared between the groups (`compare_quantile`): the share of each group's requests above the
 two groups' pooled q-quantile, by a two-proportion z statistic (the test of Mood's median test, at q; under no
 difference both shares are 1 − q). A canary worse by LATENCY_Z on a latency whose target its own quantile misses
@@ -68,6 +70,7 @@ import numpy as np
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.latency_sketch import LatencySketch, bucket_indices
 from controlplane.core.types import DeltaSource, Mode, ModePin, OperatorIntent, Reason
+from controlplane.loop.buckets import fair_share_cap
 from controlplane.loop.outcomes import LatencySet
 
 MIN_ENGINES = 2
@@ -256,8 +259,9 @@ def latency_verdict(compared: list[LatencyComparison]) -> Verdict | None:
 @dataclass(slots=True)
 class Rollout:
     """One change under test in a pool. objective: the pool's latency objective at the start (None: judged on
-    throughput alone); latencies: each group's finished requests since the warm-up, while it has one; switchback:
-    its one engine (the only canary) alternates between the modes, the groups are its periods on each."""
+    throughput alone); latencies: each group's finished requests since the warm-up by engine, while it has one;
+    switchback: its one engine (the only canary) alternates between the modes, the groups are its periods on
+    each."""
 
     from_mode: Mode
     to_mode: Mode
@@ -267,10 +271,11 @@ class Rollout:
     slices: dict[tuple[str, int], _Slices] = field(default_factory=dict)  # (engine, group 0 canary / 1 control)
     last: Comparison | None = None
     objective: operator_pb2.LatencyObjective | None = None
-    latencies: tuple[LatencySet, LatencySet] = field(default_factory=lambda: (LatencySet.empty(), LatencySet.empty()))
+    latencies: tuple[dict[str, LatencySet], dict[str, LatencySet]] = field(default_factory=lambda: ({}, {}))
     last_latency: list[LatencyComparison] = field(default_factory=list)
     switchback: bool = False
     decided_period: int = 0  # the switchback period its engine was last decided for (`loop.fleet`)
+    merged: tuple[LatencySet, LatencySet] | None = field(default=None, repr=False)  # the groups' at the last evaluate
 
     def period(self, now_s: float) -> int:
         """The switchback period at `now_s` (0 from the start)."""
@@ -308,15 +313,26 @@ class Rollout:
         """A participant's finished requests of one batch (ignored without an objective or outside its group)."""
         group = self.group(engine_id, now_s) if self.objective is not None else None
         if group is not None:
-            self.latencies[group].merge(latencies)
+            self.latencies[group].setdefault(engine_id, LatencySet.empty()).merge(latencies)
+
+    def group_latencies(self, group: int) -> LatencySet:
+        """A group's finished requests (0: canary, 1: control), each engine weighed at most its fair share of the
+        group's (`buckets.fair_share_cap`, as in the pool's buckets): an engine's volume is not its vote."""
+        per_engine = self.latencies[group]
+        cap = fair_share_cap([latencies.count for latencies in per_engine.values()])
+        merged = LatencySet.empty()
+        for latencies in per_engine.values():
+            merged.merge(latencies.thinned(cap) if cap is not None else latencies)
+        return merged
 
     def measured(self, group: int) -> dict[str, float]:
-        """The objective's quantiles a group measured (0: canary, 1: control), those it had enough requests for."""
+        """The objective's quantiles a group measured (0: canary, 1: control), those it had enough requests for (as
+        of the last evaluation, when there was one)."""
         if self.objective is None:
             return {}
-        found = {}
+        found, latencies = {}, self.merged[group] if self.merged is not None else self.group_latencies(group)
         for name in LATENCY_NAMES:
-            quantile, sketch = getattr(self.objective, f"{name}_quantile"), getattr(self.latencies[group], name)
+            quantile, sketch = getattr(self.objective, f"{name}_quantile"), getattr(latencies, name)
             if quantile and _tail_is_enough(sketch, quantile):
                 found[name] = sketch.quantile(quantile)
         return found
@@ -324,7 +340,8 @@ class Rollout:
     def evaluate(self, now_s: float) -> Verdict | None:
         missed = False  # the control misses a target of the pool's objective: only a latency verdict promotes
         if self.objective is not None:
-            self.last_latency = latency_comparisons(self.objective, *self.latencies)
+            self.merged = (self.group_latencies(0), self.group_latencies(1))
+            self.last_latency = latency_comparisons(self.objective, *self.merged)
             verdict = latency_verdict(self.last_latency)
             if verdict is not None:
                 return verdict

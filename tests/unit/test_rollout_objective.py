@@ -106,4 +106,45 @@ def test_without_an_objective_latencies_are_not_kept() -> None:
     asked, rollout = rollouts.asked(ENGINES[0], Mode.EB, lambda: ENGINES, 0.0)
     assert asked in (Asked.CANARY, Asked.NOTHING) and rollout is not None
     rollout.observe_latencies(ENGINES[0], WARMUP_S + 1, _latencies(np.random.default_rng(5), 0.1, 100))
-    assert rollout.latencies[0].count == 0 and rollout.measured(0) == {}
+    assert rollout.group_latencies(0).count == 0 and rollout.measured(0) == {}
+
+
+def test_a_loud_control_engine_cannot_hide_the_control_groups_tail_by_volume() -> None:
+    """Ten engines (one canary, at 0.13 s TTFT p99); the control misses the 0.165 s target (0.26 s) but one of its
+    engines reports 50× the requests, all fast: counted by volume they would bury the control's tail (its p99 then
+    below the target) and hold the better change back; weighed at its fair share (as in the pool's buckets) the
+    control's p99 stays the honest engines' and the canary is promoted within a minute, as without the liar."""
+    rng = np.random.default_rng(5)
+    engines = [f"engine-{i}" for i in range(10)]
+    rollouts = PoolRollouts()
+    for engine in engines:
+        rollouts.asked(engine, Mode.MB, lambda: engines, 0.0)
+    _, rollout = rollouts.asked(engines[0], Mode.EB, lambda: engines, 0.0, objective=OBJECTIVE)
+    assert rollout is not None and len(rollout.canary_ids) == 1
+    loud = next(e for e in engines if e not in rollout.canary_ids)
+    verdict = None
+    for now_s in range(1, 60):
+        for engine in engines:
+            if engine == loud:
+                latencies = _latencies(rng, 0.02, 50 * RATE_PER_S)
+            else:
+                latencies = _latencies(rng, 0.13 if engine in rollout.canary_ids else 0.26, RATE_PER_S)
+            rollout.observe_latencies(engine, now_s, latencies)
+        verdict = rollout.evaluate(now_s)
+        if verdict is not None:
+            break
+    assert verdict == Verdict.PROMOTED, rollout.describe(10)
+    by_volume = LatencySet.empty()
+    for latencies in rollout.latencies[1].values():
+        by_volume.merge(latencies)
+    assert by_volume.ttft.quantile(0.99) < OBJECTIVE.ttft_target_s  # what the liar's volume would have shown
+    assert rollout.measured(1)["ttft"] > OBJECTIVE.ttft_target_s
+
+
+def test_a_set_thinned_to_fewer_requests_keeps_its_shape_and_an_exact_total() -> None:
+    rng = np.random.default_rng(6)
+    latencies = _latencies(rng, 0.2, 5000)
+    thinned = latencies.thinned(700)
+    assert thinned.ttft.count == 700 and thinned.tpot.count == 700 and latencies.thinned(9000) is latencies
+    for q in (0.5, 0.9, 0.99):
+        assert thinned.ttft.quantile(q) == pytest.approx(latencies.ttft.quantile(q), rel=0.03)
