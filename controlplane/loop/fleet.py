@@ -46,7 +46,7 @@ from controlplane.loop.outcomes import LatencySet, OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.loop.records import DisconnectedEngines, EngineRecord, PoolRecord
-from controlplane.loop.rollout import MIN_ENGINES, SLICE_S, UNGUIDED_SOURCES, Asked, held_intent
+from controlplane.loop.rollout import UNGUIDED_SOURCES, Asked, held_intent
 from controlplane.loop.rollout import Verdict as RolloutVerdict
 from controlplane.loop.rollout_peers import PeerRollout, apply_peers
 
@@ -338,9 +338,8 @@ class FleetState:
             key, wanted = hello.pool_key, loop.policy_state.mode
             # Judged on the pool's objective; a lone engine's switchback on the engine's own.
             judge = self._trackers.get(key) or (tracker if pool.num_connected == 1 else None)
-            asked, rollout = pool.rollouts.asked(hello.engine_id, wanted, lambda: [
-                e for e, r in self._engines.items() if r.connected and r.loop.hello.pool_key == key
-                and r.own is None], now_s, objective=judge.objective if judge is not None else None)
+            asked, rollout = pool.rollouts.asked(hello.engine_id, wanted, lambda: self._guarded(key), now_s,
+                                                 objective=judge.objective if judge is not None else None)
             if rollout is not None:
                 effects.rollouts.append(RolloutEvent(key, "started", rollout.from_mode.value, rollout.to_mode.value,
                                                      rollout.describe(pool.num_connected)))
@@ -452,18 +451,16 @@ class FleetState:
         return effects
 
     def _check_rollout(self, key: str, now_s: float, effects: Effects) -> None:
-        """Evaluate the pool's rollout (every SLICE_S); on a verdict, finish it and re-decide the pool. A
-        switchback's engine is re-decided as each of its periods starts."""
+        """What a tick asks of the pool's rollouts (`PoolRollouts.tick`; a challenge only in pools without an
+        objective): a challenge started or a switchback's new period re-decides the pool, a verdict ends it."""
         pool = self._pools[key]
-        rollout = pool.rollouts.active
-        if rollout is not None and rollout.switchback and rollout.period(now_s) != rollout.decided_period:
-            rollout.decided_period = rollout.period(now_s)
+        started, redecide, verdict = pool.rollouts.tick(lambda: self._guarded(key), pool.num_connected, now_s,
+                                                        challenge=self.guard_rollouts and key not in self._trackers)
+        if started is not None:
+            effects.rollouts.append(RolloutEvent(key, "started", started.from_mode.value, started.to_mode.value,
+                                                 started.describe(pool.num_connected)))
+        if redecide:
             self._decide_pool(key, now_s, effects)
-        if rollout is None or now_s - pool.rollout_checked_s < SLICE_S:
-            return
-        pool.rollout_checked_s = now_s
-        enough = pool.num_connected >= (1 if rollout.switchback else MIN_ENGINES)
-        verdict = rollout.evaluate(now_s) if enough else RolloutVerdict.ABORTED
         if verdict is not None:
             self._end_rollout(key, verdict, now_s, effects)
 
@@ -508,6 +505,10 @@ class FleetState:
             tracker.learn(rollout.to_mode, rollout.measured(0), now_s, rolled_back=rolled_back)
             tracker.learn(rollout.from_mode, rollout.measured(1), now_s)
         self._decide_pool(key, now_s, effects)
+
+    def _guarded(self, key: str) -> list[str]:
+        """The engines of pool `key` connected here and decided from the pool: those its rollouts may take."""
+        return [e for e, r in self._engines.items() if r.connected and r.loop.hello.pool_key == key and r.own is None]
 
     def _decide_pool(self, key: str, now_s: float, effects: Effects, *, skip: str = "") -> None:
         for engine_id, record in self.engines():

@@ -48,7 +48,6 @@ class PoolRecord:
     blocks: LatestBlocks = field(default_factory=lambda: LatestBlocks(b""))  # each engine's latest judged block
     distinct: set[str] = field(default_factory=set)  # engines serving a distinct workload (not in the reference)
     rollouts: PoolRollouts = field(default_factory=PoolRollouts)  # established modes and guarded changes
-    rollout_checked_s: float = 0.0
     # Engines decided before this are due at once: the pool's estimate moved on a shift (`refresh_pool`).
     urgent_since_s: float = float("-inf")
     mode: ModeClock = field(default_factory=ModeClock)  # the engines' unanimous mode, for the objective's view

@@ -51,6 +51,18 @@ before a promotion on throughput). Its false-rollback rate is stated as the cana
 SWITCHBACK_MAX_OBSERVE_S / SLICE_S = 72 looks: at most 72 × 0.023% ≈ 1.7% per test; slices of one engine share
 its load's swings, which the alternation spreads over both groups but does not remove.
 
+A model can also be wrong from a pool's start (a calibration that was never right, step costs the linear model
+cannot represent): the change it never asks for is never tested. So a pool's established mode is challenged: a
+CHALLENGE_AFTER_S after the pool's first data-driven verdict, and then every CHALLENGE_EVERY_S after the last
+verdict, a rollout of the other mode starts among the engines of the pool's most common established mode (a
+canary subset, or a switchback on a lone engine), though the model does not ask for it (`PoolRollouts.challenge`;
+pools without a latency objective, whose own loop explores the modes). A challenge is promoted only when the
+other mode is better by more than TOLERANCE with confidence (lower bound above +TOLERANCE after the minimum
+observation), and is rolled back as soon as it cannot be (upper bound below +TOLERANCE) or at the longest
+observation. Promoted, every participant's established mode becomes the other one, held there while the model
+still asks for its own (reason rollout_hold), whose change back is held off for COOLDOWN_S and then tested like
+any change. Its cost is the canaries' share of the difference for about a minute per CHALLENGE_EVERY_S.
+
 Replicas holding engines of one pool agree on its rollout: one owns it, and its verdict holds on all of them
 (`loop.rollout_peers`).
 
@@ -62,7 +74,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -93,6 +105,9 @@ SWITCHBACK_MIN_OBSERVE_S = 2 * MIN_OBSERVE_S
 SWITCHBACK_MAX_OBSERVE_S = 2 * MAX_OBSERVE_S
 LONGEST_OBSERVE_S = max(MAX_OBSERVE_S, SWITCHBACK_MAX_OBSERVE_S)  # no rollout runs longer
 _NEW_PERIODS = (0, 3)  # of each four periods, those a switchback runs the new mode in (ABBA)
+CHALLENGE_AFTER_S = 300.0  # a pool's established mode is first challenged this long after its first verdict
+CHALLENGE_EVERY_S = 1800.0  # and then this long after the pool's latest rollout verdict
+OTHER_MODE = {Mode.MB: Mode.EB, Mode.EB: Mode.MB}
 
 
 # Where δ may come from in a guarded pool: an operator's explicit δ override bypasses the guard.
@@ -274,6 +289,7 @@ class Rollout:
     latencies: tuple[dict[str, LatencySet], dict[str, LatencySet]] = field(default_factory=lambda: ({}, {}))
     last_latency: list[LatencyComparison] = field(default_factory=list)
     switchback: bool = False
+    challenge: bool = False  # the model did not ask for it: a periodic challenge of the pool's established mode
     decided_period: int = 0  # the switchback period its engine was last decided for (`loop.fleet`)
     merged: tuple[LatencySet, LatencySet] | None = field(default=None, repr=False)  # the groups' at the last evaluate
 
@@ -350,14 +366,16 @@ class Rollout:
         control = [r for (_, g), s in self.slices.items() if g == 1 for r in s.rates]
         self.last = compare(canary, control)
         elapsed_s = now_s - self.started_at_s
-        settled = Verdict.ROLLED_BACK if missed else Verdict.PROMOTED  # the verdict at the longest observation
+        # The verdict at the longest observation: a challenge never found better keeps the model's mode.
+        settled = Verdict.ROLLED_BACK if missed or self.challenge else Verdict.PROMOTED
         if self.last is None:  # too few slices: none at all (the engines report no steps) cannot be measured
             unmeasured = not self.slices and elapsed_s >= WARMUP_S + 2 * SLICE_S
             return settled if unmeasured or elapsed_s >= self.max_observe_s else None
         c = self.last
-        if c.relative + c.bound * c.relative_se < -TOLERANCE:
+        bar = TOLERANCE if self.challenge else -TOLERANCE  # a challenge must be better, a change not worse
+        if c.relative + c.bound * c.relative_se < bar:
             return Verdict.ROLLED_BACK
-        if not missed and elapsed_s >= self.min_observe_s and c.relative - c.bound * c.relative_se > -TOLERANCE:
+        if not missed and elapsed_s >= self.min_observe_s and c.relative - c.bound * c.relative_se > bar:
             return Verdict.PROMOTED
         if elapsed_s >= self.max_observe_s:
             return settled
@@ -373,6 +391,8 @@ class Rollout:
         else:
             head = (f"canary {self.from_mode.value}→{self.to_mode.value} since {self.started_at_s:.0f} s, "
                     f"{len(self.canary_ids)} of {num_engines} engines")
+        if self.challenge:
+            head = "challenge of the established mode: " + head
         latency = "".join(f", {c.describe()}" for c in self.last_latency)
         c = self.last
         if c is None:
@@ -401,6 +421,8 @@ class PoolRollouts:
     history: list[Ended] = field(default_factory=list)  # the latest verdicts, oldest first (at most 16)
     peer_owner: str | None = None  # another replica whose rollout of this pool is in progress (`loop.rollout_peers`)
     peer_verdicts_applied: dict[tuple[str, float], float] = field(default_factory=dict)  # (replica, start) → end
+    challenge_due_s: float = math.inf  # when the established mode is next challenged (set at the first verdict)
+    checked_s: float = 0.0  # when the rollout in progress was last evaluated
 
     def hold_for(self, engine_id: str, now_s: float) -> Mode | None:
         """The mode an engine is held on (only where the model asks for another): a canary's new mode (a
@@ -421,6 +443,8 @@ class PoolRollouts:
         among MIN_ENGINES or more, a switchback when the engine is the only one. Returns what the engine runs now
         and the rollout started (None when none started)."""
         established = self.established.setdefault(engine_id, wanted)
+        if self.challenge_due_s == math.inf:
+            self.challenge_due_s = now_s + CHALLENGE_AFTER_S
         if wanted == established:
             return Asked.NOTHING, None
         change = (established, wanted)
@@ -442,6 +466,45 @@ class PoolRollouts:
                               switchback=switchback)
         return (Asked.CANARY if self.active.runs_new(engine_id, now_s) else Asked.NOTHING), self.active
 
+    def challenge(self, engines: Callable[[], list[str]], now_s: float) -> Rollout | None:
+        """Start a challenge of the established mode of most of `engines()` (the pool's engines here; called only
+        when one is due and nothing else runs here or at a peer); None otherwise."""
+        if self.active is not None or self.peer_owner is not None or now_s < self.challenge_due_s:
+            return None
+        held = engines()
+        modes = [self.established[e] for e in held if self.established.get(e) in OTHER_MODE]
+        if not modes:
+            return None
+        mode = max(OTHER_MODE, key=modes.count)
+        change = (mode, OTHER_MODE[mode])
+        if max(self.blocked_until_s.get(change, -math.inf), self.approved_until_s.get(change, -math.inf)) > now_s:
+            self.challenge_due_s = now_s + CHALLENGE_EVERY_S  # just tested: not again before its cooldown's end
+            return None
+        participants = [e for e in held if self.established.get(e) == mode]
+        switchback = len(participants) < MIN_ENGINES
+        chosen = frozenset(participants) if switchback else canaries(participants, now_s)
+        self.active = Rollout(*change, now_s, chosen, frozenset(participants), switchback=switchback, challenge=True)
+        return self.active
+
+    def tick(self, engines: Callable[[], list[str]], num_connected: int, now_s: float, *, challenge: bool
+             ) -> tuple[Rollout | None, bool, Verdict | None]:
+        """What the pool's rollouts ask for at now_s, with its `num_connected` engines, those here `engines()`:
+        (the challenge started, when `challenge` allows one and it is due; whether to re-decide the pool's
+        engines: a challenge started or a switchback's new period; the verdict of the evaluation due every
+        SLICE_S, ABORTED with fewer engines connected than the rollout needs). The caller finishes a verdict."""
+        started = self.challenge(engines, now_s) if challenge else None
+        rollout = self.active
+        if rollout is None:
+            return None, False, None
+        redecide = started is not None
+        if rollout.switchback and rollout.period(now_s) != rollout.decided_period:
+            rollout.decided_period, redecide = rollout.period(now_s), True
+        if now_s - self.checked_s < SLICE_S:
+            return started, redecide, None
+        self.checked_s = now_s
+        enough = num_connected >= (1 if rollout.switchback else MIN_ENGINES)
+        return started, redecide, rollout.evaluate(now_s) if enough else Verdict.ABORTED
+
     def finish(self, verdict: Verdict, now_s: float, *, detail: str = "") -> None:
         """End the rollout in progress: promoted (its change is let through for COOLDOWN_S, its canaries'
         established mode is the new one), rolled back or aborted (the change is held off for COOLDOWN_S), or yielded
@@ -453,16 +516,30 @@ class PoolRollouts:
         if verdict == Verdict.YIELDED:
             pass
         elif verdict == Verdict.PROMOTED:
-            self.approved_until_s[change] = now_s + COOLDOWN_S
-            self.blocked_until_s.pop(change, None)
-            for engine_id in rollout.canary_ids:
-                self.established[engine_id] = rollout.to_mode
+            self.promote(change, now_s + COOLDOWN_S, challenge=rollout.challenge, engines=rollout.canary_ids)
         else:
             self.blocked_until_s[change] = now_s + COOLDOWN_S
             self.approved_until_s.pop(change, None)
+        if verdict != Verdict.YIELDED:
+            self.challenge_due_s = now_s + CHALLENGE_EVERY_S
         self.history.append(Ended(rollout, verdict, now_s, detail))
         del self.history[:-16]
         self.active = None
+
+    def promote(self, change: tuple[Mode, Mode], until_s: float, *, challenge: bool, engines: Iterable[str] = ()
+                ) -> None:
+        """A change promoted (here or by a peer) until `until_s`: `engines` (here) take its new mode as
+        established, and engines asking for it are let through; a promoted challenge moves every engine here
+        established on its old mode, and holds off the change back (the model still asks for it) until then."""
+        self.approved_until_s[change] = until_s
+        self.blocked_until_s.pop(change, None)
+        moved = [e for e, mode in self.established.items() if mode == change[0]] if challenge else list(engines)
+        for engine_id in moved:
+            self.established[engine_id] = change[1]
+        if challenge:
+            back = (change[1], change[0])
+            self.blocked_until_s[back] = until_s
+            self.approved_until_s.pop(back, None)
 
     def forget(self, engine_id: str) -> None:
         """An engine left the pool here."""

@@ -8,7 +8,8 @@ applies the other replicas' (`PeerRollout`) to the pools it holds (`apply_peers`
   rollout, this replica starts none there: its engines that ask for a change are held (as for a second change in
   one pool). So two replicas that started one at once settle on one within a publication round.
 - Its verdict holds everywhere. A peer's promotion lets the change through here until its cooldown ends (engines
-  asking for it switch at their next decision); a peer's rollback or abort holds it off here likewise. Each
+  asking for it switch at their next decision; a promoted challenge moves this replica's engines of its old mode
+  at once); a peer's rollback or abort holds it off here likewise. Each
   verdict is applied once.
 The owner's canaries are among the engines it holds; the other replicas' engines of the pool hold their mode until
 the verdict.
@@ -43,6 +44,7 @@ class PeerRollout:
     started_at_s: float
     ended_at_s: float = 0.0
     verdict: Verdict | None = None
+    challenge: bool = False  # a challenge of the pool's established mode (`PoolRollouts.challenge`)
 
     @property
     def rank(self) -> tuple[float, str]:
@@ -92,8 +94,7 @@ def apply_peers(rollouts: PoolRollouts, peers: list[PeerRollout], *, replica_id:
         newly = True
         change, until_s = (peer.from_mode, peer.to_mode), peer.ended_at_s + COOLDOWN_S
         if peer.verdict == Verdict.PROMOTED:
-            rollouts.approved_until_s[change] = until_s
-            rollouts.blocked_until_s.pop(change, None)
+            rollouts.promote(change, until_s, challenge=peer.challenge)
         elif peer.verdict in (Verdict.ROLLED_BACK, Verdict.ABORTED):
             rollouts.blocked_until_s[change] = until_s
             rollouts.approved_until_s.pop(change, None)

@@ -201,7 +201,7 @@ def rollout_view(key: str, rollout: Rollout, fleet: FleetState, *, ended: Ended 
         ended_at_s=ended.ended_at_s if ended is not None else 0.0,
         state=ended.verdict.value if ended is not None else "running", canary_engine_ids=sorted(rollout.canary_ids),
         num_engines=num_engines, detail=ended.detail if ended is not None else rollout.describe(num_engines),
-        controller_id=fleet.replica_id, switchback=rollout.switchback)
+        controller_id=fleet.replica_id, switchback=rollout.switchback, challenge=rollout.challenge)
 
 
 def rollouts_response(fleet: FleetState) -> operator_pb2.ListRolloutsResponse:

@@ -64,7 +64,8 @@ def peer_rollouts(views: list[operator_pb2.RolloutView]) -> list[PeerRollout]:
         try:
             verdict = Verdict(view.state) if view.ended_at_s > 0 else None
             peers.append(PeerRollout(pool_key_of_message(view.pool), view.controller_id, Mode(view.from_mode),
-                                     Mode(view.to_mode), view.started_at_s, view.ended_at_s, verdict))
+                                     Mode(view.to_mode), view.started_at_s, view.ended_at_s, verdict,
+                                     challenge=view.challenge))
         except ValueError:
             logger.warning("replica %s published a rollout view with mode %s→%s, state %s; skipped",
                            bounded(view.controller_id), bounded(view.from_mode), bounded(view.to_mode),

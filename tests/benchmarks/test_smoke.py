@@ -153,7 +153,8 @@ SMOKES = (
         r"throughput counted from then$",
         r"^calibration\s+MB tok/s\s+EB tok/s\s+EB\+ no guard\s+EB\+ guard\s+guard/best\s+no guard/best\s+rollouts$",
         rf"^prefill ×0\.5\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\S",
-        r"^rollbacks of a correct model in 1 stationary runs: \d+$",
+        r"^rollbacks of a change the correct model asked for in 1 stationary runs: \d+; challenges of its mode "
+        r"promoted: \d+$",
     )),
     Smoke("twin_fidelity.py", (
         r"^8 requests \(offline batch\), prompts 16,64, outputs 4,16, N 128, budget 4096; profile cpu-tiny-qwen2$",

@@ -373,7 +373,7 @@ class ListAuditResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...
 
 class RolloutView(_message.Message):
-    __slots__ = ("pool", "from_mode", "to_mode", "started_at_s", "ended_at_s", "state", "canary_engine_ids", "num_engines", "detail", "controller_id", "switchback")
+    __slots__ = ("pool", "from_mode", "to_mode", "started_at_s", "ended_at_s", "state", "canary_engine_ids", "num_engines", "detail", "controller_id", "switchback", "challenge")
     POOL_FIELD_NUMBER: _ClassVar[int]
     FROM_MODE_FIELD_NUMBER: _ClassVar[int]
     TO_MODE_FIELD_NUMBER: _ClassVar[int]
@@ -385,6 +385,7 @@ class RolloutView(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     SWITCHBACK_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     pool: _common_pb2.Pool
     from_mode: str
     to_mode: str
@@ -396,7 +397,8 @@ class RolloutView(_message.Message):
     detail: str
     controller_id: str
     switchback: bool
-    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., from_mode: _Optional[str] = ..., to_mode: _Optional[str] = ..., started_at_s: _Optional[float] = ..., ended_at_s: _Optional[float] = ..., state: _Optional[str] = ..., canary_engine_ids: _Optional[_Iterable[str]] = ..., num_engines: _Optional[int] = ..., detail: _Optional[str] = ..., controller_id: _Optional[str] = ..., switchback: _Optional[bool] = ...) -> None: ...
+    challenge: bool
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., from_mode: _Optional[str] = ..., to_mode: _Optional[str] = ..., started_at_s: _Optional[float] = ..., ended_at_s: _Optional[float] = ..., state: _Optional[str] = ..., canary_engine_ids: _Optional[_Iterable[str]] = ..., num_engines: _Optional[int] = ..., detail: _Optional[str] = ..., controller_id: _Optional[str] = ..., switchback: _Optional[bool] = ..., challenge: _Optional[bool] = ...) -> None: ...
 
 class ListRolloutsRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,136 @@
+"""Challenges of a pool's established mode (`loop.rollout`): a model wrong from the start is never asked to change,
+so the pool tries the other mode now and then. A challenge starts CHALLENGE_AFTER_S after the pool's first verdict
+among the engines of its most common mode, is promoted only when the other mode is better (then the whole pool
+moves and the model's change back is held off for the cooldown), and a challenge that makes no difference is not
+promoted; through the fleet state machine, a pool whose calibration picks the mode that is worse on its engines
+ends on the better one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from controlplane.api.v1 import common_pb2
+from controlplane.core.types import Mode, PolicyConfig
+from controlplane.loop.config import DecisionLoopConfig
+from controlplane.loop.fleet import FleetState
+from controlplane.loop.rollout import (
+    CHALLENGE_AFTER_S,
+    CHALLENGE_EVERY_S,
+    COOLDOWN_S,
+    MAX_OBSERVE_S,
+    MIN_OBSERVE_S,
+    Asked,
+    PoolRollouts,
+    Verdict,
+)
+from controlplane.sim.profiles import H200_QWEN3_8B
+from testbench.fleet_drive import HONEST, POOL_KEY, START_S, attach_engines, synthetic_batch
+
+ENGINES = [f"engine-{i}" for i in range(10)]
+
+
+def _established(mode: Mode = Mode.MB, at_s: float = 0.0) -> PoolRollouts:
+    rollouts = PoolRollouts()
+    for engine in ENGINES:
+        assert rollouts.asked(engine, mode, lambda: ENGINES, at_s) == (Asked.NOTHING, None)
+    return rollouts
+
+
+def _run(rollouts: PoolRollouts, rng: np.random.Generator, *, other_factor: float, start_s: float
+         ) -> tuple[Verdict | None, float]:
+    """A batch per engine per second; the engines running the other mode deliver × other_factor (5% noise)."""
+    rollout = rollouts.active
+    for now_s in range(int(start_s) + 1, int(start_s + 2 * MAX_OBSERVE_S)):
+        for engine in ENGINES:
+            rate = 1000.0 * (other_factor if engine in rollout.canary_ids else 1.0)
+            rollout.observe(engine, now_s, rate * 0.8 * (1 + 0.05 * rng.standard_normal()), 0.8)
+        verdict = rollout.evaluate(now_s)
+        if verdict is not None:
+            rollouts.finish(verdict, now_s)
+            return verdict, now_s - start_s
+    return None, 2 * MAX_OBSERVE_S
+
+
+def test_a_challenge_starts_after_the_first_verdicts_among_the_most_common_mode() -> None:
+    rollouts = _established()
+    rollouts.established["odd"] = Mode.EB
+    engines = [*ENGINES, "odd"]
+    assert rollouts.challenge(lambda: engines, CHALLENGE_AFTER_S - 1) is None
+    rollout = rollouts.challenge(lambda: engines, CHALLENGE_AFTER_S)
+    assert rollout is not None and rollout.challenge and (rollout.from_mode, rollout.to_mode) == (Mode.MB, Mode.EB)
+    assert "odd" not in rollout.participants and len(rollout.canary_ids) == 1
+    assert rollouts.challenge(lambda: engines, CHALLENGE_AFTER_S + 1) is None  # one at a time
+    (canary,) = rollout.canary_ids
+    assert rollouts.hold_for(canary, CHALLENGE_AFTER_S + 1) == Mode.EB  # though its model asks for MB
+    assert "challenge of the established mode" in rollout.describe(len(engines))
+
+
+def test_a_better_other_mode_is_promoted_and_the_pool_moves_and_stays() -> None:
+    rollouts = _established()
+    rollouts.challenge(lambda: ENGINES, CHALLENGE_AFTER_S)
+    verdict, after_s = _run(rollouts, np.random.default_rng(0), other_factor=1.1, start_s=CHALLENGE_AFTER_S)
+    assert verdict == Verdict.PROMOTED and MIN_OBSERVE_S <= after_s <= MAX_OBSERVE_S
+    ended_s = CHALLENGE_AFTER_S + after_s
+    assert set(rollouts.established.values()) == {Mode.EB}  # every engine, not only the canary
+    # The model still asks for MB: held on EB (its change back is held off for the cooldown), then tested.
+    assert rollouts.asked("engine-3", Mode.MB, lambda: ENGINES, ended_s + 1) == (Asked.NOTHING, None)
+    assert rollouts.hold_for("engine-3", ended_s + 1) == Mode.EB
+    _, back = rollouts.asked("engine-3", Mode.MB, lambda: ENGINES, ended_s + COOLDOWN_S + 1)
+    assert back is not None and not back.challenge and (back.from_mode, back.to_mode) == (Mode.EB, Mode.MB)
+
+
+def test_a_worse_other_mode_is_rolled_back_and_challenged_again_only_later() -> None:
+    rollouts = _established()
+    rollouts.challenge(lambda: ENGINES, CHALLENGE_AFTER_S)
+    verdict, after_s = _run(rollouts, np.random.default_rng(1), other_factor=0.9, start_s=CHALLENGE_AFTER_S)
+    assert verdict == Verdict.ROLLED_BACK and after_s <= MIN_OBSERVE_S
+    ended_s = CHALLENGE_AFTER_S + after_s
+    assert set(rollouts.established.values()) == {Mode.MB}
+    assert rollouts.challenge(lambda: ENGINES, ended_s + CHALLENGE_EVERY_S - 1) is None
+    assert rollouts.challenge(lambda: ENGINES, ended_s + CHALLENGE_EVERY_S) is not None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_challenge_that_makes_no_difference_is_not_promoted(seed: int) -> None:
+    rollouts = _established()
+    rollouts.challenge(lambda: ENGINES, CHALLENGE_AFTER_S)
+    verdict, _ = _run(rollouts, np.random.default_rng(300 + seed), other_factor=1.0, start_s=CHALLENGE_AFTER_S)
+    assert verdict == Verdict.ROLLED_BACK and set(rollouts.established.values()) == {Mode.MB}
+
+
+def test_a_pool_whose_model_picks_the_worse_mode_from_the_start_ends_on_the_better_one() -> None:
+    """Six engines whose EB delivers 10% more than MB under a calibration that makes the model pick MB (wrong from
+    the start: no change is ever asked for). A challenge of MB starts CHALLENGE_AFTER_S after the first verdicts,
+    is promoted, and the pool runs EB, held there against its model (reason rollout_hold)."""
+    rng = np.random.default_rng(4)
+    engines = [f"e{i}" for i in range(6)]
+    fleet = FleetState(DecisionLoopConfig(recompute_completions=1_000_000, interval_s=2.0, ttl_s=60.0),
+                       PolicyConfig(min_samples=400, cooldown_s=0.0), replica_id="challenge")
+    fleet.set_calibration(POOL_KEY, replace(H200_QWEN3_8B, beta_p_s_per_token=H200_QWEN3_8B.beta_p_s_per_token * 4),
+                          START_S, refresh=False)
+    streams = attach_engines(fleet, engines, START_S)
+    rates = {common_pb2.MODE_MB: 10_000.0, common_pb2.MODE_EB: 11_000.0}
+    events = []
+    for t in range(1, int(CHALLENGE_AFTER_S + 2 * MAX_OBSERVE_S)):
+        now_s = START_S + t
+        fleet.close_bucket(POOL_KEY, now_s)
+        if fleet.refresh_due(POOL_KEY, now_s) is not None:
+            fleet.refresh_pool(POOL_KEY, now_s)
+        for engine_id in engines:
+            mode = fleet.engine(engine_id).loop.current.mode
+            busy_s = np.full(10, 0.08)
+            decode = rates[mode] * busy_s * (1 + 0.05 * rng.standard_normal(10))
+            batch = replace(synthetic_batch(HONEST, t, rng), prefill_tokens=np.zeros(10), decode_tokens=decode,
+                            decode_requests=np.full(10, 200.0), duration_s=busy_s)
+            events += [(t, e) for e in fleet.batch(engine_id, streams[engine_id], batch, now_s).rollouts]
+        events += [(t, e) for e in fleet.tick(now_s).rollouts]
+        if t == int(CHALLENGE_AFTER_S) - 10:
+            assert not events and {fleet.engine(e).loop.current.mode for e in engines} == {common_pb2.MODE_MB}
+    assert [e.event for _, e in events] == ["started", "promoted"], events
+    assert "challenge" in events[0][1].detail and (events[0][1].from_mode, events[0][1].to_mode) == ("mb", "eb")
+    assert CHALLENGE_AFTER_S <= events[0][0] <= CHALLENGE_AFTER_S + 5
+    assert {fleet.engine(e).loop.current.mode for e in engines} == {common_pb2.MODE_EB}
+    assert {fleet.engine(e).loop.current.reason for e in engines} == {"rollout_hold"}
