@@ -229,12 +229,14 @@ async def test_a_pool_warm_starts_from_its_persisted_statistics(redis_url: str) 
         agent, decision = await warm_engine(channel, "engine-w", POOL, seed=12)
         assert decision.mode == common_pb2.MODE_EB
         store = create_store(redis_url)
-        for _ in range(200):  # a snapshot of the whole window is written (every 0.5 s; later under load)
+        deadline = asyncio.get_running_loop().time() + 60.0
+        snapshot = 0  # outputs in the latest snapshot (one of the whole window every 0.5 s; later under load)
+        while snapshot < 2000 and asyncio.get_running_loop().time() < deadline:
             payload = await store.get_pool_snapshot(f"{POOL.model}|{POOL.accelerator}")
-            if payload is not None and BucketStats.from_bytes(payload).outputs.count >= 2000:
-                break
+            snapshot = BucketStats.from_bytes(payload).outputs.count if payload is not None else 0
             await asyncio.sleep(0.1)
         await store.close()
+        assert snapshot >= 2000, f"no snapshot of the whole window within 60 s (the latest held {snapshot} outputs)"
         await agent.close()
     await asyncio.sleep(loop.max_window_s + 2.0)  # every bucket is now too old to enter a window
     async with running_controller(config) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
