@@ -12,7 +12,7 @@ decisions is the attackers' doing.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -113,6 +113,27 @@ def drive(engines: dict[str, Workload], *, seconds: int = 60, seed: int = 0,
                    n={e: r.loop.current.n for e, r in records.items()},
                    k={e: r.loop.current.k for e, r in records.items()},
                    excluded={e: r.loop.excluded_from_pool for e, r in records.items()})
+
+
+def run_rates(fleet: FleetState, streams: dict[str, object], first_s: int, last_s: int, rates: dict[int, float],
+              rng: np.random.Generator, events: list) -> None:
+    """Seconds first_s..last_s of `streams`' engines (the pool POOL_KEY): each second the pool's bucket closes and
+    it is refreshed when due, then every engine sends a batch whose steps deliver the output tokens per busy
+    second `rates` gives for the mode it runs (5% noise), then the fleet ticks; rollout events go to `events`
+    as (second, event)."""
+    for t in range(first_s, last_s + 1):
+        now_s = START_S + t
+        fleet.close_bucket(POOL_KEY, now_s)
+        if fleet.refresh_due(POOL_KEY, now_s) is not None:
+            fleet.refresh_pool(POOL_KEY, now_s)
+        for engine_id, stream in streams.items():
+            mode = fleet.engine(engine_id).loop.current.mode
+            busy_s = np.full(10, 0.08)
+            decode = rates[mode] * busy_s * (1 + 0.05 * rng.standard_normal(10))
+            batch = replace(synthetic_batch(HONEST, t, rng), prefill_tokens=np.zeros(10), decode_tokens=decode,
+                            decode_requests=np.full(10, 200.0), duration_s=busy_s)
+            events += [(t, e) for e in fleet.batch(engine_id, stream, batch, now_s).rollouts]
+        events += [(t, e) for e in fleet.tick(now_s).rollouts]
 
 
 def worst_change(outcome: Outcome, baseline: Outcome, engine_ids: list[str]) -> tuple[float, float]:

@@ -15,7 +15,7 @@ from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.fleet import FleetState
 from controlplane.loop.rollout import COOLDOWN_S
 from controlplane.sim.profiles import H200_QWEN3_8B
-from testbench.fleet_drive import HONEST, POOL_KEY, START_S, attach_engines, synthetic_batch
+from testbench.fleet_drive import POOL_KEY, START_S, attach_engines, run_rates
 
 ENGINES = [f"e{i}" for i in range(6)]
 # Output tokens per busy second each mode delivers on these engines (the truth the model may get wrong).
@@ -32,19 +32,7 @@ def _fleet(costs) -> tuple[FleetState, dict[str, object]]:
 def _run(fleet: FleetState, streams: dict[str, object], first_s: int, last_s: int, rates: dict[int, float],
          rng: np.random.Generator, events: list) -> None:
     """Seconds first_s..last_s: every engine sends a batch whose steps deliver its mode's rate (5% noise)."""
-    for t in range(first_s, last_s + 1):
-        now_s = START_S + t
-        fleet.close_bucket(POOL_KEY, now_s)
-        if fleet.refresh_due(POOL_KEY, now_s) is not None:
-            fleet.refresh_pool(POOL_KEY, now_s)
-        for engine_id in ENGINES:
-            mode = fleet.engine(engine_id).loop.current.mode
-            busy_s = np.full(10, 0.08)
-            decode = rates[mode] * busy_s * (1 + 0.05 * rng.standard_normal(10))
-            batch = replace(synthetic_batch(HONEST, t, rng), prefill_tokens=np.zeros(10), decode_tokens=decode,
-                            decode_requests=np.full(10, 200.0), duration_s=busy_s)
-            events += [(t, e) for e in fleet.batch(engine_id, streams[engine_id], batch, now_s).rollouts]
-        events += [(t, e) for e in fleet.tick(now_s).rollouts]
+    run_rates(fleet, streams, first_s, last_s, rates, rng, events)
 
 
 def _modes(fleet: FleetState) -> dict[str, int]:

@@ -27,7 +27,7 @@ from controlplane.loop.rollout import (
     Verdict,
 )
 from controlplane.sim.profiles import H200_QWEN3_8B
-from testbench.fleet_drive import HONEST, POOL_KEY, START_S, attach_engines, synthetic_batch
+from testbench.fleet_drive import POOL_KEY, START_S, attach_engines, run_rates
 
 ENGINES = [f"engine-{i}" for i in range(10)]
 
@@ -113,22 +113,11 @@ def test_a_pool_whose_model_picks_the_worse_mode_from_the_start_ends_on_the_bett
                           START_S, refresh=False)
     streams = attach_engines(fleet, engines, START_S)
     rates = {common_pb2.MODE_MB: 10_000.0, common_pb2.MODE_EB: 11_000.0}
-    events = []
-    for t in range(1, int(CHALLENGE_AFTER_S + 2 * MAX_OBSERVE_S)):
-        now_s = START_S + t
-        fleet.close_bucket(POOL_KEY, now_s)
-        if fleet.refresh_due(POOL_KEY, now_s) is not None:
-            fleet.refresh_pool(POOL_KEY, now_s)
-        for engine_id in engines:
-            mode = fleet.engine(engine_id).loop.current.mode
-            busy_s = np.full(10, 0.08)
-            decode = rates[mode] * busy_s * (1 + 0.05 * rng.standard_normal(10))
-            batch = replace(synthetic_batch(HONEST, t, rng), prefill_tokens=np.zeros(10), decode_tokens=decode,
-                            decode_requests=np.full(10, 200.0), duration_s=busy_s)
-            events += [(t, e) for e in fleet.batch(engine_id, streams[engine_id], batch, now_s).rollouts]
-        events += [(t, e) for e in fleet.tick(now_s).rollouts]
-        if t == int(CHALLENGE_AFTER_S) - 10:
-            assert not events and {fleet.engine(e).loop.current.mode for e in engines} == {common_pb2.MODE_MB}
+    events: list = []
+    run_rates(fleet, streams, 1, int(CHALLENGE_AFTER_S) - 10, rates, rng, events)
+    assert not events and {fleet.engine(e).loop.current.mode for e in engines} == {common_pb2.MODE_MB}
+    run_rates(fleet, streams, int(CHALLENGE_AFTER_S) - 9, int(CHALLENGE_AFTER_S + 2 * MAX_OBSERVE_S), rates, rng,
+              events)
     assert [e.event for _, e in events] == ["started", "promoted"], events
     assert "challenge" in events[0][1].detail and (events[0][1].from_mode, events[0][1].to_mode) == ("mb", "eb")
     assert CHALLENGE_AFTER_S <= events[0][0] <= CHALLENGE_AFTER_S + 5

@@ -26,7 +26,7 @@ from controlplane.loop.rollout import (
 )
 from controlplane.loop.rollout_peers import PeerRollout, is_plausible
 from controlplane.sim.profiles import H200_QWEN3_8B
-from testbench.fleet_drive import HONEST, POOL_KEY, START_S, attach_engines, synthetic_batch
+from testbench.fleet_drive import POOL_KEY, START_S, attach_engines, run_rates
 
 
 def _lone(start_s: float = 0.0) -> tuple[PoolRollouts, object]:
@@ -105,22 +105,13 @@ def test_a_one_engine_pool_rolls_back_a_stale_calibrations_worse_mode_through_th
     fleet.set_calibration(POOL_KEY, mb_favouring, START_S, refresh=False)
     streams = attach_engines(fleet, ["only"], START_S)
     rates = {common_pb2.MODE_MB: 10_000.0, common_pb2.MODE_EB: 8_500.0}
-    events, modes = [], []
+    events: list = []
+    modes = []
     for t in range(1, 30 + int(SWITCHBACK_MAX_OBSERVE_S) + 60):
-        now_s = START_S + t
         if t == 30:
-            events += [(t, e) for e in fleet.set_calibration(POOL_KEY, H200_QWEN3_8B, now_s).rollouts]
-        fleet.close_bucket(POOL_KEY, now_s)
-        if fleet.refresh_due(POOL_KEY, now_s) is not None:
-            fleet.refresh_pool(POOL_KEY, now_s)
-        mode = fleet.engine("only").loop.current.mode
-        modes.append((t, mode))
-        busy_s = np.full(10, 0.08)
-        decode = rates[mode] * busy_s * (1 + 0.05 * rng.standard_normal(10))
-        batch = replace(synthetic_batch(HONEST, t, rng), prefill_tokens=np.zeros(10), decode_tokens=decode,
-                        decode_requests=np.full(10, 200.0), duration_s=busy_s)
-        events += [(t, e) for e in fleet.batch("only", streams["only"], batch, now_s).rollouts]
-        events += [(t, e) for e in fleet.tick(now_s).rollouts]
+            events += [(t, e) for e in fleet.set_calibration(POOL_KEY, H200_QWEN3_8B, START_S + t).rollouts]
+        modes.append((t, fleet.engine("only").loop.current.mode))
+        run_rates(fleet, streams, t, t, rates, rng, events)
     assert all(mode == common_pb2.MODE_MB for t, mode in modes if t < 30)
     started = [(t, e) for t, e in events if e.event == "started"]
     ended = [(t, e) for t, e in events if e.event != "started"]
