@@ -59,9 +59,10 @@ canary subset, or a switchback on a lone engine), though the model does not ask 
 pools without a latency objective, whose own loop explores the modes). A challenge is promoted only when the
 other mode is better by more than TOLERANCE with confidence (lower bound above +TOLERANCE after the minimum
 observation), and is rolled back as soon as it cannot be (upper bound below +TOLERANCE) or at the longest
-observation. Promoted, every participant's established mode becomes the other one, held there while the model
-still asks for its own (reason rollout_hold), whose change back is held off for COOLDOWN_S and then tested like
-any change. Its cost is the canaries' share of the difference for about a minute per CHALLENGE_EVERY_S.
+observation (which holds nothing off: should the model later ask for that mode, the change is tested then).
+Promoted, every participant's established mode becomes the other one, held there while the model still asks for
+its own (reason rollout_hold), whose change back is held off for COOLDOWN_S and then tested like any change. Its
+cost is the canaries' share of the difference for about a minute per CHALLENGE_EVERY_S.
 
 Replicas holding engines of one pool agree on its rollout: one owns it, and its verdict holds on all of them
 (`loop.rollout_peers`).
@@ -507,8 +508,10 @@ class PoolRollouts:
 
     def finish(self, verdict: Verdict, now_s: float, *, detail: str = "") -> None:
         """End the rollout in progress: promoted (its change is let through for COOLDOWN_S, its canaries'
-        established mode is the new one), rolled back or aborted (the change is held off for COOLDOWN_S), or yielded
-        to another replica's (neither)."""
+        established mode is the new one: `promote`), rolled back or aborted (the change is held off for COOLDOWN_S,
+        unless it was a challenge, which the model did not ask for: should it ask later, that change is tested
+        then), or yielded to another replica's (neither). The next challenge is due CHALLENGE_EVERY_S after a
+        verdict."""
         rollout = self.active
         if rollout is None:
             return
@@ -517,7 +520,7 @@ class PoolRollouts:
             pass
         elif verdict == Verdict.PROMOTED:
             self.promote(change, now_s + COOLDOWN_S, challenge=rollout.challenge, engines=rollout.canary_ids)
-        else:
+        elif not rollout.challenge:
             self.blocked_until_s[change] = now_s + COOLDOWN_S
             self.approved_until_s.pop(change, None)
         if verdict != Verdict.YIELDED:

@@ -90,7 +90,13 @@ def test_a_worse_other_mode_is_rolled_back_and_challenged_again_only_later() -> 
     ended_s = CHALLENGE_AFTER_S + after_s
     assert set(rollouts.established.values()) == {Mode.MB}
     assert rollouts.challenge(lambda: ENGINES, ended_s + CHALLENGE_EVERY_S - 1) is None
-    assert rollouts.challenge(lambda: ENGINES, ended_s + CHALLENGE_EVERY_S) is not None
+    assert not rollouts.blocked_until_s  # the model did not ask for it: should it later, that change is tested then
+    _, asked_later = rollouts.asked("engine-2", Mode.EB, lambda: ENGINES, ended_s + 60)
+    assert asked_later is not None and not asked_later.challenge
+    rollouts.finish(Verdict.ABORTED, ended_s + 61)  # that change, asked for, is held off as before
+    assert rollouts.blocked_until_s == {(Mode.MB, Mode.EB): ended_s + 61 + COOLDOWN_S}
+    assert rollouts.challenge(lambda: ENGINES, ended_s + 61 + CHALLENGE_EVERY_S - 1) is None
+    assert rollouts.challenge(lambda: ENGINES, ended_s + 61 + CHALLENGE_EVERY_S) is not None
 
 
 @pytest.mark.parametrize("seed", range(20))
