@@ -59,7 +59,7 @@ from typing import NamedTuple
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.latency_model import LatencyPrediction
 from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, Mode, ModePin, OperatorIntent
-from controlplane.loop.outcomes import LatencySet
+from controlplane.loop.outcomes import LatencySet, objective_targets
 from controlplane.protocol import pool_key_of_message
 
 MIN_REQUESTS = 200  # latencies in the window before a quantile is trusted
@@ -146,8 +146,7 @@ def delta_bounds(objective: operator_pb2.LatencyObjective) -> tuple[float, float
 def objective_problem(objective: operator_pb2.LatencyObjective) -> str | None:
     """What makes an objective invalid, in words; None when it is valid."""
     targets = 0
-    for name in ("ttft", "tpot"):
-        quantile, target = getattr(objective, f"{name}_quantile"), getattr(objective, f"{name}_target_s")
+    for name, quantile, target in objective_targets(objective, named_only=False):
         if quantile == 0.0 and target == 0.0:
             continue
         targets += 1
@@ -422,11 +421,9 @@ class ObjectiveTracker:
         self.measured_s = {}
         if latencies is None:
             return excess
-        for name in ("ttft", "tpot"):
-            quantile = getattr(self.objective, f"{name}_quantile")
-            target = getattr(self.objective, f"{name}_target_s")
+        for name, quantile, target in objective_targets(self.objective):
             sketch = getattr(latencies, name)
-            if quantile and target and sketch.count >= MIN_REQUESTS:
+            if sketch.count >= MIN_REQUESTS:
                 measured = sketch.quantile(quantile)
                 self.measured_s[name] = measured
                 excess[name] = measured / target

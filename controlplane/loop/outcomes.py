@@ -14,14 +14,19 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from controlplane.core.latency_sketch import LatencySketch, representative_s
 
+if TYPE_CHECKING:
+    from controlplane.api.v1 import operator_pb2
+
 # Seconds of completions an outcome window covers (in buckets of the pool's bucket length).
 OUTCOME_WINDOW_S = 60.0
 KINDS = ("ttft", "tpot", "queue")
+LATENCY_NAMES = ("ttft", "tpot")  # the latencies an objective can name
 _MAGIC = b"CPL1"
 _HEADER = struct.Struct("<4sIII")  # magic, then each sketch's byte length
 
@@ -119,6 +124,15 @@ class OutcomeSummary:
     tpot: Quantiles
     queue: Quantiles
     num_requests: int
+
+
+def objective_targets(objective: operator_pb2.LatencyObjective, *, named_only: bool = True
+                      ) -> list[tuple[str, float, float]]:
+    """(name, quantile, target s) of each latency an objective can name (LATENCY_NAMES, the LatencySet attributes):
+    those it names (quantile and target both set), or with named_only False all of them as set (0, 0: not named)."""
+    found = [(name, getattr(objective, f"{name}_quantile"), getattr(objective, f"{name}_target_s"))
+             for name in LATENCY_NAMES]
+    return [t for t in found if t[1] and t[2]] if named_only else found
 
 
 def _scaled(sketch: LatencySketch, factor: float) -> LatencySketch:

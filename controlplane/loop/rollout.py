@@ -84,7 +84,7 @@ from controlplane.api.v1 import operator_pb2
 from controlplane.core.latency_sketch import LatencySketch, bucket_indices
 from controlplane.core.types import DeltaSource, Mode, ModePin, OperatorIntent, Reason
 from controlplane.loop.buckets import fair_share_cap
-from controlplane.loop.outcomes import LatencySet
+from controlplane.loop.outcomes import LatencySet, objective_targets
 
 MIN_ENGINES = 2
 CANARY_FRACTION = 0.1
@@ -99,7 +99,6 @@ COOLDOWN_S = 600.0
 MIN_BUSY_S = 0.5  # a slice with less stepping says nothing about throughput
 LATENCY_Z = Z_BOUND
 LATENCY_MIN_TAIL = 5  # requests beyond the quantile, per group, before its interval is trusted
-LATENCY_NAMES = ("ttft", "tpot")
 SWITCH_PERIOD_S = 30.0  # a switchback's period: its engine runs one mode throughout
 SWITCH_SETTLE_S = WARMUP_S  # the start of each period, not measured
 SWITCHBACK_MIN_OBSERVE_S = 2 * MIN_OBSERVE_S
@@ -253,13 +252,9 @@ def _share_above(sketch: LatencySketch, index: int) -> float:
 def latency_comparisons(objective: operator_pb2.LatencyObjective, canary: LatencySet, control: LatencySet
                         ) -> list[LatencyComparison]:
     """Each latency the objective names that both groups have enough requests to compare."""
-    compared = []
-    for name in LATENCY_NAMES:
-        quantile, target = getattr(objective, f"{name}_quantile"), getattr(objective, f"{name}_target_s")
-        found = compare_quantile(name, quantile, target, canary, control) if quantile and target else None
-        if found is not None:
-            compared.append(found)
-    return compared
+    compared = [compare_quantile(name, quantile, target, canary, control)
+                for name, quantile, target in objective_targets(objective)]
+    return [c for c in compared if c is not None]
 
 
 def latency_verdict(compared: list[LatencyComparison]) -> Verdict | None:
@@ -348,9 +343,9 @@ class Rollout:
         if self.objective is None:
             return {}
         found, latencies = {}, self.merged[group] if self.merged is not None else self.group_latencies(group)
-        for name in LATENCY_NAMES:
-            quantile, sketch = getattr(self.objective, f"{name}_quantile"), getattr(latencies, name)
-            if quantile and _tail_is_enough(sketch, quantile):
+        for name, quantile, _ in objective_targets(self.objective):
+            sketch = getattr(latencies, name)
+            if _tail_is_enough(sketch, quantile):
                 found[name] = sketch.quantile(quantile)
         return found
 
