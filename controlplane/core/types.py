@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from controlplane.protocol import KvRole, Mode  # the one vocabularies of roles and modes, shared with the agent
 
+OTHER_MODE = {Mode.MB: Mode.EB, Mode.EB: Mode.MB}  # each batching mode to the other
+
 
 class Reason(enum.StrEnum):
     """Primary reason code of a decision (one per decision)."""

@@ -257,6 +257,11 @@ def _same_length(prefix: str, names: tuple[str, ...], *columns: Sized) -> int:
     if lengths.count(size) != len(lengths):
         detail = ", ".join(f"{name}={length}" for name, length in zip(names, lengths, strict=True))
         raise TelemetryError(prefix, f"columns must have equal lengths, got {detail}")
+    return _bounded_events(prefix, size)
+
+
+def _bounded_events(prefix: str, size: int) -> int:
+    """size, unless a batch may not carry that many events (TelemetryError, cause oversize)."""
     if size > MAX_BATCH_EVENTS:
         raise TelemetryError(prefix, f"at most {MAX_BATCH_EVENTS} events per batch, got {size}", cause="oversize")
     return size
@@ -360,10 +365,7 @@ def _num_steps(s: agent_pb2.Steps) -> int:
     if rest:
         raise TelemetryError("telemetry.steps.packed_columns",
                              f"must be {STEP_PACKED_BYTES} bytes per step, got {len(s.packed_columns)} bytes")
-    if size > MAX_BATCH_EVENTS:
-        raise TelemetryError("telemetry.steps", f"at most {MAX_BATCH_EVENTS} events per batch, got {size}",
-                             cause="oversize")
-    return size
+    return _bounded_events("telemetry.steps", size)
 
 
 def _step_columns(s: agent_pb2.Steps) -> np.ndarray:

@@ -58,7 +58,7 @@ from typing import NamedTuple
 
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.latency_model import LatencyPrediction
-from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, Mode, ModePin, OperatorIntent
+from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, OTHER_MODE, DeltaSource, Mode, ModePin, OperatorIntent
 from controlplane.loop.outcomes import LatencySet, objective_targets
 from controlplane.protocol import pool_key_of_message
 
@@ -82,7 +82,6 @@ DRAIN_S = 60.0  # after a switch of mode, and a window, the window holds the new
 SETTLE_S = 20.0  # a guarded rollout's measurement this long before a switch still speaks for the new mode
 _DEFAULT_DIRECTION = {"ttft": 1, "tpot": -1}  # MB starts prompts sooner, EB decodes faster
 _MODE_OF_DIRECTION = {1: Mode.MB, -1: Mode.EB}
-_OTHER_MODE = {Mode.MB: Mode.EB, Mode.EB: Mode.MB}
 
 
 class Measured(NamedTuple):
@@ -316,7 +315,7 @@ class ObjectiveTracker:
             return False
         if worst <= 1.0 - HYSTERESIS and self.delta_s_per_token != 0.0:
             self.state = ObjectiveState.MEETING
-            other = _OTHER_MODE.get(view.mode)
+            other = OTHER_MODE.get(view.mode)
             if other is not None and self._misses(other):
                 self.detail = (f"{self._describe(worst_name)}: met (δ held: {other.value} misses the "
                                f"target{self._basis(worst_name)})")
@@ -379,7 +378,7 @@ class ObjectiveTracker:
         if prediction is None:
             return None
         value = prediction.latency_s(name)
-        other = _OTHER_MODE[mode]
+        other = OTHER_MODE[mode]
         seen, guess = self.measured.get(other), self.predicted.get(other)
         if math.isfinite(value) and seen is not None and name in seen.quantiles and guess is not None:
             guessed = guess.latency_s(name)

@@ -82,7 +82,7 @@ import numpy as np
 
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.latency_sketch import LatencySketch, bucket_indices
-from controlplane.core.types import DeltaSource, Mode, ModePin, OperatorIntent, Reason
+from controlplane.core.types import OTHER_MODE, DeltaSource, Mode, ModePin, OperatorIntent, Reason
 from controlplane.loop.buckets import fair_share_cap
 from controlplane.loop.outcomes import LatencySet, objective_targets
 
@@ -107,7 +107,6 @@ LONGEST_OBSERVE_S = max(MAX_OBSERVE_S, SWITCHBACK_MAX_OBSERVE_S)  # no rollout r
 _NEW_PERIODS = (0, 3)  # of each four periods, those a switchback runs the new mode in (ABBA)
 CHALLENGE_AFTER_S = 300.0  # a pool's established mode is first challenged this long after its first verdict
 CHALLENGE_EVERY_S = 1800.0  # and then this long after the pool's latest rollout verdict
-OTHER_MODE = {Mode.MB: Mode.EB, Mode.EB: Mode.MB}
 
 
 # Where δ may come from in a guarded pool: an operator's explicit δ override bypasses the guard.
