@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from agents.config import AgentConfig
-from agents.recorder import TelemetryRecorder, TelemetrySnapshot
+from agents.recorder import TelemetryRecorder
 from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from controlplane.protocol import pack_step_columns, reads_packed_steps
+from controlplane.protocol import reads_packed_steps, steps_message
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,8 @@ class ControllerLink:
                                               finish_time_s=s.finish_time_s, aborted=s.aborted,
                                               admitted_time_s=s.admitted_time_s, arrival_time_s=s.arrival_time_s,
                                               first_token_time_s=s.first_token_time_s),
-            steps=self._steps(s),
+            steps=steps_message(s.duration_s, s.prefill_tokens, s.decode_tokens, s.decode_requests,
+                                packed=self._packed_steps, mode=s.step_mode, budget_tokens=s.step_budget_tokens),
             kv_used_tokens=min(s.kv_used_tokens, s.kv_total_tokens), kv_total_tokens=s.kv_total_tokens,
             scheduler=agent_pb2.SchedulerState(num_running_prefills=s.num_running_prefills,
                                                num_running_decodes=s.num_running_decodes, num_waiting=s.num_waiting,
@@ -273,17 +274,3 @@ class ControllerLink:
                                              admitted_time_s=s.running_admitted_time_s),
             sent_at_s=self._wall_clock(),
         )
-
-    def _steps(self, s: TelemetrySnapshot) -> agent_pb2.Steps:
-        """The batch's steps: packed when the controller reads them and every count is a uint32 (else as repeated
-        fields, for the controller to judge)."""
-        if self._packed_steps:
-            try:
-                packed = pack_step_columns(s.duration_s, s.prefill_tokens, s.decode_tokens, s.decode_requests)
-            except (OverflowError, TypeError, ValueError):
-                pass
-            else:
-                return agent_pb2.Steps(packed_columns=packed, mode=s.step_mode, budget_tokens=s.step_budget_tokens)
-        return agent_pb2.Steps(prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
-                               decode_requests=s.decode_requests, duration_s=s.duration_s, mode=s.step_mode,
-                               budget_tokens=s.step_budget_tokens)

@@ -22,10 +22,11 @@ Imports only the generated protobuf code (`controlplane.api`), so `agents` may i
   maps the wire enum to "full", "degraded", "stock"; at most MAX_SUPPORT_MISSING internals named, each at most
   MAX_SUPPORT_NAME_CHARS printable characters, and a detail of at most MAX_SUPPORT_DETAIL_CHARS (the agent cuts
   to these bounds, the controller refuses a Hello beyond them).
-- Steps: `pack_step_columns` packs a batch's step columns into `Steps.packed_columns` (STEP_PACKED_BYTES per
-  step), which the controller reads without a per-value conversion. A controller that reads them says so in
-  the Connect stream's initial metadata (STEPS_METADATA: "cp-steps: packed"; `reads_packed_steps`); an agent
-  packs only then, so an agent newer than its controller still sends fields it reads.
+- Steps: `steps_message` builds a batch's `Steps`, its columns packed by `pack_step_columns` into
+  `Steps.packed_columns` (STEP_PACKED_BYTES per step), which the controller reads without a per-value conversion.
+  A controller that reads them says so in the Connect stream's initial metadata (STEPS_METADATA: "cp-steps:
+  packed"; `reads_packed_steps`); an agent packs only then, so an agent newer than its controller still sends
+  fields it reads.
 - Error text: `bounded` cuts echoed input to a fixed prefix so an error never carries a whole payload.
 """
 
@@ -218,8 +219,7 @@ def pack_step_columns(duration_s: Sequence[float], prefill_tokens: Sequence[int]
     the three counts as little-endian uint32.
 
     Raises:
-        ValueError: columns of different lengths; OverflowError / TypeError: a count that is not a uint32 (the
-            caller then sends the repeated fields, which carry the value for the controller to judge).
+        ValueError: columns of different lengths; OverflowError / TypeError: a count that is not a uint32.
     """
     if not len(duration_s) == len(prefill_tokens) == len(decode_tokens) == len(decode_requests):
         raise ValueError("step columns must have equal lengths")
@@ -236,3 +236,21 @@ def pack_step_columns(duration_s: Sequence[float], prefill_tokens: Sequence[int]
 def reads_packed_steps(metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
     """Whether a Connect stream's initial metadata says the controller reads `Steps.packed_columns`."""
     return any((key, value) == STEPS_METADATA for key, value in metadata or ())
+
+
+def steps_message(duration_s: Sequence[float], prefill_tokens: Sequence[int], decode_tokens: Sequence[int],
+                  decode_requests: Sequence[int], *, packed: bool, mode: Sequence[int] = (),
+                  budget_tokens: Sequence[int] = ()) -> agent_pb2.Steps:
+    """A batch's `Steps`: packed (`pack_step_columns`) when `packed` (the controller reads them) and the columns
+    pack, else the repeated fields (columns of different lengths go that way, for the controller to refuse; a
+    count that is not a uint32 raises there as protobuf's uint32 fields do); the mode and budget columns as
+    given."""
+    if packed:
+        try:
+            columns = pack_step_columns(duration_s, prefill_tokens, decode_tokens, decode_requests)
+        except (OverflowError, TypeError, ValueError):
+            pass
+        else:
+            return agent_pb2.Steps(packed_columns=columns, mode=mode, budget_tokens=budget_tokens)
+    return agent_pb2.Steps(prefill_tokens=prefill_tokens, decode_tokens=decode_tokens, decode_requests=decode_requests,
+                           duration_s=duration_s, mode=mode, budget_tokens=budget_tokens)

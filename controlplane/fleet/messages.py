@@ -16,7 +16,7 @@ from controlplane import __version__
 from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.fleet.profiles import EngineShape
 from controlplane.fleet.telemetry import EngineTelemetry
-from controlplane.protocol import ENGINE_ID_PATTERN, bounded, is_valid_engine_id, pack_step_columns
+from controlplane.protocol import ENGINE_ID_PATTERN, bounded, is_valid_engine_id, steps_message
 
 VLLM_VERSION = "sim"
 AGENT_VERSION = f"controlplane-fleet/{__version__}"
@@ -118,14 +118,8 @@ def telemetry_message(
             arrival_time_s=[to_wall_s(t) for t in telemetry.completion_arrival_s],
             first_token_time_s=[to_wall_s(t) for t in telemetry.completion_first_token_s],
         ),
-        steps=agent_pb2.Steps(packed_columns=pack_step_columns(
-            telemetry.step_duration_s, telemetry.step_prefill_tokens, telemetry.step_decode_tokens,
-            telemetry.step_decode_requests)) if packed else agent_pb2.Steps(
-            prefill_tokens=telemetry.step_prefill_tokens,
-            decode_tokens=telemetry.step_decode_tokens,
-            decode_requests=telemetry.step_decode_requests,
-            duration_s=telemetry.step_duration_s,
-        ),
+        steps=steps_message(telemetry.step_duration_s, telemetry.step_prefill_tokens, telemetry.step_decode_tokens,
+                            telemetry.step_decode_requests, packed=packed),
         kv_used_tokens=telemetry.kv_used_tokens,
         kv_total_tokens=telemetry.kv_total_tokens,
         scheduler=agent_pb2.SchedulerState(

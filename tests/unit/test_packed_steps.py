@@ -1,6 +1,6 @@
 """Packed steps (`Steps.packed_columns`): the byte layout both sides agree on, the layouts the controller
 refuses (each with the field named), and the agent's choice of encoding (packed only for a controller that says
-it reads them, repeated fields for any count a uint32 cannot hold)."""
+it reads them, and columns that pack)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from agents.recorder import TelemetryRecorder
 from controlplane.api.v1 import agent_pb2, common_pb2
 from controlplane.core.types import EngineLimits
 from controlplane.loop.ingest import MAX_BATCH_EVENTS, TelemetryError, validate_batch
-from controlplane.protocol import STEP_PACKED_BYTES, STEPS_METADATA, pack_step_columns, reads_packed_steps
+from controlplane.protocol import (
+    STEP_PACKED_BYTES,
+    STEPS_METADATA,
+    pack_step_columns,
+    reads_packed_steps,
+    steps_message,
+)
 
 LIMITS = EngineLimits(max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=1 << 20,
                       max_model_len_tokens=4096)
@@ -75,20 +81,27 @@ def test_the_metadata_says_whether_the_controller_reads_packed_steps() -> None:
     assert not reads_packed_steps([("cp-steps", "something-else")]) and not reads_packed_steps(None)
 
 
-def _link() -> ControllerLink:
+def test_steps_are_packed_only_when_asked_and_the_columns_pack() -> None:
+    columns = ([0.02, 0.01], [300, 0], [4, 9], [4, 9])
+    packed = steps_message(*columns, packed=True, mode=[1, 2], budget_tokens=[512, 512])
+    assert packed.packed_columns == pack_step_columns(*columns) and not packed.duration_s
+    assert list(packed.mode) == [1, 2] and list(packed.budget_tokens) == [512, 512]
+    repeated = steps_message(*columns, packed=False)
+    assert not repeated.packed_columns and list(repeated.prefill_tokens) == [300, 0]
+    uneven = steps_message([0.02], [300, 0], [4, 9], [4, 9], packed=True)  # does not pack: sent for the controller
+    assert not uneven.packed_columns and len(uneven.prefill_tokens) == 2  # to refuse (unequal columns)
+
+
+def test_the_agents_link_packs_only_for_a_controller_that_reads_them() -> None:
+    recorder = TelemetryRecorder(capacity=8)
     config = AgentConfig(controller_address="127.0.0.1:1", engine_id="e", pool_model="m", pool_accelerator="a")
-    return ControllerLink(config, hello=agent_pb2.Hello(engine_id="e"), recorder=TelemetryRecorder(capacity=8),
+    link = ControllerLink(config, hello=agent_pb2.Hello(engine_id="e"), recorder=recorder,
                           on_decision=lambda decision, now_s: (True, ""))
-
-
-def test_the_agent_packs_only_for_a_controller_that_reads_them_and_counts_that_fit() -> None:
-    recorder_steps = TelemetryRecorder(capacity=8)
-    recorder_steps.record_step(300, 4, 4, 0.02)
-    snapshot = recorder_steps.drain()
-    link = _link()
-    assert not link._steps(snapshot).packed_columns  # an older controller: the repeated fields
-    assert list(link._steps(snapshot).duration_s) == [0.02]
+    recorder.record_step(300, 4, 4, 0.02)
+    older = link._batch(1).steps  # an older controller (no metadata): the repeated fields
+    assert not older.packed_columns and list(older.duration_s) == [0.02]
     link._packed_steps = True
-    sent = link._steps(snapshot)
+    recorder.record_step(300, 4, 4, 0.02)
+    sent = link._batch(2).steps
     assert sent.packed_columns == pack_step_columns([0.02], [300], [4], [4]) and not sent.duration_s
-    assert len(sent.mode) == len(snapshot.step_mode)
+    assert len(sent.mode) == 1
