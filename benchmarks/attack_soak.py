@@ -40,7 +40,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
 from controlplane.service.agent_servicer import HELLO_TIMEOUT_S  # noqa: E402
-from controlplane.service.controller import TRIM_QUIET_S  # noqa: E402
+from controlplane.service.memory import TRIM_QUIET_S  # noqa: E402
 from testbench.fleet_drive import HONEST, LONG_CONTEXT, Workload, drive, worst_change  # noqa: E402
 from testbench.messages import LIMITS, geometric_batch  # noqa: E402
 from testbench.serve_process import ServeProcess  # noqa: E402

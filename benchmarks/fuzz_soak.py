@@ -52,7 +52,7 @@ from hypothesis import strategies as st  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
-from controlplane.service.controller import TRIM_QUIET_S  # noqa: E402
+from controlplane.service.memory import TRIM_QUIET_S  # noqa: E402
 from controlplane.store.embedded import start_redis_on_free_port  # noqa: E402
 from testbench.fuzz_messages import (  # noqa: E402
     CAUSES,

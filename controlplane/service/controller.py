@@ -1,10 +1,10 @@
 """The controller: the I/O shell around the fleet state machine (`loop.fleet.FleetState`).
 
 The machine decides; this class feeds it events from the gRPC streams, the scheduler and the operators,
-and applies the effects it returns: decisions traced (the trace id goes into the message), pushed to the
-engine's mailbox and to the watchers, then handed to the coalescing `DecisionWriter`; closed buckets
-queued for the store exchange (`PoolSync`); metrics. Everything runs on one asyncio event loop and never
-awaits on the push path.
+and applies the effects it returns through `service.effects.EffectsApplier`: decisions traced (the trace id
+goes into the message), pushed to the engine's mailbox and to the watchers, then handed to the coalescing
+`DecisionWriter`; closed buckets queued for the store exchange (`PoolSync`); metrics. Everything runs on one
+asyncio event loop and never awaits on the push path.
 
 Redis failures never stop deciding: decisions are kept pending and written when the store returns;
 overrides are the exception and fail loudly (StoreUnavailable).
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -34,10 +33,11 @@ from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer
 from controlplane.protocol import VERSION_EPOCH_FACTOR
 from controlplane.service import fleet_view
-from controlplane.service.audit_writer import AuditWriter, rollout_audit
+from controlplane.service.audit_writer import AuditWriter
 from controlplane.service.config import ControllerConfig
+from controlplane.service.effects import EffectsApplier
 from controlplane.service.epochs import EpochReserver
-from controlplane.service.memory import collect_and_release
+from controlplane.service.memory import TrimSchedule
 from controlplane.service.pool_sync import EXCHANGE_TIMEOUT_S, PoolSync
 from controlplane.service.sessions import (
     Session,
@@ -57,12 +57,6 @@ logger = logging.getLogger(__name__)
 _EPOCH_TIMEOUT_S = 1.0
 _STALE_AFTER_S = 30.0
 _GAUGE_PERIOD_S = 1.0
-# Freed memory is handed back to the OS (service/memory.py) after this many evictions, or once evictions
-# have stopped for TRIM_QUIET_S.
-_TRIM_AFTER_EVICTIONS = 1000
-TRIM_QUIET_S = 5.0
-# At most one warning per this many seconds that an identity's disconnected engines are forgotten early.
-_CAPACITY_WARNING_EVERY_S = 60.0
 # The scheduler task calls `tick` this often (service/app.py).
 SCHEDULER_TICK_S = 0.25
 # Keep-alives go out up to two ticks before they fall due: one tick of lead keeps the gap inside the
@@ -90,10 +84,11 @@ class Controller:
         self.writer = DecisionWriter(store, on_failure=self.note_store_failure, on_success=self._health.ok)
         self._audits = AuditWriter(store, on_failure=self.note_store_failure)
         self._epochs = EpochReserver(store)
-        self._capacity_warned_s = -math.inf
+        self._trim = TrimSchedule()
+        self._applier = EffectsApplier(self.fleet, metrics=metrics, tracer=tracer, watchers=self._watchers,
+                                       writer=self.writer, pools=self._pools, audits=self._audits, trim=self._trim,
+                                       max_disconnected_engines=config.loop.max_disconnected_engines, clock=clock)
         self._gauges_at_s = float("-inf")
-        self._evicted_since_trim = 0
-        self._last_evicted_s = -math.inf
         # Label children resolved once: the ingest path runs ~1,000 times per second per 1,000 engines.
         self._batches_accepted = metrics.batches.labels(result="accepted")
         self._completions_accepted = metrics.events.labels(kind="completion", result="accepted")
@@ -260,65 +255,7 @@ class Controller:
     # ---- applying effects ----
 
     def _apply(self, effects: Effects) -> None:
-        """Apply what the machine asked for: trace and count decisions, push, persist, publish, forget."""
-        m = self._metrics
-        if effects.sequence_gaps:
-            m.sequence_gaps.inc(effects.sequence_gaps)
-        for latency_s in effects.decide_latencies_s:
-            m.decision_latency.observe(latency_s)
-        for made in effects.decided:
-            latest, loop = made.outcome.latest, self.fleet.engine(made.engine_id).loop
-            latest.trace_id = self._tracer.trace_decision(made.outcome.decision, engine_id=made.engine_id,
-                                                          pool=made.pool_key, version=latest.version,
-                                                          traceparent=made.traceparent)
-            m.decisions.labels(mode=made.outcome.decision.mode.value, reason=made.outcome.decision.reason.value).inc()
-            m.show_decision(made.engine_id, made.pool_key, loop.current, loop.acked_version)
-        for push in effects.pushes:
-            if isinstance(push.stream, Session):
-                push.stream.mailbox.put(push.decision)
-            if push.watch:
-                self._watchers.hand_on(Pushed(engine_id=push.engine_id, pool_key=push.pool_key, decision=push.decision))
-        for made in effects.decided:
-            self.writer.submit(made.engine_id, pool_key=made.pool_key, decision=made.outcome.latest)
-        for key, bucket_id, bucket in effects.buckets:
-            self._pools.queue(key, bucket_id, bucket)
-        for change in effects.memberships:
-            v = change.verdict
-            logger.warning("engine %s %s pool %s statistics (block mean %.1f tokens vs pool %.1f)", change.engine_id,
-                           "kept out of" if v.excluded else "readmitted to", change.pool_key, v.block_mean_tokens,
-                           v.pool_mean_tokens)
-            m.pool_excluded_engines.labels(pool=change.pool_key).set(change.num_excluded)
-        for event in effects.rollouts:
-            logger.info("pool %s: rollout %s→%s %s: %s", event.pool_key, event.from_mode, event.to_mode, event.event,
-                        event.detail)
-            m.pool_rollouts.labels(pool=event.pool_key, event=event.event).inc()
-            self._tracer.trace_rollout(event)
-            self._audits.submit(rollout_audit(event, actor=event.actor or f"controller {self.fleet.replica_id}",
-                                              at_s=self._clock()))
-        if effects.forgotten:
-            self._note_forgotten(effects)
-        for key in effects.forgotten_pools:
-            self._pools.forget(key)
-
-    def _note_forgotten(self, effects: Effects) -> None:
-        now_s = self._clock()
-        capacity = None
-        for gone in effects.forgotten:
-            self._metrics.forget_engine(gone.engine_id)
-            self._metrics.evictions.labels(reason=gone.reason).inc()
-            # Early forgets are summed up by their counter and a warning a minute: a client cycling through
-            # engine ids would otherwise write hundreds of lines a second.
-            logger.log(logging.INFO if gone.reason == "ttl" else logging.DEBUG, "engine %s forgotten (%s) %.0f s "
-                       "after it disconnected", gone.engine_id, gone.reason, gone.disconnected_for_s)
-            capacity = gone.identity if gone.reason == "capacity" else capacity
-        self._evicted_since_trim += len(effects.forgotten)
-        self._last_evicted_s = now_s
-        if capacity is not None and now_s - self._capacity_warned_s >= _CAPACITY_WARNING_EVERY_S:
-            self._capacity_warned_s = now_s
-            logger.warning("agent identity %r has more than %d engines disconnected: its longest-disconnected are "
-                           "forgotten before engine_ttl_s (cp_engines_evicted_total{reason=\"capacity\"}; "
-                           "raise max_disconnected_engines if a fleet this size disconnects at once)",
-                           capacity, self._config.loop.max_disconnected_engines)
+        self._applier.apply(effects)
 
     def redecide_all(self) -> None:
         """Re-decide every connected engine now (after an override or calibration change)."""
@@ -331,10 +268,7 @@ class Controller:
         per-engine gauges (telemetry age, stale engines) at most once per _GAUGE_PERIOD_S."""
         now_s = self._clock() if now_s is None else now_s
         self._apply(self.fleet.tick(now_s, keepalive_lead_s=_KEEPALIVE_LEAD_S))
-        if self._evicted_since_trim and (self._evicted_since_trim >= _TRIM_AFTER_EVICTIONS
-                                         or now_s - self._last_evicted_s >= TRIM_QUIET_S):
-            self._evicted_since_trim = 0
-            collect_and_release()
+        self._trim.release_if_due(now_s)
         if now_s - self._gauges_at_s >= _GAUGE_PERIOD_S:
             self._gauges_at_s = now_s
             stale = 0
@@ -358,8 +292,7 @@ class Controller:
 
     def note_stream_churn(self, count: int = 1) -> None:
         """Streams refused or ended before their Hello: their memory is handed back as evictions' is (`tick`)."""
-        self._evicted_since_trim += count
-        self._last_evicted_s = self._clock()
+        self._trim.note_freed(count, self._clock())
 
     # ---- operator actions ----
 

@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import math
 
 logger = logging.getLogger(__name__)
 _LIBC_NAME = ctypes.util.find_library("c")
@@ -44,6 +45,35 @@ def collect_and_release() -> bool:
     """
     gc.collect()
     return release_free_memory()
+
+
+# Freed memory is handed back (`TrimSchedule`) after this many evictions, or once evictions have stopped for
+# TRIM_QUIET_S.
+TRIM_AFTER_EVICTIONS = 1000
+TRIM_QUIET_S = 5.0
+
+
+class TrimSchedule:
+    """When to run `collect_and_release` during churn: after TRIM_AFTER_EVICTIONS freed engines or streams, or
+    once freeing has been quiet for TRIM_QUIET_S (the end of a wave), never while nothing was freed."""
+
+    def __init__(self) -> None:
+        self._freed_since_trim = 0
+        self._last_freed_s = -math.inf
+
+    def note_freed(self, count: int, now_s: float) -> None:
+        """`count` engines forgotten or streams ended before their Hello at `now_s`."""
+        self._freed_since_trim += count
+        self._last_freed_s = now_s
+
+    def release_if_due(self, now_s: float) -> bool:
+        """Collect and trim when due; True when it ran."""
+        if not self._freed_since_trim or (self._freed_since_trim < TRIM_AFTER_EVICTIONS
+                                          and now_s - self._last_freed_s < TRIM_QUIET_S):
+            return False
+        self._freed_since_trim = 0
+        collect_and_release()
+        return True
 
 
 # Young-generation threshold and full-collection spacing of a long-running controller (CPython's defaults:

@@ -32,7 +32,7 @@ from controlplane.loop.ingest import MAX_BATCH_EVENTS, MAX_RUNNING_BINS
 from controlplane.protocol import UINT32_MAX, UINT64_MAX, split_version
 from controlplane.service.app import SERVICE_NAMES
 from controlplane.service.config import DecisionLoopConfig, SecurityConfig
-from controlplane.service.controller import TRIM_QUIET_S
+from controlplane.service.memory import TRIM_QUIET_S
 from controlplane.store.embedded import EmbeddedRedis
 from tests.integration.controller_harness import LIMITS, geometric_batch, make_config, operator_stub, running_controller
 from tests.integration.fuzz_messages import CAUSES, LiveAgent, huge_batch
