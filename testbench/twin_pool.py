@@ -62,7 +62,8 @@ CASES = {
 @dataclass(frozen=True)
 class Config:
     """One run's controls: a pin ("mb"/"eb"), a fixed δ (None: the objective's or 0), a static B_cap scale,
-    an objective's TTFT p99 target (None: none) and the engine it is set on (None: the fleet)."""
+    an objective's TTFT p99 target and/or TPOT p99 target (None: none) and the engine it is set on (None: the
+    fleet)."""
 
     label: str
     pin: str | None = None
@@ -70,6 +71,7 @@ class Config:
     budget_scale: float = 1.0
     target_s: float | None = None
     objective_engine: str | None = None
+    tpot_target_s: float | None = None
 
     def tracker(self, fleet: FleetState) -> ObjectiveTracker | None:
         """The objective loop this run's objective runs in (None: none in force)."""
@@ -159,12 +161,16 @@ def run(profile: SimProfile, workload: str, config: Config, *, rate_per_s: float
     if config.pin is not None:
         mode = {"mb": operator_pb2.PINNED_MODE_MB, "eb": operator_pb2.PINNED_MODE_EB}[config.pin]
         records.append(operator_pb2.OverrideRecord(kind=operator_pb2.OVERRIDE_KIND_PIN, mode=mode, scope=FLEET))
-    if config.target_s is not None:
+    if config.target_s is not None or config.tpot_target_s is not None:
         scope = FLEET if config.objective_engine is None else operator_pb2.Scope(
             kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id=config.objective_engine)
+        objective = operator_pb2.LatencyObjective()
+        if config.target_s is not None:
+            objective.ttft_quantile, objective.ttft_target_s = 0.99, config.target_s
+        if config.tpot_target_s is not None:
+            objective.tpot_quantile, objective.tpot_target_s = 0.99, config.tpot_target_s
         records.append(operator_pb2.OverrideRecord(kind=operator_pb2.OVERRIDE_KIND_OBJECTIVE, scope=scope,
-                                                   objective=operator_pb2.LatencyObjective(
-                                                       ttft_quantile=0.99, ttft_target_s=config.target_s)))
+                                                   objective=objective))
     pool: list[_Engine] = []
     for i in range(engines):
         sim = SimEngine(profile, shape=shape, record_steps=False, seed=seed * 1000 + i)

@@ -71,6 +71,20 @@ def _scaled_cap(budget: BudgetPolicy, intent: OperatorIntent, max_num_batched_to
     low = min(max(floor, intent.budget_min_tokens), high)
     cap = min(high, max(low, round(budget.b_cap_tokens * intent.budget_cap_scale)))
     return replace(budget, b_cap_tokens=max(1, cap))
+
+
+def _scaled_max(budget: BudgetPolicy, intent: OperatorIntent, max_num_batched_tokens: int) -> BudgetPolicy:
+    """budget with B_max × intent.budget_cap_scale too (a scale below 1: a TPOT target missed), clamped to
+    [max(B_cap, budget_min_tokens, the agent's floor), min(budget_max_tokens or B_max, B_max)]. For MB's steps
+    only: without prefill pressure B_max is the budget of a step that mixes one prompt's chunk with the running
+    decodes, whose time every decode waits for; EB's prefill-only steps would only be cut into more steps."""
+    floor = min_budget_tokens(max(1, int(max_num_batched_tokens)))
+    high = min(budget.b_max_tokens, intent.budget_max_tokens or budget.b_max_tokens)
+    low = min(max(budget.b_cap_tokens, floor, intent.budget_min_tokens), high)
+    scaled = round(budget.b_max_tokens * intent.budget_cap_scale)
+    return replace(budget, b_max_tokens=max(1, min(high, max(low, scaled))))
+
+
 _DEFAULT_CONFIG = PolicyConfig()
 
 def _finite(value: float) -> float:
@@ -440,6 +454,9 @@ def decide(
     mode = online_mode
     if intent.pin.mode is not None and (intent.pin.reason is None or intent.pin.mode != online_mode):
         mode, reason = intent.pin.mode, intent.pin.reason or Reason.OPERATOR_PIN
+    if mode == Mode.MB and 0.0 < intent.budget_cap_scale < 1.0:
+        budget = _scaled_max(budget, intent, limits.max_num_batched_tokens)
+        flags.append(Flag.BUDGET_MAX_FROM_OBJECTIVE)
     n_computed = evaluation.n_star if evaluation is not None else limits.max_num_seqs
     n_guard = state.n_guard
     if config.memory_guard and state.n_eb_in_force > 0:

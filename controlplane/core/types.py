@@ -72,6 +72,7 @@ class Flag(enum.StrEnum):
     EB_MOOT = "eb_moot"
     # B_cap is the policy's scaled by a latency objective's loop (loop.objective), within its budget bounds.
     BUDGET_CAP_FROM_OBJECTIVE = "budget_cap_from_objective"
+    BUDGET_MAX_FROM_OBJECTIVE = "budget_max_from_objective"
 
 
 class DeltaSource(enum.StrEnum):
@@ -192,8 +193,9 @@ class OperatorIntent:
     delta_s_per_token: float | None = None
     delta_source: DeltaSource = DeltaSource.DEFAULT
     pin: ModePin = field(default_factory=ModePin)
-    # A latency objective's second lever: B_cap = the policy's × this, then clamped to
-    # [max(budget_min_tokens, the agent's floor), min(budget_max_tokens or B_max, B_max)] (1.0: untouched).
+    # A latency objective's second lever, P-PAS's budget pair: B_cap = the policy's × this, then clamped to
+    # [max(budget_min_tokens, the agent's floor), min(budget_max_tokens or B_max, B_max)] (1.0: untouched); a
+    # scale below 1 (TPOT) scales MB's B_max too, kept at least B_cap (`core.policy._scaled_max`).
     budget_cap_scale: float = 1.0
     budget_min_tokens: int = 0
     budget_max_tokens: int = 0

@@ -33,8 +33,10 @@ With δ at the bound on the chosen side, the loop's second lever is P-PAS's budg
 step budget while prefills queue beside decodes): a TTFT target exceeded doubles it (more prompt tokens per
 step: waiting prompts start sooner), a TPOT target exceeded halves it (shorter steps for the running decodes),
 one step per evaluation, as a scale of the policy's own B_cap within [1/MAX_BUDGET_SCALE, MAX_BUDGET_SCALE]; each
-engine's policy clamps the scaled B_cap to the objective's budget bounds, its B_max and the agent's floor
-(`core.policy`). Met with margin, the loop first brings the scale back towards 1 (never onto the scale that last
+engine's policy clamps the scaled B_cap to the objective's budget bounds, its B_max and the agent's floor, and a
+scale below 1 lowers MB's B_max too (`core.policy`). Below 1 a step waits until the window has held requests under
+the previous one for a whole window (a budget too small for the prompts' arrivals falls behind, and meanwhile the
+window measures the previous budget); above 1 steps follow each evaluation. Met with margin, the loop first brings the scale back towards 1 (never onto the scale that last
 exceeded a target), then δ towards 0. With both levers at their bounds and the other mode not yet measured, the
 loop tries the other mode (explores) before anything else. A target still exceeded with both levers at their
 bounds, the other mode measured, for INFEASIBLE_AFTER evaluations is infeasible: these engines cannot reach it at
@@ -190,6 +192,7 @@ class ObjectiveTracker:
     _violated_delta: float | None = None
     _violated_at_s: float = -math.inf
     _violated_scale: float | None = None  # likewise for the budget scale
+    _budget_changed_at_s: float = -math.inf  # its latest change: it moves again once a window has passed since
     measured_s: dict[str, float] = field(default_factory=dict)
     measured: dict[Mode, Measured] = field(default_factory=dict)
     predicted: dict[Mode, LatencyPrediction] = field(default_factory=dict)
@@ -265,13 +268,25 @@ class ObjectiveTracker:
         low, high = delta_bounds(self.objective)
         if now_s - self._violated_at_s > FORGET_VIOLATION_S:
             self._violated_delta = self._violated_scale = None
+        # Below the policy's budget the window must hold requests under the latest step before the next (a budget
+        # too small for the prompts' arrivals falls behind, and the TPOT it measures is the old budget's meanwhile);
+        # above it steps go at once (a larger B_cap lets the waiting prompts start sooner: overshooting costs TPOT).
+        settling_s = view.window_s - (now_s - self._budget_changed_at_s) if self.budget_cap_scale < 1.0 else 0.0
         if worst > 1.0:
-            self._violated_delta, self._violated_scale = self.delta_s_per_token, self.budget_cap_scale
+            self._violated_delta = self.delta_s_per_token
+            if settling_s <= 0.0:
+                self._violated_scale = self.budget_cap_scale
             self._violated_at_s = now_s
             direction = self._direction_for(worst_name, view.mode)
             bound = high if direction > 0 else low
             if self.delta_s_per_token == bound:
-                if self._scale_budget(_DEFAULT_DIRECTION[worst_name]):
+                if settling_s > 0.0:
+                    self.state = ObjectiveState.ADJUSTING
+                    self.detail = (f"{self._describe(worst_name)}: δ at its bound, B_cap ×{self.budget_cap_scale:g} "
+                                   f"of the policy's; held {settling_s:.0f} s more while the window fills with "
+                                   f"requests under it")
+                    return False
+                if self._scale_budget(_DEFAULT_DIRECTION[worst_name], now_s):
                     self._at_bound = 0
                     self.state = ObjectiveState.ADJUSTING
                     self.detail = (f"{self._describe(worst_name)}: δ at its bound, B_cap ×{self.budget_cap_scale:g} "
@@ -308,7 +323,11 @@ class ObjectiveTracker:
         self._at_bound = 0
         if worst <= 1.0 - HYSTERESIS and self.budget_cap_scale != 1.0:
             self.state = ObjectiveState.MEETING
-            if self._unscale_budget():
+            if settling_s > 0.0:
+                self.detail = (f"{self._describe(worst_name)}: met (B_cap ×{self.budget_cap_scale:g} held "
+                               f"{settling_s:.0f} s more while the window fills with requests under it)")
+                return False
+            if self._unscale_budget(now_s):
                 self.detail = f"{self._describe(worst_name)}: met with margin, B_cap back towards the policy's"
                 return True
             self.detail = f"{self._describe(worst_name)}: met (B_cap held: the next step would miss the target)"
@@ -451,20 +470,23 @@ class ObjectiveTracker:
             return True
         return changed
 
-    def _scale_budget(self, direction: int) -> bool:
+    def _scale_budget(self, direction: int, now_s: float) -> bool:
         """Double (direction +1: TTFT) or halve (−1: TPOT) the B_cap scale; False at its bound."""
         moved = min(MAX_BUDGET_SCALE, max(1.0 / MAX_BUDGET_SCALE, self.budget_cap_scale * 2.0 ** direction))
         changed = moved != self.budget_cap_scale
         self.budget_cap_scale = moved
+        if changed:
+            self._budget_changed_at_s = now_s
         return changed
 
-    def _unscale_budget(self) -> bool:
+    def _unscale_budget(self, now_s: float) -> bool:
         """One ×2 step of the B_cap scale back towards 1, unless it lands on the scale that last exceeded a
         target (then held)."""
         moved = self.budget_cap_scale / 2.0 if self.budget_cap_scale > 1.0 else self.budget_cap_scale * 2.0
         if moved == self._violated_scale:
             return False
         self.budget_cap_scale = moved
+        self._budget_changed_at_s = now_s
         return True
 
     def _step(self, direction: int, low: float, high: float, *, toward_zero: bool = False,

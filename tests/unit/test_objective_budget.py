@@ -1,13 +1,17 @@
-"""The objective loop's second lever, P-PAS's B_cap (`loop.objective`, `core.policy`): moved only with δ at
-its bound, by ×2 steps, back towards the policy's own before δ moves, held where it last missed, clamped per
-engine to the objective's budget bounds, and kept through a guarded rollout's hold."""
+"""The objective loop's second lever, P-PAS's budget pair (`loop.objective`, `core.policy`): moved only with δ at
+its bound, by ×2 steps (below the policy's own at most one a window: the window must hold requests under a step
+before the next), back towards the policy's own before δ moves, held where it last missed, clamped per engine to
+the objective's budget bounds, B_max scaled with B_cap in MB for a TPOT target, and kept through a guarded
+rollout's hold."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
 
-from controlplane.api.v1 import operator_pb2
+from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.core.policy import decide
 from controlplane.core.types import (
     DeltaSource,
@@ -25,12 +29,14 @@ from controlplane.loop.objective import (
     MAX_BUDGET_SCALE,
     ObjectiveState,
     ObjectiveTracker,
+    PoolView,
 )
 from controlplane.loop.outcomes import LatencySet
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.rollout import held_intent
 from controlplane.protocol import min_budget_tokens
-from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
+from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B, get_profile
+from testbench import twin_pool
 from tests.unit.test_policy import window_fit
 
 BOUND_S_PER_TOKEN = 1e-4
@@ -51,13 +57,26 @@ def _objective(**fields) -> operator_pb2.LatencyObjective:
                                          delta_max_s_per_token=BOUND_S_PER_TOKEN, **fields)
 
 
-def _run(tracker: ObjectiveTracker, evaluations: int, seed: int, **pool) -> list[tuple[float, float]]:
+def _run(tracker: ObjectiveTracker, evaluations: int, seed: int, details: list[str] | None = None,
+         **pool) -> list[tuple[float, float]]:
     rng = np.random.default_rng(seed)
     path = []
     for i in range(evaluations):
         tracker.evaluate(i * EVALUATE_EVERY_S, _pool(tracker, rng, **pool))
         path.append((tracker.delta_s_per_token, tracker.budget_cap_scale))
+        if details is not None:
+            details.append(tracker.detail)
     return path
+
+
+# Evaluations in one latency window: the budget moves at most once per window.
+WINDOW_EVALUATIONS = round(PoolView().window_s / EVALUATE_EVERY_S)
+
+
+def _steps_apart(scales: list[float]) -> float:
+    """The fewest evaluations between two changes of the scale (inf: fewer than two changes)."""
+    changes = [i for i in range(1, len(scales)) if scales[i] != scales[i - 1]]
+    return min((b - a for a, b in itertools.pairwise(changes)), default=float("inf"))
 
 
 def test_a_ttft_target_past_the_delta_bound_raises_b_cap_until_met_and_holds_there() -> None:
@@ -82,9 +101,13 @@ def test_met_with_margin_the_budget_goes_back_to_the_policys_own_before_delta_mo
 def test_a_tpot_target_past_the_eb_bound_lowers_b_cap() -> None:
     tracker = ObjectiveTracker(_objective(tpot_quantile=0.9, tpot_target_s=0.017))
     tracker.delta_s_per_token, tracker.budget_cap_scale = -BOUND_S_PER_TOKEN, 1.0
-    path = _run(tracker, 10, seed=2, ttft_at_scale_1_s=0.1)
+    details: list[str] = []
+    path = _run(tracker, 30, seed=2, details=details, ttft_at_scale_1_s=0.1)
     assert path[0] == (-BOUND_S_PER_TOKEN, 0.5)  # TPOT p90 ≈ 0.0205 s > 0.017: B_cap halves
     assert path[-1][1] <= 0.25 and tracker.state != ObjectiveState.INFEASIBLE
+    # Below the policy's budget one step a window: the window must hold requests under a step before the next.
+    assert _steps_apart([scale for _, scale in path]) >= WINDOW_EVALUATIONS
+    assert all("more while the window fills" in detail for detail in details[1:WINDOW_EVALUATIONS])
 
 
 def test_infeasible_only_with_both_levers_at_their_bounds() -> None:
@@ -142,3 +165,40 @@ def test_a_default_intents_budget_is_kept_when_no_delta_override_replaces_it() -
     replaced = resolve_intent([override], engine_id="e", pool_key="m|a", now_s=0.0, default=default)
     assert (replaced.delta_s_per_token, replaced.delta_source, replaced.budget_cap_scale) == (2e-5, DeltaSource.FLEET,
                                                                                           1.0)
+
+
+def _mb_budget(scale: float, *, mode: Mode = Mode.MB, low: int = 0, high: int = 0) -> tuple[int, int, list[Flag]]:
+    return _budget(OperatorIntent(delta_s_per_token=0.0, delta_source=DeltaSource.OBJECTIVE, budget_cap_scale=scale,
+                                  budget_min_tokens=low, budget_max_tokens=high, pin=ModePin(mode=mode)))
+
+
+@pytest.mark.parametrize(("scale", "mode", "low", "high", "b_max", "b_cap"), [
+    (0.25, Mode.MB, 0, 0, 2048, 512),  # a TPOT step: MB's steps without pressure shrink too
+    (1 / 16, Mode.MB, 0, 0, 512, 128),
+    (1 / 16, Mode.MB, 1024, 0, 1024, 1024),  # never below budget_min, nor below B_cap
+    (0.5, Mode.MB, 0, 1024, 1024, 1024),  # nor above budget_max
+    (2.0, Mode.MB, 0, 0, 8192, 4096),  # a TTFT step leaves B_max alone
+    (0.25, Mode.EB, 0, 0, 8192, 512),  # EB's prefill-only steps would only be cut into more steps
+])
+def test_a_tpot_scale_lowers_mbs_b_max_with_b_cap(scale: float, mode: Mode, low: int, high: int, b_max: int,
+                                                    b_cap: int) -> None:
+    got_max, got_cap, flags = _mb_budget(scale, mode=mode, low=low, high=high)
+    floor = min_budget_tokens(8192)
+    assert (got_max, got_cap) == (max(b_max, floor), max(b_cap, floor))
+    assert got_cap <= got_max
+    assert (Flag.BUDGET_MAX_FROM_OBJECTIVE in flags) == (mode == Mode.MB and scale < 1.0)
+
+
+def test_a_tpot_objective_on_long_prompts_is_met_through_mbs_b_max() -> None:
+    """H200, LongBench-like prompts (mean 5,000 tokens) at 4/s per engine, a TPOT p99 target of 45 ms: MB's TPOT
+    p99 is 57 ms at the policy's budgets (a step mixing one long prompt's chunk of B_max tokens with the running
+    decodes), EB's 71 ms. The loop finds MB, then halves the budget pair once: B_max 4,096 / B_cap 1,024 meets it.
+    B_cap alone needs ×1/4 (B_cap 512), and TTFT p99 grows from 2.0 to 3.4 s for it (measured)."""
+    result = twin_pool.run(get_profile("h200-qwen3-8b"), "longbench", twin_pool.Config("tpot", tpot_target_s=0.045),
+                           rate_per_s=4.0, engines=2, minutes=15, seed=1, warmup_s=60.0, guard=True)
+    tracker = result.fleet.objective_of(twin_pool.POOL_KEY)
+    decision = result.fleet.engine("e0").loop.current
+    assert tracker.state == ObjectiveState.MEETING and tracker.measured_s["tpot"] <= 0.045
+    assert decision.mode == common_pb2.MODE_MB and Flag.BUDGET_MAX_FROM_OBJECTIVE.value in decision.flags
+    assert (decision.budget.b_max_tokens, decision.budget.b_cap_tokens) == (4096, 1024)
+    assert [scale for *_, scale in result.trace[-4:]] == [0.5] * 4  # settled, no cycling
