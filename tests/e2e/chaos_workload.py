@@ -56,6 +56,8 @@ def main() -> int:
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
+    from tests.e2e.workload_signals import ready_then_wait_for_go
+
     llm = LLM(model=str(args.model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.3,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, dtype="bfloat16", seed=args.seed,
@@ -65,13 +67,8 @@ def main() -> int:
     p_lo, p_hi = (int(x) for x in args.prompt_tokens.split(","))
     bounds = [int(x) for x in args.max_tokens.split(",")]
     t_lo, t_hi = bounds[0], bounds[-1]
-    args.ready_file.write_text("ready")
-    deadline = time.monotonic() + 300
-    while not args.go_file.exists():
-        if time.monotonic() > deadline:
-            print("no go file", file=sys.stderr)
-            return 2
-        time.sleep(0.05)
+    if not ready_then_wait_for_go(args.ready_file, args.go_file, timeout_s=300):
+        return 2
 
     in_flight: dict[str, int] = {}  # request id → its max_tokens
     wrong_lengths: dict[str, int] = {}

@@ -90,6 +90,8 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from tests.e2e.workload_signals import ready_then_wait_for_go, wait_for_file
+
     extra: dict[str, object] = {} if args.stock else {"scheduler_cls": "agents.vllm.ControlledScheduler"}
     if args.num_kv_blocks:
         extra["num_gpu_blocks_override"] = args.num_kv_blocks
@@ -117,15 +119,8 @@ def main() -> int:
         output_lengths = np.ones_like(output_lengths)
     params = [SamplingParams(max_tokens=int(n), ignore_eos=True, detokenize=False, temperature=0.0)
               for n in output_lengths]
-    if args.ready_file:
-        args.ready_file.write_text("ready")
-    if args.go_file:
-        deadline = time.monotonic() + 120
-        while not args.go_file.exists():
-            if time.monotonic() > deadline:
-                print("no go file", file=sys.stderr)
-                return 2
-            time.sleep(0.05)
+    if not ready_then_wait_for_go(args.ready_file, args.go_file, timeout_s=120):
+        return 2
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed_s = time.perf_counter() - started
@@ -153,9 +148,7 @@ def main() -> int:
         result["num_with_stats"] = len(stats)
     args.result.write_text(json.dumps(result))
     if args.hold_file:
-        deadline = time.monotonic() + 120
-        while not args.hold_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_file(args.hold_file, timeout_s=120, poll_s=0.1)
     del llm
     time.sleep(0.5)
     return 0
