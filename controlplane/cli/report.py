@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controlplane.cli.explain import explain_rows
-from controlplane.cli.output import cell_text, iso_utc
+from controlplane.cli.output import cell_text, iso_utc, pool_text
 from controlplane.cli.report_latency import LEFT_PX, RIGHT_PX, WIDTH_PX, latency_section
 
 MODE_COLOURS = {"mb": "#4e79a7", "eb": "#f28e2b", "passthrough": "#9d9d9d", "unspecified": "#d0d0d0"}
@@ -50,11 +50,6 @@ caption { text-align: left; }
 
 def _e(value: Any) -> str:
     return html.escape(cell_text(value), quote=True)
-
-
-def _pool_key(pool: dict[str, str] | None) -> str:
-    pool = pool or {}
-    return f"{pool.get('model', '')}|{pool.get('accelerator', '')}"
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, css_class: str, attrs: str = "") -> str:
@@ -217,12 +212,12 @@ def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict
     by_pool: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for entry in history:
         if entry.get("decision") is not None:
-            by_pool[_pool_key(entry.get("pool"))][entry["engine_id"]].append(entry)
+            by_pool[pool_text(entry.get("pool"))][entry["engine_id"]].append(entry)
     for engine in engines:  # engines without history still get a (empty) timeline
-        by_pool[_pool_key(engine.get("pool"))].setdefault(engine["engine_id"], [])
+        by_pool[pool_text(engine.get("pool"))].setdefault(engine["engine_id"], [])
     samples_by_pool: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for sample in latency_samples:
-        samples_by_pool[_pool_key(sample["pool"])].append(sample)
+        samples_by_pool[pool_text(sample["pool"])].append(sample)
     explain_by_engine = {x["engine_id"]: x for x in explains}
     sections = []
     for pool_key in sorted(set(by_pool) | set(samples_by_pool)):  # a pool known by its samples alone too
@@ -247,7 +242,7 @@ def render_report(*, generated_at_s: float, address: str, engines: Sequence[dict
         sections.append("".join(parts))
     legend = "".join(f'<span><i style="background:{colour}"></i>{mode.upper()}</span>'
                      for mode, colour in MODE_COLOURS.items())
-    engine_rows = [(e["engine_id"], _pool_key(e.get("pool")), e.get("connected"), e.get("mode"), e.get("k"),
+    engine_rows = [(e["engine_id"], pool_text(e.get("pool")), e.get("connected"), e.get("mode"), e.get("k"),
                     e.get("n"), e.get("decision_version"), e.get("acked_version"), e.get("telemetry_age_s"))
                    for e in engines]
     override_rows = [(o["scope"], o["kind"], _override_value(o), o.get("expires_at") or "never", o.get("set_by"),

@@ -148,6 +148,19 @@ def test_report_escapes_what_it_is_given() -> None:
     assert page.count('class="decision"') == 1 and 'data-version="4"' in page
 
 
+def test_report_keeps_a_prefill_and_a_decode_pool_of_one_model_apart() -> None:
+    def entry(engine_id: str, role: str | None) -> dict:
+        pool = {"model": "m", "accelerator": "a", **({"kv_role": role} if role else {})}
+        return {"engine_id": engine_id, "pool": pool, "decided_at_s": 1_800_000_000.0,
+                "decision": {"mode": "mb", "k": 1, "n": 9, "version": 1, "reason": "kv_consumer"}}
+
+    page = render_report(generated_at_s=1_800_000_100.0, address="127.0.0.1:1", engines=[],
+                         history=[entry("d", "consumer"), entry("p", "producer"), entry("w", None)], overrides=[],
+                         explains=[], audit=[])
+    assert [s.split('"')[0] for s in page.split('<section class="pool" data-pool="')[1:]] == [
+        "m|a", "m|a|consumer", "m|a|producer"]
+
+
 def test_cell_text() -> None:
     assert cell_text(None) == "-" and cell_text("") == "-" and cell_text([]) == "-"
     assert cell_text(True) == "yes" and cell_text(2.5e-5) == "2.5e-05"
