@@ -29,23 +29,26 @@ plus DRAIN_S the loop holds, its state read from what the pool's guarded rollout
 one did. While a guarded rollout of the pool runs it holds too: the rollout judges the change on this objective
 first (`loop.rollout`), and its verdict is the measurement.
 
-With δ at the bound on the chosen side, the loop's second lever is P-PAS's budget under pressure, B_cap (the
-step budget while prefills queue beside decodes): a TTFT target exceeded doubles it (more prompt tokens per
-step: waiting prompts start sooner), a TPOT target exceeded halves it (shorter steps for the running decodes),
-one step per evaluation, as a scale of the policy's own B_cap within [1/MAX_BUDGET_SCALE, MAX_BUDGET_SCALE]; each
-engine's policy clamps the scaled B_cap to the objective's budget bounds, its B_max and the agent's floor, and a
-scale below 1 lowers MB's B_max too (`core.policy`). Below 1 a step waits until the window has held requests under
-the previous one for a whole window (a budget too small for the prompts' arrivals falls behind, and meanwhile the
-window measures the previous budget); above 1 steps follow each evaluation. Met with margin, the loop first brings the scale back towards 1 (never onto the scale that last
-exceeded a target), then δ towards 0. With both levers at their bounds and the other mode not yet measured, the
-loop tries the other mode (explores) before anything else. A target still exceeded with both levers at their
-bounds, the other mode measured, for INFEASIBLE_AFTER evaluations is infeasible: these engines cannot reach it at
-this load by scheduling alone (the pool needs more engines), and the pool stays on the mode measured (or
-estimated) lowest with both levers at their bounds, the configuration with the lowest latency the loop found.
-So is a target both modes were measured beyond by more than HYSTERESIS (a running rollout's two groups so far
-count). Measurements are forgotten after MEASURED_TTL_S, or at once when the arrival rate per engine moves by
-LOAD_CHANGE, so a pool whose load changed is explored again. An explicit δ override or a pin in force for an
-engine wins over the objective (its δ and its budget).
+With δ at the bound on the chosen side, the loop's second lever is P-PAS's budget under pressure, B_cap (the step
+budget while prefills queue beside decodes): a TTFT target exceeded doubles it (more prompt tokens per step:
+waiting prompts start sooner), a TPOT target exceeded halves it (shorter steps for the running decodes), as a scale
+of the policy's own B_cap within [1/MAX_BUDGET_SCALE, MAX_BUDGET_SCALE]; each engine's policy clamps the scaled
+B_cap to the objective's budget bounds, its B_max and the agent's floor, and a scale below 1 lowers MB's B_max too
+(`core.policy`). Above 1 the scale steps once per evaluation; below 1 a step waits until the window has held
+requests under the previous one for a whole window (a budget too small for the prompts' arrivals falls behind, and
+meanwhile the window measures the previous budget). Met with margin, the loop first brings the scale back towards 1
+(never onto the scale that last exceeded a target), then δ towards 0. With both levers at their bounds and the
+other mode not yet measured, the loop tries the other mode (explores) before anything else; if the running mode
+misses the target by EXPECTED_BEYOND and the other mode's prediction, corrected by the running mode's measured /
+predicted ratio, does too, the pool is called infeasible as it starts exploring, and stays so until a target is met
+(the exploration may find otherwise) or the load moves. A target still exceeded with both levers at their bounds,
+the other mode measured, for INFEASIBLE_AFTER evaluations is infeasible: these engines cannot reach it at this load
+by scheduling alone (the pool needs more engines), and the pool stays on the mode measured (or estimated) lowest
+with both levers at their bounds, the configuration with the lowest latency the loop found. So is a target both
+modes were measured beyond by more than HYSTERESIS (a running rollout's two groups so far count). Measurements are
+forgotten after MEASURED_TTL_S, or at once when the arrival rate per engine moves by LOAD_CHANGE, so a pool whose
+load changed is explored again. An explicit δ override or a pin in force for an engine wins over the objective (its
+δ and its budget).
 
 Pure: no I/O, no clock (times are passed in).
 """
@@ -81,6 +84,9 @@ MAX_BUDGET_SCALE = 16.0  # B_cap moves by ×2 steps between 1/16 and 16 times th
 PREDICTION_MARGIN = 1.1
 CROSSING_SLACK = 0.25  # a step across the pool's gaps goes past the farthest by this fraction of its size
 DRAIN_S = 60.0  # after a switch of mode, and a window, the window holds the new mode's requests alone
+# With both levers at their bounds, a target the running mode misses by this factor, and the other mode's
+# corrected prediction too, is called infeasible while the other mode is explored (not after it).
+EXPECTED_BEYOND = 1.5
 SETTLE_S = 20.0  # a guarded rollout's measurement this long before a switch still speaks for the new mode
 _DEFAULT_DIRECTION = {"ttft": 1, "tpot": -1}  # MB starts prompts sooner, EB decodes faster
 _MODE_OF_DIRECTION = {1: Mode.MB, -1: Mode.EB}
@@ -193,6 +199,9 @@ class ObjectiveTracker:
     _violated_at_s: float = -math.inf
     _violated_scale: float | None = None  # likewise for the budget scale
     _budget_changed_at_s: float = -math.inf  # its latest change: it moves again once a window has passed since
+    # Set as the other mode's exploration starts with both levers at their bounds: why the model expects it to miss
+    # the target too. The pool is infeasible until a target is met or the load moves; "" when not expected.
+    _expected_infeasible: str = ""
     measured_s: dict[str, float] = field(default_factory=dict)
     measured: dict[Mode, Measured] = field(default_factory=dict)
     predicted: dict[Mode, LatencyPrediction] = field(default_factory=dict)
@@ -224,6 +233,15 @@ class ObjectiveTracker:
         EVALUATE_EVERY_S since the last evaluation (unless force)."""
         if not force and now_s - self._evaluated_at_s < EVALUATE_EVERY_S:
             return False
+        changed = self._evaluate(now_s, latencies, view)
+        if self.state in (ObjectiveState.MEETING, ObjectiveState.NO_LATENCY_DATA):
+            self._expected_infeasible = ""
+        elif self._expected_infeasible and self.state == ObjectiveState.ADJUSTING:
+            self.state = ObjectiveState.INFEASIBLE  # until a target is met, or the load moves
+            self.detail += f"; {self._expected_infeasible}"
+        return changed
+
+    def _evaluate(self, now_s: float, latencies: LatencySet | None, view: PoolView | None) -> bool:
         self._evaluated_at_s = now_s
         view = view if view is not None else PoolView()
         self.predicted = dict(view.predictions)
@@ -295,6 +313,7 @@ class ObjectiveTracker:
                 other = _MODE_OF_DIRECTION[-direction]
                 if view.mode is not None and not self._exploring and other not in self.measured:
                     self._exploring, self._at_bound = -direction, 0
+                    self._expected_infeasible = self._expected_beyond(other, worst_name, view.mode)
                     self.state = ObjectiveState.ADJUSTING
                     self.detail = (f"{self._describe(worst_name)}: not met at the "
                                    f"{_MODE_OF_DIRECTION[direction].value} bound; trying {other.value}, not measured "
@@ -371,6 +390,24 @@ class ObjectiveTracker:
         """Whether any of `quantiles` (by latency name) is above margin × its target."""
         return any(value > margin * getattr(self.objective, f"{name}_target_s") for name, value in quantiles.items())
 
+    def _expected_beyond(self, other: Mode, name: str, running: Mode) -> str:
+        """Why `other` (not measured) is expected beyond the target of `name` by EXPECTED_BEYOND, in words; "" when
+        it is not. Both the running mode's window and the other's estimate must be beyond it by that factor, the
+        estimate being the model's prediction corrected by the running mode's measured / predicted ratio (without
+        that correction the model alone is not trusted: its error reaches ×2.5 on long prompts)."""
+        target = getattr(self.objective, f"{name}_target_s")
+        measured, guess, prediction = self.measured_s.get(name), self.predicted.get(running), self.predicted.get(other)
+        if measured is None or guess is None or prediction is None or measured <= EXPECTED_BEYOND * target:
+            return ""
+        guessed, predicted = guess.latency_s(name), prediction.latency_s(name)
+        if not (math.isfinite(guessed) and guessed > 0.0 and math.isfinite(predicted)):
+            return ""
+        expected = predicted * measured / guessed
+        if expected <= EXPECTED_BEYOND * target:
+            return ""
+        return (f"{other.value} expected at {expected:.3g} s ({running.value} measured {measured:.3g} s against its "
+                f"predicted {guessed:.3g} s): these engines are not expected to reach it at this load")
+
     def _hopeless(self) -> bool:
         """Both modes measured beyond a target by more than HYSTERESIS: no mode reaches the objective."""
         return all(self._misses(mode, margin=1.0 + HYSTERESIS) for mode in (Mode.MB, Mode.EB))
@@ -386,6 +423,8 @@ class ObjectiveTracker:
             moved = rate > 0.0 and seen.rate_per_s > 0.0 and abs(rate / seen.rate_per_s - 1.0) > LOAD_CHANGE
             if moved or now_s - seen.at_s > MEASURED_TTL_S:
                 del self.measured[mode]
+            if moved:
+                self._expected_infeasible = ""
 
     def _estimate(self, mode: Mode, name: str) -> float | None:
         """The latency `name` running `mode`: measured when it was, else the model's prediction corrected by the

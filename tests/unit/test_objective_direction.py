@@ -6,13 +6,22 @@ the loop holds while a guarded rollout measures the pool or while its latency wi
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
+import pytest
 
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.latency_model import LatencyPrediction
 from controlplane.core.types import Mode
-from controlplane.loop.objective import DRAIN_S, EVALUATE_EVERY_S, ObjectiveState, ObjectiveTracker, PoolView
+from controlplane.loop.objective import (
+    DRAIN_S,
+    EVALUATE_EVERY_S,
+    MAX_BUDGET_SCALE,
+    ObjectiveState,
+    ObjectiveTracker,
+    PoolView,
+)
 from controlplane.loop.outcomes import LatencySet
 
 GAP_S_PER_TOKEN = 2e-5  # the pool runs MB while δ > −GAP_S_PER_TOKEN: MB is its throughput choice at δ = 0
@@ -44,19 +53,20 @@ class _Pool:
         self.rng = np.random.default_rng(0)
 
     def run(self, tracker: ObjectiveTracker, evaluations: int) -> list[tuple[float, Mode]]:
-        path = []
-        for i in range(evaluations):
-            now_s = i * EVALUATE_EVERY_S
-            mode = Mode.MB if tracker.delta_s_per_token > self.gap else Mode.EB
-            if mode != self.mode:
-                self.mode, self.since_s = mode, now_s if self.mode is not None else -WINDOW_S
-            p99_s = self.ttft[mode]
-            latencies = LatencySet.from_values(self.rng.lognormal(math.log(p99_s) - 2.326 * 0.3, 0.3, 2000),
-                                               np.zeros(0), np.zeros(0))
-            view = PoolView(mode=mode, mode_since_s=self.since_s, window_s=WINDOW_S, predictions=self.predictions)
-            tracker.evaluate(now_s, latencies, view=view)
-            path.append((tracker.delta_s_per_token, mode))
-        return path
+        return [self.run_one(tracker, i) for i in range(evaluations)]
+
+    def run_one(self, tracker: ObjectiveTracker, i: int) -> tuple[float, Mode]:
+        """Evaluation i (at i · EVALUATE_EVERY_S): (δ after it, the mode the pool ran)."""
+        now_s = i * EVALUATE_EVERY_S
+        mode = Mode.MB if tracker.delta_s_per_token > self.gap else Mode.EB
+        if mode != self.mode:
+            self.mode, self.since_s = mode, now_s if self.mode is not None else -WINDOW_S
+        p99_s = self.ttft[mode]
+        latencies = LatencySet.from_values(self.rng.lognormal(math.log(p99_s) - 2.326 * 0.3, 0.3, 2000),
+                                           np.zeros(0), np.zeros(0))
+        view = PoolView(mode=mode, mode_since_s=self.since_s, window_s=WINDOW_S, predictions=self.predictions)
+        tracker.evaluate(now_s, latencies, view=view)
+        return tracker.delta_s_per_token, mode
 
 
 def test_the_models_prediction_chooses_the_first_direction() -> None:
@@ -142,3 +152,41 @@ def test_a_rolled_back_canary_teaches_the_loop_its_modes_latency() -> None:
     assert tracker.delta_s_per_token < 3e-5  # towards EB now, the lower measured
     assert "eb TTFT 0.3 s, mb TTFT 0.4 s" in tracker.detail  # both beyond 0.2 s by more than the margin:
     assert tracker.state == ObjectiveState.INFEASIBLE  # infeasible, on the lower
+
+
+def _explored(*, ttft_mb_s: float, ttft_eb_s: float, predictions: dict[Mode, LatencyPrediction],
+              evaluations: int = 120) -> list[tuple[float, ObjectiveState, str]]:
+    """(time, state, detail) per evaluation of a 0.1 s TTFT target on a `_Pool` starting on MB, its B_cap lever at
+    its bound from the start (the budget cannot help)."""
+    pool = _Pool(ttft_mb_s=ttft_mb_s, ttft_eb_s=ttft_eb_s, predictions=predictions)
+    tracker = ObjectiveTracker(_objective(0.1))
+    tracker.budget_cap_scale = MAX_BUDGET_SCALE
+    states = []
+    for i in range(evaluations):
+        pool.run_one(tracker, i)
+        states.append((i * EVALUATE_EVERY_S, tracker.state, tracker.detail))
+    return states
+
+
+def test_a_target_both_modes_are_expected_to_miss_is_infeasible_while_the_other_mode_is_explored() -> None:
+    # MB measures 0.4 s (twice its prediction), the model puts EB at 0.25 s, corrected ×2: about 0.5 s, 5× the
+    # target; the model's order made the loop take MB first, and MB's bound misses.
+    states = _explored(ttft_mb_s=0.4, ttft_eb_s=0.45, predictions={Mode.MB: _prediction(Mode.MB, 0.2),
+                                                                   Mode.EB: _prediction(Mode.EB, 0.25)})
+    explored = [i for i, (_, _, detail) in enumerate(states) if "trying eb" in detail]
+    first = next(i for i, (_, state, _) in enumerate(states) if state == ObjectiveState.INFEASIBLE)
+    assert explored and first == explored[0]  # called as the exploration starts, not after it
+    expected = re.search(r"eb expected at ([0-9.]+) s \(mb measured ([0-9.]+) s against its predicted 0.2 s\)",
+                         states[first][2])
+    assert expected is not None and float(expected[1]) == pytest.approx(float(expected[2]) * 0.25 / 0.2, rel=0.01)
+    # It stays so while EB is explored and the pool returns to MB (an alert does not flap), then on what both modes
+    # measured.
+    assert all(state == ObjectiveState.INFEASIBLE for _, state, _ in states[first:])
+    assert "the lower of the two (eb measured" in states[-1][2]
+
+
+def test_without_a_model_nothing_is_expected_and_the_exploration_decides() -> None:
+    states = _explored(ttft_mb_s=0.4, ttft_eb_s=0.45, predictions={})
+    explored = next(i for i, (_, _, detail) in enumerate(states) if "trying eb" in detail)
+    assert states[explored][1] == ObjectiveState.ADJUSTING and "expected" not in states[explored][2]
+    assert states[-1][1] == ObjectiveState.INFEASIBLE  # measured: both beyond it
