@@ -4,5 +4,5 @@ and agents only).
 A benchmark imports what it shares with the tests from here, never from `tests.*`: tiny-model writers
 (`tiny_model`), survival cohorts (`cohorts`), the CUSUM recursion reference (`cusum_reference`), untrusted
 agent input (`fuzz_messages`), a `controlplane serve` subprocess (`serve_process`) and well-formed agent and
-decision messages (`messages`). The old `tests/` modules re-export these names, so the tests import either.
+decision messages (`messages`).
 """

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.tiny_model import write_tiny_model
+from testbench.tiny_model import write_tiny_model
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine_workload.py")
 

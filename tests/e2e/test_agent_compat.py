@@ -22,8 +22,8 @@ import pytest
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.store.embedded import start_redis_on_free_port
+from testbench.tiny_model import write_tiny_model, write_tiny_tokenizer
 from tests.e2e.compat_workload import MAIN_FEATURES, SPEC_FEATURES
-from tests.e2e.tiny_model import write_tiny_model, write_tiny_tokenizer
 from tests.integration.controller_harness import make_config, running_controller
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]

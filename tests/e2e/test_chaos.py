@@ -38,9 +38,9 @@ import grpc
 import pytest
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
+from testbench.serve_process import CONTROLPLANE, ServeProcess
 from tests.e2e.conftest import EngineRun
 from tests.e2e.tcp_proxy import TcpProxy
-from tests.integration.serve_process import CONTROLPLANE, ServeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

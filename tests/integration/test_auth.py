@@ -25,8 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.service.config import DecisionLoopConfig, SecurityConfig
 from controlplane.store.keys import KeySpace
+from testbench.fuzz_messages import LiveAgent
 from tests.integration.controller_harness import LIMITS, RTX_PRO_6000, make_config, running_controller
-from tests.integration.fuzz_messages import LiveAgent
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
 AGENT_A = "agent-a-token-0123456789"

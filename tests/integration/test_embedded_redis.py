@@ -26,7 +26,7 @@ from redis.retry import Retry
 
 from controlplane.store import RedisStore
 from controlplane.store.embedded import EmbeddedRedis, EmbeddedRedisError
-from tests.integration.serve_process import CONTROLPLANE, ServeProcess, pid_running
+from testbench.serve_process import CONTROLPLANE, ServeProcess, pid_running
 
 ROOT = Path(__file__).resolve().parents[2]
 # Starts an EmbeddedRedis from a thread that ends at once (the server must outlive that thread), prints

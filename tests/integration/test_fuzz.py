@@ -30,8 +30,7 @@ from hypothesis import strategies as st
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.service.config import DecisionLoopConfig
-from tests.integration.controller_harness import LIMITS, make_config, operator_stub, running_controller
-from tests.integration.fuzz_messages import (
+from testbench.fuzz_messages import (
     CAUSES,
     TARGET_STARTED_AT_S,
     LiveAgent,
@@ -45,6 +44,7 @@ from tests.integration.fuzz_messages import (
     run_script,
     stream_telemetry,
 )
+from tests.integration.controller_harness import LIMITS, make_config, operator_stub, running_controller
 
 GOOD_POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
 NUM_GOOD_ENGINES = 4

@@ -34,8 +34,8 @@ from controlplane.service.app import SERVICE_NAMES
 from controlplane.service.config import DecisionLoopConfig, SecurityConfig
 from controlplane.service.memory import TRIM_QUIET_S
 from controlplane.store.embedded import EmbeddedRedis
+from testbench.fuzz_messages import CAUSES, LiveAgent, huge_batch
 from tests.integration.controller_harness import LIMITS, geometric_batch, make_config, operator_stub, running_controller
-from tests.integration.fuzz_messages import CAUSES, LiveAgent, huge_batch
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
 

@@ -26,8 +26,8 @@ from agents.vllm.probe import INTERNALS
 from agents.vllm.scheduler import with_agent
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
 from controlplane.cli.main import main as cli_main
+from testbench.fuzz_messages import LiveAgent
 from tests.integration.controller_harness import LIMITS, make_config, operator_stub, running_controller
-from tests.integration.fuzz_messages import LiveAgent
 from tests.unit.test_agent_scheduler import make_scheduler, model_dir
 from tests.unit.test_vllm_probe import _engine_class, engines
 

@@ -18,8 +18,8 @@ import grpc
 import pytest
 
 from controlplane.api.v1 import common_pb2, operator_pb2
+from testbench.serve_process import ServeProcess, child_pids, pid_running
 from tests.integration.controller_harness import AgentStream, operator_stub
-from tests.integration.serve_process import ServeProcess, child_pids, pid_running
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
 NUM_ENGINES = 16

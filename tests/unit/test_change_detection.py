@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from controlplane.core.change_detection import ShiftDetector, _lindley, cusum_threshold, normal_quantile
-from tests.unit.cusum_reference import RecursionDetector
+from testbench.cusum_reference import RecursionDetector
 
 FAMILIES = ["geometric", "uniform", "lognormal", "bimodal"]
 BATCH = 10  # completions per update, the decision loop's cadence

@@ -22,7 +22,7 @@ from controlplane.core.lognormal_tail import (
     lognormal_tail_moments,
 )
 from controlplane.core.survival import WindowObservations, km_survival, life_table
-from tests.unit.cohorts import Draw, cohort, geometric, hist, lognormal, mixture
+from testbench.cohorts import Draw, cohort, geometric, hist, lognormal, mixture
 
 
 def _fit(done: np.ndarray, running: np.ndarray):

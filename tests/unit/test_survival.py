@@ -23,7 +23,7 @@ from controlplane.core.survival import (
     life_table,
     oldest_band_hazard,
 )
-from tests.unit.cohorts import cohort, geometric, hist, increasing_hazard, lognormal, uniform
+from testbench.cohorts import cohort, geometric, hist, increasing_hazard, lognormal, uniform
 
 
 def engine_snapshot(seed: int, *, mean: float, slots: int, cut_tokens: int) -> tuple[np.ndarray, np.ndarray]:
