@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
 from controlplane.store.embedded import EmbeddedRedis  # noqa: E402
+from testbench.net import free_port  # noqa: E402
 from testbench.tiny_model import write_tiny_model  # noqa: E402
 
 ENGINE = ROOT / "tests" / "e2e" / "engine_workload.py"
@@ -45,12 +45,6 @@ CONFIGS = {  # name -> pin (None: no pin, the controller decides; "stock": no ag
 # EB+ alone (each configuration starts an engine of its own: about a minute on 2 cores)
 SMOKE = (4, "16,64", "4,16")
 SMOKE_CONFIGS = "stock,eb_plus"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

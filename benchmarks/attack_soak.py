@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from controlplane.service.agent_servicer import HELLO_TIMEOUT_S  # noqa: E402
 from controlplane.service.memory import TRIM_QUIET_S  # noqa: E402
 from testbench.fleet_drive import HONEST, LONG_CONTEXT, Workload, drive, worst_change  # noqa: E402
 from testbench.messages import LIMITS, geometric_batch  # noqa: E402
+from testbench.proc import cpu_s, rss_mib  # noqa: E402
 from testbench.serve_process import ServeProcess  # noqa: E402
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
@@ -103,18 +103,6 @@ def poisoning(seconds: int, rate_scale: float) -> bool:
 # ---- helpers for the live controller ----
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _percentiles(values: list[float]) -> str:
     if not values:
         return "   -      -"
@@ -127,7 +115,7 @@ def _percentiles(values: list[float]) -> str:
 
 async def hello_less(controller: ServeProcess, count: int) -> bool:
     print(f"\n2. {count:,} streams that never send a Hello (deadline {HELLO_TIMEOUT_S:g} s)")
-    before = _rss_mib(controller.pid)
+    before = rss_mib(controller.pid)
     channels = [grpc.aio.insecure_channel(controller.address) for _ in range(max(1, count // 500))]
     started = time.monotonic()
     codes: dict[str, int] = {}
@@ -154,16 +142,16 @@ async def hello_less(controller: ServeProcess, count: int) -> bool:
     tasks = [asyncio.create_task(one(i)) for i in range(count)]
     deadline = started + HELLO_TIMEOUT_S + 30.0
     while not all(t.done() for t in tasks) and time.monotonic() < deadline:
-        peak = max(peak, _rss_mib(controller.pid))
+        peak = max(peak, rss_mib(controller.pid))
         await asyncio.sleep(0.25)
     for task in tasks:
         task.cancel()
     for channel in channels:
         await channel.close()
     await asyncio.sleep(3.0)
-    soon_after = _rss_mib(controller.pid)
+    soon_after = rss_mib(controller.pid)
     await asyncio.sleep(TRIM_QUIET_S)  # the controller hands memory back once the flood has been quiet this long
-    after = _rss_mib(controller.pid)
+    after = rss_mib(controller.pid)
     closed = codes.get("DEADLINE_EXCEEDED", 0) + codes.get("RESOURCE_EXHAUSTED", 0)
     last = max(closed_after) if closed_after else float("nan")
     print(f"ended by the controller           {closed:,} of {count:,} (DEADLINE_EXCEEDED at the deadline, "
@@ -266,7 +254,7 @@ async def reads(controller: ServeProcess, num_engines: int, phase_s: float, inte
                for i in range(num_engines)]
     await asyncio.sleep(min(30.0, 5.0 + num_engines / 500))  # connect, fill the history
     rows = []
-    cpu0 = _cpu_s(controller.pid)
+    cpu0 = cpu_s(controller.pid)
     for label, readers in (("without readers", 0), ("with 20 readers", 20)):
         stop = asyncio.Event()
         health: list[float] = []
@@ -279,7 +267,7 @@ async def reads(controller: ServeProcess, num_engines: int, phase_s: float, inte
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         rows.append((label, list(health), list(probe), tally))
-    cpu = _cpu_s(controller.pid) - cpu0
+    cpu = cpu_s(controller.pid) - cpu0
     stop_engines.set()
     await asyncio.gather(*engines, return_exceptions=True)
     for channel in channels:
@@ -294,12 +282,6 @@ async def reads(controller: ServeProcess, num_engines: int, phase_s: float, inte
     print(f"controller CPU over both phases {cpu:.1f} s; goal: p99 ≤ 50 ms with the readers: "
           f"{'met' if met else 'NOT met'}")
     return met
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> int:

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import re
 import resource
 import socket
@@ -45,13 +44,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-import numpy as np
-import redis
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc
-from controlplane.protocol import pack_step_columns
-from controlplane.store.embedded import start_redis_on_free_port
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+import redis  # noqa: E402
+
+from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
+from controlplane.protocol import pack_step_columns  # noqa: E402
+from controlplane.store.embedded import start_redis_on_free_port  # noqa: E402
+from testbench.net import free_port, free_ports  # noqa: E402
+from testbench.proc import cpu_s, rss_mib  # noqa: E402
 
 POOL = common_pb2.Pool(model="bench/Qwen3-8B", accelerator="NVIDIA H200")
 CONNECT = "/controlplane.v1.AgentService/Connect"
@@ -64,12 +68,6 @@ SMOKE_SIZES = (2.0, 2.0, 64, 100, 1.0)
 H200 = dict(alpha_p_s=0.0012785933415095027, beta_p_s_per_token=2.4852551825304505e-05,
             alpha_d_s=0.008921181622454422, beta_d_s_per_request=4.586467522217373e-05,
             mb_coeffs_s_per_token=[2.494e-05, 5.193e-05, 1.478e-05])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _varint(value: int) -> bytes:
@@ -207,18 +205,6 @@ async def _stream(channel: grpc.aio.Channel, stream: int, variants: list[bytes],
         call.cancel()
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    return math.nan
-
-
 def _connected(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("cp_connected_engines "))
@@ -233,19 +219,6 @@ def _accepted(metrics_port: int) -> tuple[float, float]:
         elif line.startswith('cp_telemetry_batches_total{result="accepted"}'):
             batches += float(line.rsplit(" ", 1)[1])
     return events, batches
-
-
-def _free_ports(count: int) -> int:
-    """The first of `count` consecutive free loopback ports."""
-    while True:
-        first = _free_port()
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(first, first + count):
-                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return first
 
 
 def _children(pid: int) -> list[int]:
@@ -264,7 +237,7 @@ def _start_controller(redis_url: str, name: str, tmp: Path, *,
                       workers: int = 1) -> tuple[subprocess.Popen, list[tuple[int, int, int]]]:
     """`controlplane serve` (with `workers` processes on one port); returns the process and, per controller
     process, (pid, port, metrics port)."""
-    port, metrics_port = _free_port(), _free_ports(workers)
+    port, metrics_port = free_port(), free_ports(workers)
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen(
         [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url", redis_url,
@@ -348,16 +321,16 @@ def run_scenario(num_streams: int, *, replicas: int, duration_s: float, warmup_s
                 acc0 = await asyncio.gather(*(asyncio.to_thread(_accepted, c[2]) for c in controllers))
                 scrape_s.append(time.monotonic() - scrape_at)
                 await asyncio.sleep(max(0.0, measure_at - time.monotonic()))
-                cpu0 = [_proc_cpu_s(p) for p in pids]
+                cpu0 = [cpu_s(p) for p in pids]
                 cmds0 = float(r.info("stats")["total_commands_processed"])
                 t0 = time.monotonic()
                 while time.monotonic() - t0 < duration_s:  # RSS sampled over the run (a soak shows growth)
                     await asyncio.sleep(min(rss_every_s, max(0.0, duration_s - (time.monotonic() - t0))))
-                    rss_samples.append(max(_proc_rss_mib(p) for p in pids))
+                    rss_samples.append(max(rss_mib(p) for p in pids))
                 elapsed = time.monotonic() - t0
-                cpu = [(_proc_cpu_s(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
+                cpu = [(cpu_s(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
                 cmds = (float(r.info("stats")["total_commands_processed"]) - cmds0) / elapsed
-                rss = max(_proc_rss_mib(p) for p in pids)
+                rss = max(rss_mib(p) for p in pids)
                 # The streams stop sending now: what follows is outside the window.
                 connected.append(sum(await asyncio.gather(*(asyncio.to_thread(_connected, c[2]) for c in controllers))))
                 await driver

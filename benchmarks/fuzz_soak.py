@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -69,6 +67,8 @@ from testbench.fuzz_messages import (  # noqa: E402
     telemetry_payload,
 )
 from testbench.messages import LIMITS  # noqa: E402
+from testbench.net import free_port  # noqa: E402
+from testbench.proc import cpu_s, rss_mib  # noqa: E402
 from testbench.serve_process import ServeProcess  # noqa: E402
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
@@ -78,28 +78,6 @@ STREAMS_PER_CHANNEL = 32
 SMOKE = dict(engines=200, scripts=60, warmup_engines=20, warmup_scripts=20, good_engines=1, pool_every=50,
              engine_ttl_s=1.0, engine_retention_s=1.0, expiry_slack_s=1.0, concurrency=16, rounds=2, corpus_scale=0.1)
 SMOKE_QUIET_S = 0.5
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return math.nan
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -237,7 +215,7 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
     await evicted(args.engine_ttl_s + 30)
     quiet_s = SMOKE_QUIET_S if args.smoke else TRIM_QUIET_S + 1.0
     await asyncio.sleep(quiet_s)  # the controller collects and trims once evictions stop
-    rss_baseline = _rss_mib(controller.pid)
+    rss_baseline = rss_mib(controller.pid)
     keys_before = redis_client.dbsize()
     before = _metrics(metrics_port)
 
@@ -252,14 +230,14 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
     async def sample_rss() -> None:
         nonlocal rss_peak
         while not stop_sampling.is_set():
-            rss_peak = max(rss_peak, _rss_mib(controller.pid))
+            rss_peak = max(rss_peak, rss_mib(controller.pid))
             await asyncio.sleep(1.0)
 
     sampler = asyncio.create_task(sample_rss())
     print(f"soak: {args.engines:,} churning engines + {len(scripts):,} fuzz streams in {args.rounds} round(s), "
           f"concurrency {args.concurrency} …", flush=True)
     started_s = loop.time()
-    cpu_before = _cpu_s(controller.pid), time.process_time()
+    cpu_before = cpu_s(controller.pid), time.process_time()
     rss_after: list[float] = []
     evicted_s = 0.0
     num_known = 0
@@ -273,11 +251,11 @@ async def soak(args: argparse.Namespace, controller: ServeProcess, metrics_port:
         num_known, evicted_at_s = await evicted(args.engine_ttl_s + 60)
         evicted_s = max(evicted_s, evicted_at_s - sent_s)
         await asyncio.sleep(quiet_s)  # as for the baseline
-        rss_after.append(_rss_mib(controller.pid))
+        rss_after.append(rss_mib(controller.pid))
         print(f"  round done: {tally.streams:,} streams; engines known {num_known}; RSS {rss_after[-1]:.0f} MiB",
               flush=True)
     ended_s = loop.time()
-    cpu_used = _cpu_s(controller.pid) - cpu_before[0], time.process_time() - cpu_before[1]
+    cpu_used = cpu_s(controller.pid) - cpu_before[0], time.process_time() - cpu_before[1]
     stop.set()
     stop_sampling.set()
     await asyncio.gather(*streamers, sampler)
@@ -393,7 +371,7 @@ def main() -> int:
         vars(args).update(SMOKE)
     with tempfile.TemporaryDirectory(prefix="fuzz-soak-") as tmp:
         url, server = start_redis_on_free_port(Path(tmp) / "redis")
-        metrics_port = _free_port()
+        metrics_port = free_port()
         controller = ServeProcess.start(
             Path(tmp) / "data", log_path=Path(os.environ.get("CP_SOAK_LOG", str(Path(tmp) / "controller.log"))),
             args=("--redis-url", url, "--engine-ttl-s", str(args.engine_ttl_s), "--ttl-s", str(args.ttl_s),

@@ -68,6 +68,7 @@ from testbench.closed_loop import (  # noqa: E402
     stream_engine,
 )
 from testbench.messages import LIMITS  # noqa: E402
+from testbench.proc import cpu_s  # noqa: E402
 from testbench.serve_process import ServeProcess, child_pids  # noqa: E402
 
 ACCELERATOR = "NVIDIA H200"
@@ -491,14 +492,6 @@ def print_timeline(run: Run) -> None:
 # ---- CPU ----
 
 
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -507,7 +500,7 @@ def _own_cpu_s() -> float:
 def cpu_snapshot(controller: ServeProcess) -> tuple[float, float, float, float]:
     """(wall, this process, controller, its redis-server) in seconds."""
     redis = child_pids(controller.pid, name="redis-server")
-    return time.monotonic(), _own_cpu_s(), _proc_cpu_s(controller.pid), sum(_proc_cpu_s(p) for p in redis)
+    return time.monotonic(), _own_cpu_s(), cpu_s(controller.pid), sum(cpu_s(p) for p in redis)
 
 
 def print_cpu(label: str, before: tuple[float, ...], after: tuple[float, ...], runs: list[Run]) -> None:

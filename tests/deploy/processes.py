@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from controlplane.store.embedded import stop_process
+from testbench.net import free_port
 from tests.deploy.paths import HEALTH_CHECK_SCRIPT
 
 T = TypeVar("T")
@@ -29,13 +29,6 @@ def require_binary(name: str, *, package: str) -> str:
     if path is None:
         raise AssertionError(f"{name} is not installed: `make system-deps` installs Debian's {package} package")
     return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(probe: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.2) -> T:

@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from controlplane.store.embedded import stop_process
+from testbench.net import free_port
 from tests.deploy.paths import DEPLOY
-from tests.deploy.processes import free_port, health_check, http_text, wait_for
+from tests.deploy.processes import health_check, http_text, wait_for
 from tests.deploy.test_dockerfiles import Instruction, image_command, parse
 
 DOCKERFILE = DEPLOY / "docker" / "controller.Dockerfile"

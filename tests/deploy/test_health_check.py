@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.processes import free_port, health_check, wait_for
+from testbench.net import free_port
+from tests.deploy.processes import health_check, wait_for
 
 SERVER_NAME = "controlplane.test"
 

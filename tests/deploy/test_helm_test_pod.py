@@ -21,8 +21,9 @@ import kubernetes_validate
 import pytest
 
 from controlplane.store.embedded import stop_process
+from testbench.net import free_port
 from tests.deploy.chart import FULLNAME, NAMESPACE, by_kind, lint, notes, one, render, selects
-from tests.deploy.processes import free_port, health_check, wait_for
+from tests.deploy.processes import health_check, wait_for
 
 TEST_POD = f"{FULLNAME}-test-grpc-health"
 TLS_DIR = "/etc/controlplane/tls"

@@ -24,8 +24,9 @@ from pathlib import Path
 import yaml
 
 from controlplane.store.embedded import stop_process
+from testbench.net import free_port
 from tests.deploy.paths import DASHBOARD, RULES
-from tests.deploy.processes import free_port, health_check, http_text, prometheus_api, require_binary, wait_for
+from tests.deploy.processes import health_check, http_text, prometheus_api, require_binary, wait_for
 from tests.deploy.test_metric_names import dashboard_exprs
 
 TEST_FOR = "3s"

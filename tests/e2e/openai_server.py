@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from tests.deploy.processes import free_port, http_text, wait_for
+from testbench.net import free_port
+from tests.deploy.processes import http_text, wait_for
 
 SCHEDULER_CLS = "agents.vllm.ControlledScheduler"
 _ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.service.config import DecisionLoopConfig
+from testbench.net import free_port
 from tests.e2e.conftest import start_engine
 from tests.integration.controller_harness import make_config, running_controller
 
@@ -93,12 +93,6 @@ async def test_mb_budget_under_prefill_pressure_async_engine(tiny_model: Path, t
     assert {s["budget_tokens"] for s in steps} <= {2048, 4096}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(port: int, redis_url: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--redis-url",
                              redis_url, "--ttl-s", "2", "--decision-interval-s", "0.5"],
@@ -107,7 +101,7 @@ def _serve(port: int, redis_url: str, log: Path) -> subprocess.Popen:
 
 @pytest.mark.timeout(900)  # about 200 s on an Intel Xeon; more than the default 300 s on slower 2-core machines
 async def test_controller_loss_falls_back_and_recovers(tiny_model: Path, tmp_path: Path, redis_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     controller = _serve(port, redis_url, tmp_path / "controller.log")
     try:

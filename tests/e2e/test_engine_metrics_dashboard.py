@@ -23,8 +23,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from testbench.net import free_port
 from testbench.serve_process import ServeProcess
-from tests.deploy.processes import free_port, http_text, prometheus_api, prometheus_server, wait_for
+from tests.deploy.processes import http_text, prometheus_api, prometheus_server, wait_for
 from tests.deploy.promql import is_vllm_name, metric_names, scraped_names, unknown_names
 from tests.deploy.test_metric_names import dashboard_exprs
 from tests.e2e.openai_server import complete, openai_server

@@ -7,7 +7,6 @@ import itertools
 import json
 import logging
 import re
-import socket
 import sys
 import time
 import uuid
@@ -21,15 +20,10 @@ from agents.link import ControllerLink
 from agents.recorder import TelemetryRecorder
 from controlplane.api.v1 import agent_pb2, agent_pb2_grpc, common_pb2, operator_pb2
 from controlplane.protocol import STEPS_METADATA, pack_step_columns
+from testbench.net import free_port
 from tests.integration.controller_harness import LIMITS, make_config, operator_stub, running_controller
 
 POOL = common_pb2.Pool(model="tiny", accelerator="cpu")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _until(predicate, *, timeout_s: float = 10.0) -> None:
@@ -41,7 +35,7 @@ async def _until(predicate, *, timeout_s: float = 10.0) -> None:
 
 
 async def test_link_streams_telemetry_acks_and_reconnects(redis_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     config = make_config(redis_url, port=port)
     recorder = TelemetryRecorder(capacity=1024)
     received: list[common_pb2.Decision] = []
@@ -116,7 +110,7 @@ def _link(port: int, *, engine_id: str = "engine-link", instance_id: str = "", s
 async def test_link_is_back_on_the_controller_within_2_s_of_a_restart(redis_url: str) -> None:
     """The controller is down for 5 s (the backoff would have grown to several seconds uncapped), then
     restarted on the same port: the agent's stream is back, with a decision, within 2 s."""
-    port = _free_port()
+    port = free_port()
     config = make_config(redis_url, port=port)
     heard_s: list[float] = []
 
@@ -252,7 +246,7 @@ async def test_steps_are_packed_only_for_a_controller_that_says_it_reads_them(re
 
 
 async def test_the_controller_takes_the_agents_packed_steps(redis_url: str) -> None:
-    async with running_controller(make_config(redis_url, port=_free_port())) as ctl:
+    async with running_controller(make_config(redis_url, port=free_port())) as ctl:
         recorder = TelemetryRecorder(capacity=64)
         link = _link(ctl.app.port, recorder=recorder)
         registry = ctl.app.metrics.registry
@@ -272,7 +266,7 @@ async def test_the_controller_takes_the_agents_packed_steps(redis_url: str) -> N
 def test_reconnect_waits_are_capped_jittered_and_logged_as_they_are(caplog: pytest.LogCaptureFixture) -> None:
     """Against a closed port: waits grow from 0.1 s and never exceed 1 s; the warning names the real wait."""
     caplog.set_level(logging.DEBUG, logger="agents.link")
-    link = _link(_free_port())
+    link = _link(free_port())
     started = time.monotonic()
     link.start()
     deadline = started + 10
@@ -301,7 +295,7 @@ async def test_an_outage_is_one_warning_a_reminder_a_period_and_one_info_at_reco
     WARNING as the outage begins, reminders at most one a period with its length and attempts so far, the
     other attempts at DEBUG, and one INFO once a decision arrives."""
     caplog.set_level(logging.DEBUG, logger="agents.link")
-    port = _free_port()
+    port = free_port()
     link = _link(port, outage_reminder_s=1.0)
     try:
         link.start()
@@ -369,7 +363,7 @@ async def test_the_link_thread_imports_nothing_once_started(redis_url: str, reac
     sys.modules and logging's logger table while the host may iterate them (pytest's log capture does at every
     test phase). After start() returns, the thread imports nothing, streaming or reconnecting."""
     async with running_controller(make_config(redis_url)) as ctl:
-        address = ctl.address if reachable else f"127.0.0.1:{_free_port()}"
+        address = ctl.address if reachable else f"127.0.0.1:{free_port()}"
         probe = await asyncio.create_subprocess_exec(
             sys.executable, str(Path(__file__).with_name("link_imports_probe.py")), address, "2.0",
             stdout=asyncio.subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[2]))
@@ -381,7 +375,7 @@ async def test_the_link_thread_imports_nothing_once_started(redis_url: str, reac
 
 
 def test_start_never_raises_into_the_host_when_the_channel_cannot_be_made(tmp_path: Path) -> None:
-    config = AgentConfig(controller_address=f"127.0.0.1:{_free_port()}", engine_id="engine-no-ca", pool_model="tiny",
+    config = AgentConfig(controller_address=f"127.0.0.1:{free_port()}", engine_id="engine-no-ca", pool_model="tiny",
                          pool_accelerator="cpu", tls_ca=tmp_path / "gone.pem")
     link = ControllerLink(config, hello=agent_pb2.Hello(engine_id="engine-no-ca", pool=POOL, limits=LIMITS),
                           recorder=TelemetryRecorder(capacity=64), on_decision=lambda d, now_s: (True, ""))

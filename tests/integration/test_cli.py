@@ -21,6 +21,7 @@ import yaml
 from controlplane.cli.demo import listening_line
 from controlplane.cli.main import build_parser
 from controlplane.cli.serve import config_from_args, parse_tokens
+from testbench.net import free_port
 from tests.integration.controller_harness import COLD_START_REASONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,12 +40,6 @@ def ctl_json(*args: str, env: dict[str, str]) -> dict:
     result = _run("ctl", *args, "-o", "json", env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def assert_clean_error(result: subprocess.CompletedProcess[str], *, code: int, status: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import socket
 import weakref
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from controlplane.service.config import DecisionLoopConfig, SecurityConfig
 from controlplane.service.memory import TRIM_QUIET_S
 from controlplane.store.embedded import EmbeddedRedis
 from testbench.fuzz_messages import CAUSES, LiveAgent, huge_batch
+from testbench.net import free_port
 from tests.integration.controller_harness import LIMITS, geometric_batch, make_config, operator_stub, running_controller
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
@@ -622,14 +622,8 @@ async def test_get_decision_shows_the_latest_computation_when_nothing_changed(re
 # ---- 9. readiness ----
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def test_not_serving_from_the_start_until_the_store_has_answered(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = make_config(f"redis://127.0.0.1:{port}", store_retry_s=0.2, readiness_grace_s=0.5)
     redis = EmbeddedRedis(tmp_path / "redis", tcp_port=port)
     try:

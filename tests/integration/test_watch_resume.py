@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,16 +14,11 @@ from pathlib import Path
 import grpc
 
 from controlplane.api.v1 import common_pb2
+from testbench.net import free_port
 from testbench.serve_process import ServeProcess
 from tests.integration.controller_harness import AgentStream
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def _one_decision(address: str, engine_id: str) -> int:
@@ -36,7 +30,7 @@ async def _one_decision(address: str, engine_id: str) -> int:
 
 
 def test_ctl_watch_resumes_after_a_controller_restart(tmp_path: Path, redis_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     serve_args = ("--redis-url", redis_url)
     controller = ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", args=serve_args, port=port)
     env = {**os.environ, "CP_ADDRESS": f"127.0.0.1:{port}"}

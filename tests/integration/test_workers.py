@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -18,35 +17,13 @@ import grpc
 import pytest
 
 from controlplane.api.v1 import common_pb2, operator_pb2
+from testbench.net import free_ports
 from testbench.serve_process import ServeProcess, child_pids, pid_running
 from tests.integration.controller_harness import AgentStream, operator_stub
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
 NUM_ENGINES = 16
 FLEET = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET)
-
-
-def _free_ports(count: int) -> int:
-    """The first of `count` consecutive loopback ports that were free a moment ago."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        try:
-            held = []
-            for port in range(first, first + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-        return first
-    raise RuntimeError("no consecutive free ports")
 
 
 def _worker_pids(supervisor_pid: int) -> list[int]:
@@ -104,7 +81,7 @@ def _metric(port: int, name: str) -> float:
 
 
 async def test_workers_share_a_port_and_answer_for_the_whole_fleet(tmp_path: Path) -> None:
-    port, metrics_port = _free_ports(1), _free_ports(2)
+    port, metrics_port = free_ports(1), free_ports(2)
     serve = ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", port=port, args=(
         "--workers", "2", "--controller-id", "host", "--metrics-port", str(metrics_port), "--registry-ttl-s", "3"))
     channels: list[grpc.aio.Channel] = []
@@ -176,7 +153,7 @@ def test_workers_need_a_fixed_port(tmp_path: Path) -> None:
 
 
 def test_a_supervisor_killed_with_sigkill_takes_its_workers_and_redis_with_it(tmp_path: Path) -> None:
-    port = _free_ports(1)
+    port = free_ports(1)
     args = ("--workers", "2", "--controller-id", "host")
     serve = ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", port=port, args=args)
     again: ServeProcess | None = None
