@@ -109,6 +109,7 @@ class EngineLoop:
     num_preemptions: int = 0  # the engine's cumulative counter, as last reported
     preemptions_since_decision: int = 0
     num_running: int = 0  # running requests, as last reported (0: not reported)
+    num_waiting: int = 0  # waiting requests, as last reported with the running count
     traceparent: str = ""
     excluded_from_pool: bool = False
     sent_versions: deque[int] = field(default_factory=lambda: deque(maxlen=_SENT_VERSIONS_KEPT))
@@ -140,7 +141,7 @@ class EngineLoop:
             self.preemptions_since_decision += new if new >= 0 else batch.num_preemptions
         self.num_preemptions = batch.num_preemptions
         if batch.num_running is not None:
-            self.num_running = batch.num_running
+            self.num_running, self.num_waiting = batch.num_running, max(0, batch.num_waiting)
             offered = offered_occupancy(batch, max_num_seqs=self.hello.limits.max_num_seqs) or 0.0
             if self.last_telemetry_s < 0:
                 self.n_obs, self.n_offered, self.n_obs_at_s = float(batch.num_running), offered, now_s

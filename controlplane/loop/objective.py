@@ -1,4 +1,5 @@
-"""Latency objectives: which one a pool is under, and the feedback loop that moves the pool's δ to meet it.
+"""Latency objectives: the feedback loop that moves a pool's δ and budget to meet the one it is under (which one
+that is, and what makes one valid: `loop.objective_records`).
 
 An objective (`LatencyObjective`, set like a δ override, at fleet or pool scope; the pool's own wins) asks
 that a TTFT quantile and/or a TPOT quantile of the pool's finished requests stay under a target. δ is the
@@ -35,20 +36,21 @@ waiting prompts start sooner), a TPOT target exceeded halves it (shorter steps f
 of the policy's own B_cap within [1/MAX_BUDGET_SCALE, MAX_BUDGET_SCALE]; each engine's policy clamps the scaled
 B_cap to the objective's budget bounds, its B_max and the agent's floor, and a scale below 1 lowers MB's B_max too
 (`core.policy`). Above 1 the scale steps once per evaluation; below 1 a step waits until the window has held
-requests under the previous one for a whole window (a budget too small for the prompts' arrivals falls behind, and
-meanwhile the window measures the previous budget). Met with margin, the loop first brings the scale back towards 1
-(never onto the scale that last exceeded a target), then δ towards 0. With both levers at their bounds and the
-other mode not yet measured, the loop tries the other mode (explores) before anything else; if the running mode
-misses the target by EXPECTED_BEYOND and the other mode's prediction, corrected by the running mode's measured /
-predicted ratio, does too, the pool is called infeasible as it starts exploring, and stays so until a target is met
-(the exploration may find otherwise) or the load moves. A target still exceeded with both levers at their bounds,
-the other mode measured, for INFEASIBLE_AFTER evaluations is infeasible: these engines cannot reach it at this load
-by scheduling alone (the pool needs more engines), and the pool stays on the mode measured (or estimated) lowest
-with both levers at their bounds, the configuration with the lowest latency the loop found. So is a target both
-modes were measured beyond by more than HYSTERESIS (a running rollout's two groups so far count). Measurements are
-forgotten after MEASURED_TTL_S, or at once when the arrival rate per engine moves by LOAD_CHANGE, so a pool whose
-load changed is explored again. An explicit δ override or a pin in force for an engine wins over the objective (its
-δ and its budget).
+requests under the previous one for a whole window (meanwhile the window measures the previous budget); a step
+after which the median engine's waiting requests grew by more than FALL_BEHIND_SHARE of the window's arrivals fell
+behind the prompts' arrivals: it is undone, and the scale it returns to is the floor while the load holds. Met with
+margin, the loop first brings the scale back towards 1 (never onto the scale that last exceeded a target), then δ
+towards 0. With both levers at their bounds and the other mode not yet measured, the loop tries the other mode
+(explores) before anything else; if the running mode misses the target by EXPECTED_BEYOND and the other mode's
+prediction, corrected by the running mode's measured / predicted ratio, does too, the pool is called infeasible as
+it starts exploring, and stays so until a target is met (the exploration may find otherwise) or the load moves. A
+target still exceeded with both levers at their bounds, the other mode measured, for INFEASIBLE_AFTER evaluations
+is infeasible: these engines cannot reach it at this load by scheduling alone (the pool needs more engines), and
+the pool stays on the mode measured (or estimated) lowest with both levers at their bounds, the configuration with
+the lowest latency the loop found. So is a target both modes were measured beyond by more than HYSTERESIS (a
+running rollout's two groups so far count). Measurements are forgotten after MEASURED_TTL_S, or at once when the
+arrival rate per engine moves by LOAD_CHANGE, so a pool whose load changed is explored again. An explicit δ
+override or a pin in force for an engine wins over the objective (its δ and its budget).
 
 Pure: no I/O, no clock (times are passed in).
 """
@@ -63,9 +65,9 @@ from typing import NamedTuple
 
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.latency_model import LatencyPrediction
-from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, OTHER_MODE, DeltaSource, Mode, ModePin, OperatorIntent
+from controlplane.core.types import OTHER_MODE, DeltaSource, Mode, ModePin, OperatorIntent
+from controlplane.loop.objective_records import delta_bounds, objective_for
 from controlplane.loop.outcomes import LatencySet, objective_targets
-from controlplane.protocol import pool_key_of_message
 
 MIN_REQUESTS = 200  # latencies in the window before a quantile is trusted
 HYSTERESIS = 0.1  # loosen only while every quantile is at most (1 − HYSTERESIS) · its target
@@ -76,14 +78,17 @@ INFEASIBLE_AFTER = 3
 FORGET_VIOLATION_S = 600.0
 MEASURED_TTL_S = 1800.0  # a mode's measurement is kept this long, unless the pool's load moves
 LOAD_CHANGE = 0.25  # a change of the arrival rate per engine by this fraction forgets the modes' measurements
-MIN_QUANTILE, MAX_QUANTILE = 0.5, 0.9999
-MAX_TARGET_S = 3600.0
 MAX_BUDGET_SCALE = 16.0  # B_cap moves by ×2 steps between 1/16 and 16 times the policy's own
 # A mode's estimate (measured, else predicted) must be lower than the other's by this factor for δ to move towards
 # it; closer than that δ goes deeper into the mode the pool runs (the estimates cannot tell them apart).
 PREDICTION_MARGIN = 1.1
 CROSSING_SLACK = 0.25  # a step across the pool's gaps goes past the farthest by this fraction of its size
 DRAIN_S = 60.0  # after a switch of mode, and a window, the window holds the new mode's requests alone
+# A budget step below the policy's falls behind the prompts' arrivals when, by the end of its settling window, the
+# median engine's waiting requests grew by more than FALL_BEHIND_SHARE of the arrivals in that window (and by more
+# than FALL_BEHIND_MIN_WAITING): it is undone, and the budget is not lowered past it while the load holds.
+FALL_BEHIND_SHARE = 0.1
+FALL_BEHIND_MIN_WAITING = 4.0
 # With both levers at their bounds, a target the running mode misses by this factor, and the other mode's
 # corrected prediction too, is called infeasible while the other mode is explored (not after it).
 EXPECTED_BEYOND = 1.5
@@ -117,7 +122,8 @@ class PoolView:
     forgets what was measured at the old one). crossing_s_per_token: per mode, the δ beyond which the crossover
     rule of every engine of the pool picks it past its hysteresis band (the largest LHS − RHS + band for MB, the
     smallest LHS − RHS − band for EB), so a step towards a mode crosses the whole pool at once instead of leaving
-    engines on both sides of their gaps.
+    engines on both sides of their gaps. waiting_per_engine: how a budget step below the policy's is judged to fall
+    behind the prompts' arrivals.
     """
 
     mode: Mode | None = None
@@ -128,6 +134,7 @@ class PoolView:
     rate_per_s: float = 0.0  # arrivals per engine per second (0: not known)
     rollout_measured: Mapping[Mode, Mapping[str, float]] = field(default_factory=dict)
     crossing_s_per_token: Mapping[Mode, float] = field(default_factory=dict)
+    waiting_per_engine: float = math.nan  # the median engine's waiting requests, as last reported (nan: unknown)
 
     def crossing(self, direction: int) -> float | None:
         """The δ past which every engine's rule leaves its hysteresis band for direction's mode (None: unknown)."""
@@ -141,37 +148,6 @@ class ObjectiveState(enum.IntEnum):
     MEETING = operator_pb2.OBJECTIVE_STATE_MEETING
     ADJUSTING = operator_pb2.OBJECTIVE_STATE_ADJUSTING
     INFEASIBLE = operator_pb2.OBJECTIVE_STATE_INFEASIBLE
-
-
-def delta_bounds(objective: operator_pb2.LatencyObjective) -> tuple[float, float]:
-    """(lowest, highest) δ the loop may set, s/token (both 0 in the message: the whole ±limit)."""
-    if objective.delta_min_s_per_token == 0.0 and objective.delta_max_s_per_token == 0.0:
-        return -DELTA_LIMIT_S_PER_TOKEN, DELTA_LIMIT_S_PER_TOKEN
-    return objective.delta_min_s_per_token, objective.delta_max_s_per_token
-
-
-def objective_problem(objective: operator_pb2.LatencyObjective) -> str | None:
-    """What makes an objective invalid, in words; None when it is valid."""
-    targets = 0
-    for name, quantile, target in objective_targets(objective, named_only=False):
-        if quantile == 0.0 and target == 0.0:
-            continue
-        targets += 1
-        if not MIN_QUANTILE <= quantile <= MAX_QUANTILE:
-            return f"{name}_quantile must be in [{MIN_QUANTILE}, {MAX_QUANTILE}], got {quantile}"
-        if not (math.isfinite(target) and 0.0 < target <= MAX_TARGET_S):
-            return f"{name}_target_s must be in (0, {MAX_TARGET_S:.0f}] seconds, got {target}"
-    if not targets:
-        return "an objective needs a TTFT or a TPOT target (quantile and target_s)"
-    low, high = delta_bounds(objective)
-    if not (math.isfinite(low) and math.isfinite(high) and -DELTA_LIMIT_S_PER_TOKEN <= low <= 0.0 <= high
-            <= DELTA_LIMIT_S_PER_TOKEN):
-        return (f"delta bounds must satisfy -{DELTA_LIMIT_S_PER_TOKEN} <= delta_min_s_per_token <= 0 <= "
-                f"delta_max_s_per_token <= {DELTA_LIMIT_S_PER_TOKEN}, got [{low}, {high}]")
-    budget_min, budget_max = objective.budget_min_tokens, objective.budget_max_tokens
-    if budget_max and budget_min > budget_max:
-        return f"budget_min_tokens {budget_min} exceeds budget_max_tokens {budget_max}"
-    return None
 
 
 @dataclass(slots=True)
@@ -199,6 +175,8 @@ class ObjectiveTracker:
     _violated_at_s: float = -math.inf
     _violated_scale: float | None = None  # likewise for the budget scale
     _budget_changed_at_s: float = -math.inf  # its latest change: it moves again once a window has passed since
+    _step_waiting: float = math.nan  # the median engine's waiting requests at the latest step below 1 (nan: judged)
+    _budget_floor: float = 0.0  # the lowest scale that kept up with the arrivals, after one fell behind (0: none)
     # Set as the other mode's exploration starts with both levers at their bounds: why the model expects it to miss
     # the target too. The pool is infeasible until a target is met or the load moves; "" when not expected.
     _expected_infeasible: str = ""
@@ -290,6 +268,8 @@ class ObjectiveTracker:
         # too small for the prompts' arrivals falls behind, and the TPOT it measures is the old budget's meanwhile);
         # above it steps go at once (a larger B_cap lets the waiting prompts start sooner: overshooting costs TPOT).
         settling_s = view.window_s - (now_s - self._budget_changed_at_s) if self.budget_cap_scale < 1.0 else 0.0
+        if settling_s <= 0.0 and self._fell_behind(view, now_s):
+            return True
         if worst > 1.0:
             self._violated_delta = self.delta_s_per_token
             if settling_s <= 0.0:
@@ -304,7 +284,7 @@ class ObjectiveTracker:
                                    f"of the policy's; held {settling_s:.0f} s more while the window fills with "
                                    f"requests under it")
                     return False
-                if self._scale_budget(_DEFAULT_DIRECTION[worst_name], now_s):
+                if self._scale_budget(_DEFAULT_DIRECTION[worst_name], now_s, waiting=view.waiting_per_engine):
                     self._at_bound = 0
                     self.state = ObjectiveState.ADJUSTING
                     self.detail = (f"{self._describe(worst_name)}: δ at its bound, B_cap ×{self.budget_cap_scale:g} "
@@ -424,7 +404,7 @@ class ObjectiveTracker:
             if moved or now_s - seen.at_s > MEASURED_TTL_S:
                 del self.measured[mode]
             if moved:
-                self._expected_infeasible = ""
+                self._expected_infeasible, self._budget_floor = "", 0.0
 
     def _estimate(self, mode: Mode, name: str) -> float | None:
         """The latency `name` running `mode`: measured when it was, else the model's prediction corrected by the
@@ -509,14 +489,39 @@ class ObjectiveTracker:
             return True
         return changed
 
-    def _scale_budget(self, direction: int, now_s: float) -> bool:
-        """Double (direction +1: TTFT) or halve (−1: TPOT) the B_cap scale; False at its bound."""
+    def _scale_budget(self, direction: int, now_s: float, *, waiting: float = math.nan) -> bool:
+        """Double (direction +1: TTFT) or halve (−1: TPOT) the B_cap scale; False at its bound (for a halving, the
+        floor a step that fell behind left too). `waiting`: the median engine's waiting requests now, against
+        which a step below 1 is judged at the end of its settling window."""
         moved = min(MAX_BUDGET_SCALE, max(1.0 / MAX_BUDGET_SCALE, self.budget_cap_scale * 2.0 ** direction))
+        if direction < 0 and moved < self._budget_floor:
+            return False
         changed = moved != self.budget_cap_scale
         self.budget_cap_scale = moved
         if changed:
             self._budget_changed_at_s = now_s
+            self._step_waiting = waiting if direction < 0 and moved < 1.0 else math.nan
         return changed
+
+    def _fell_behind(self, view: PoolView, now_s: float) -> bool:
+        """Once per step below 1, at the end of its settling window: whether the pool fell behind the prompts'
+        arrivals under it (see FALL_BEHIND_SHARE); if so the step is undone and its scale's double becomes the
+        budget's floor. True when the scale changed."""
+        before, self._step_waiting = self._step_waiting, math.nan
+        now = view.waiting_per_engine
+        if not (math.isfinite(before) and math.isfinite(now)) or self.budget_cap_scale >= 1.0:
+            return False
+        allowed = max(FALL_BEHIND_MIN_WAITING, FALL_BEHIND_SHARE * view.rate_per_s * view.window_s)
+        if now - before <= allowed:
+            return False
+        fell = self.budget_cap_scale
+        self.budget_cap_scale = self._budget_floor = fell * 2.0
+        self._budget_changed_at_s = now_s
+        self.state = ObjectiveState.ADJUSTING
+        self.detail = (f"B_cap ×{fell:g} fell behind the prompts' arrivals (waiting requests per engine {before:.0f} → "
+                       f"{now:.0f} in {view.window_s:.0f} s): back to ×{self.budget_cap_scale:g}, not lowered past it "
+                       f"while the load holds")
+        return True
 
     def _unscale_budget(self, now_s: float) -> bool:
         """One ×2 step of the B_cap scale back towards 1, unless it lands on the scale that last exceeded a
@@ -570,21 +575,3 @@ def sync_tracker(trackers: dict[str, ObjectiveTracker], records: list[operator_p
     if tracker is None or not tracker.follows(record.objective):
         tracker = trackers[pool_key] = ObjectiveTracker(objective=record.objective)
     return tracker
-
-
-def objective_for(records: list[operator_pb2.OverrideRecord], pool_key: str, *,
-                  now_s: float) -> operator_pb2.OverrideRecord | None:
-    """The objective record in force for a pool: its pool-scope one, else the fleet's; None when neither."""
-    best = None
-    for record in records:
-        if record.kind != operator_pb2.OVERRIDE_KIND_OBJECTIVE or record.cleared:
-            continue
-        if record.expires_at_s > 0 and record.expires_at_s <= now_s:
-            continue
-        kind = record.scope.kind
-        if (kind == operator_pb2.SCOPE_KIND_POOL
-                and pool_key_of_message(record.scope.pool) == pool_key):
-            return record
-        if kind == operator_pb2.SCOPE_KIND_FLEET:
-            best = record
-    return best

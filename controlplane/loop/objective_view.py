@@ -17,6 +17,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -122,8 +123,10 @@ def pool_view(pool: PoolRecord, held: list[EngineRecord], objective: operator_pb
     rate_s = typical_rate_per_s([record.finished.rate_per_s(now_s) for record in held])
     decision = next((d for d in decisions if d is not None), None)
     active = pool.rollouts.active
+    waiting = float(statistics.median(record.loop.num_waiting for record in held)) if held else math.nan
     return PoolView(mode=pool.mode.mode, mode_since_s=pool.mode.since_s, window_s=pool.stats.outcomes.window_s,
                     rollout_active=active is not None, rate_per_s=rate_s, rollout_measured=rollout_measured(active),
+                    waiting_per_engine=waiting,
                     crossing_s_per_token=crossings(decisions, policy),
                     predictions=predictions(pool.stats.estimate, decision, rate_s,
                                             quantile=objective.ttft_quantile or DEFAULT_QUANTILE))

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import DELTA_LIMIT_S_PER_TOKEN, DeltaSource, Mode, ModePin, OperatorIntent
-from controlplane.loop.objective import objective_problem
+from controlplane.loop.objective_records import objective_problem
 from controlplane.protocol import pool_key_of_message
 
 PIN_TO_MODE = {operator_pb2.PINNED_MODE_MB: Mode.MB, operator_pb2.PINNED_MODE_EB: Mode.EB,

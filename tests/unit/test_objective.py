@@ -16,9 +16,8 @@ from controlplane.loop.objective import (
     MIN_REQUESTS,
     ObjectiveState,
     ObjectiveTracker,
-    objective_for,
-    objective_problem,
 )
+from controlplane.loop.objective_records import objective_for, objective_problem
 from controlplane.loop.outcomes import LatencySet
 
 GAP_S_PER_TOKEN = 3.7e-5  # the pool's LHS − RHS: δ above it selects MB

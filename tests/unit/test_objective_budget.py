@@ -7,6 +7,7 @@ rollout's hold."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -202,3 +203,49 @@ def test_a_tpot_objective_on_long_prompts_is_met_through_mbs_b_max() -> None:
     assert decision.mode == common_pb2.MODE_MB and Flag.BUDGET_MAX_FROM_OBJECTIVE.value in decision.flags
     assert (decision.budget.b_max_tokens, decision.budget.b_cap_tokens) == (4096, 1024)
     assert [scale for *_, scale in result.trace[-4:]] == [0.5] * 4  # settled, no cycling
+
+
+def test_a_budget_step_that_falls_behind_the_arrivals_is_undone_and_not_taken_again() -> None:
+    """TPOT improves with every halving (the `_pool` above), but at B_cap ×1/8 prompts arrive faster than the
+    budget admits them: the median engine's waiting requests grow by 0.5 a second. The step is undone at the end of
+    its settling window and ×1/4 becomes the floor; the target (met only at ×1/8) is then infeasible at ×1/4."""
+    tracker = ObjectiveTracker(_objective(tpot_quantile=0.9, tpot_target_s=0.013))
+    tracker.delta_s_per_token = -BOUND_S_PER_TOKEN
+    rng = np.random.default_rng(4)
+    behind_since_s, details, scales = None, [], []
+    for i in range(120):
+        now_s = i * EVALUATE_EVERY_S
+        starved = tracker.budget_cap_scale < 0.25
+        behind_since_s = (behind_since_s if behind_since_s is not None else now_s) if starved else None
+        waiting = 2.0 + (0.5 * (now_s - behind_since_s) if starved else 0.0)
+        view = PoolView(rate_per_s=4.0, waiting_per_engine=waiting)
+        tracker.evaluate(now_s, _pool(tracker, rng, ttft_at_scale_1_s=0.1), view=view)
+        scales.append(tracker.budget_cap_scale)
+        details.append(tracker.detail)
+    undone = next(i for i, detail in enumerate(details) if "fell behind" in detail)
+    assert scales[undone - 1] == 0.125 and scales[undone] == 0.25
+    assert "waiting requests per engine 2 → 30 in 60 s" in details[undone]  # 0.5/s from the next evaluation on
+    assert min(scales[undone:]) == 0.25  # never lowered past it again
+    assert tracker.state == ObjectiveState.INFEASIBLE and "B_cap ×0.25" in tracker.detail
+
+
+def test_a_budget_step_that_keeps_up_is_kept() -> None:
+    tracker = ObjectiveTracker(_objective(tpot_quantile=0.9, tpot_target_s=0.013))
+    tracker.delta_s_per_token = -BOUND_S_PER_TOKEN
+    rng = np.random.default_rng(4)
+    for i in range(60):  # waiting wanders by ±3 (below FALL_BEHIND_SHARE of 60 s of 4/s arrivals: 24)
+        view = PoolView(rate_per_s=4.0, waiting_per_engine=5.0 + 3.0 * math.sin(i))
+        tracker.evaluate(i * EVALUATE_EVERY_S, _pool(tracker, rng, ttft_at_scale_1_s=0.1), view=view)
+    assert tracker.budget_cap_scale == 0.125 and tracker.state == ObjectiveState.MEETING
+
+
+def test_a_tight_tpot_target_on_long_prompts_never_leaves_the_pool_behind_its_arrivals() -> None:
+    """The case above with a 30 ms target: met at ×1/4 only on some windows; ×1/8 (B_cap 256) admits prompts
+    slower than they arrive (without the fall-behind rule the loop stayed there: TTFT p99 91 s and growing, 1,084
+    output tokens/s of the 1,190 offered). With it the step is undone and the pool keeps up at ×1/4."""
+    result = twin_pool.run(get_profile("h200-qwen3-8b"), "longbench", twin_pool.Config("tpot", tpot_target_s=0.03),
+                           rate_per_s=4.0, engines=2, minutes=20, seed=1, warmup_s=60.0, guard=True)
+    decision = result.fleet.engine("e0").loop.current
+    assert (decision.budget.b_max_tokens, decision.budget.b_cap_tokens) == (2048, 512)
+    assert min(scale for *_, scale in result.trace[-6:]) == 0.25
+    assert result.tokens_per_s >= 1150.0 and result.window_p99_s[-1] < 5.0  # keeps up: the queue drained
