@@ -51,17 +51,18 @@ from controlplane.loop.rollout import Verdict as RolloutVerdict
 from controlplane.loop.rollout_peers import PeerRollout, apply_peers
 
 _EMPTY = np.zeros(0)
+# Due engines a tick decides at most: the others wait for their batch or the next tick (a tick never stalls the loop).
+MAX_TICK_DECISIONS = 64
+
+
 class FleetState:
     """Engines and pools of one replica (see the module docstring). default_intent: what an engine is decided
     with where no override of a kind is in force (the twin's δ and pin; empty in the controller)."""
 
-    def __init__(self, loop_config: DecisionLoopConfig, policy: PolicyConfig, *, replica_id: str,
-                 budget_sweep=(), default_intent: OperatorIntent | None = None,
-                 timer: Callable[[], float] | None = None, guard_rollouts: bool = True,
-                 panel_key: bytes | None = None) -> None:
-        self.loop_config = loop_config
-        self.policy = policy
-        self.replica_id = replica_id
+    def __init__(self, loop_config: DecisionLoopConfig, policy: PolicyConfig, *, replica_id: str, budget_sweep=(),
+                 default_intent: OperatorIntent | None = None, timer: Callable[[], float] | None = None,
+                 guard_rollouts: bool = True, panel_key: bytes | None = None) -> None:
+        self.loop_config, self.policy, self.replica_id = loop_config, policy, replica_id
         self.guard_rollouts = guard_rollouts  # mode changes go through canaries (`loop.rollout`); off: at once
         self._budget_sweep = budget_sweep
         self._timer = timer
@@ -123,13 +124,11 @@ class FleetState:
         record = self._engines.get(engine_id)
         return record if record is not None and record.stream is stream else None
 
-    # ---- state restored from the store ----
+    # ---- state restored from the store, streams ----
 
     def restore_decisions(self, restored: dict[str, tuple[str, common_pb2.Decision]], now_s: float) -> None:
         """Last decisions from the store (a restart): versions continue above them, views show them."""
         self.restored, self._restored_at_s = restored, now_s
-
-    # ---- streams ----
 
     def attach(self, hello: EngineHello, *, identity: str, epoch: int, stream: object, now_s: float) -> Effects:
         """Bind `stream` to hello's engine id (the caller has checked identity and takeover: the previous
@@ -425,16 +424,17 @@ class FleetState:
     # ---- the scheduler's work ----
 
     def tick(self, now_s: float, *, keepalive_lead_s: float = 0.0) -> Effects:
-        """Forget engines disconnected for engine_ttl_s, decide the due ones, send keep-alives falling due
-        within keepalive_lead_s, close the pools' due buckets, drop restored decisions nobody came back for."""
-        effects = Effects()
+        """Forget engines disconnected for engine_ttl_s, decide the due ones (MAX_TICK_DECISIONS at most), send
+        keep-alives falling due within keepalive_lead_s, close due buckets, drop restored decisions not claimed."""
+        effects, budget = Effects(), MAX_TICK_DECISIONS
         for engine_id, record in self.engines():
             loop = record.loop
             if not record.connected:
                 if now_s - record.disconnected_at_s >= self.loop_config.engine_ttl_s:
                     self._forget(engine_id, record, "ttl", now_s, effects)
                 continue
-            if loop.is_due(now_s):  # an urgent pool's engines are decided at their batches, spread over them
+            if budget and loop.is_due(now_s):  # an urgent pool's engines are decided at their batches, spread over
+                budget -= 1
                 self._decide(record, now_s, effects)
             elif loop.keepalive_due(now_s + keepalive_lead_s):
                 self._push(record, loop.current, now_s, effects)
