@@ -56,7 +56,7 @@ SMOKES = (
         rf"^outputs 1\.9x, at 200,000/s\s+4/20\s+[\d,]+\s+{NUMBER}%\s+{NUMBER}%\s+0\s+4/4\s+10%\s+yes$",
         r"^heterogeneous pool, long-context \(5 engines\)\s+vs its workload alone: .*kept out 5/5",
         r"^ended by the controller\s+200 of 200 \(DEADLINE_EXCEEDED",
-        rf"^with 20 readers\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\{{'answered': \d+",
+        rf"^with 20 readers\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\{{'answered': \d+",
     ), timeout_s=240.0),
     Smoke("controller_load.py", (
         r"^streams repl\s+events/s batches/s\s+p50 ms\s+p99 ms\s+max ms undecided untrig\s+ctl cores\s+RSS MiB "
