@@ -63,14 +63,21 @@ _usable = lru_cache(maxsize=1024)(cost_model_is_usable)
 _budget_policy = lru_cache(maxsize=1024)(select_budget_policy)
 
 
+def _within_objective_bounds(tokens: int, budget: BudgetPolicy, intent: OperatorIntent, max_num_batched_tokens: int,
+                             *, at_least: int = 0) -> int:
+    """tokens × intent.budget_cap_scale, clamped to the objective's bounds within the engine's:
+    [max(at_least, budget_min_tokens, the agent's floor), min(budget_max_tokens or B_max, B_max)], at least 1."""
+    floor = min_budget_tokens(max(1, int(max_num_batched_tokens)))
+    high = min(budget.b_max_tokens, intent.budget_max_tokens or budget.b_max_tokens)
+    low = min(max(at_least, floor, intent.budget_min_tokens), high)
+    return max(1, min(high, max(low, round(tokens * intent.budget_cap_scale))))
+
+
 def _scaled_cap(budget: BudgetPolicy, intent: OperatorIntent, max_num_batched_tokens: int) -> BudgetPolicy:
     """budget with B_cap × intent.budget_cap_scale, clamped to the objective's bounds within
     [the agent's floor, B_max] (B_cap ≤ B_max always holds)."""
-    floor = min_budget_tokens(max(1, int(max_num_batched_tokens)))
-    high = min(budget.b_max_tokens, intent.budget_max_tokens or budget.b_max_tokens)
-    low = min(max(floor, intent.budget_min_tokens), high)
-    cap = min(high, max(low, round(budget.b_cap_tokens * intent.budget_cap_scale)))
-    return replace(budget, b_cap_tokens=max(1, cap))
+    return replace(budget, b_cap_tokens=_within_objective_bounds(budget.b_cap_tokens, budget, intent,
+                                                                 max_num_batched_tokens))
 
 
 def _scaled_max(budget: BudgetPolicy, intent: OperatorIntent, max_num_batched_tokens: int) -> BudgetPolicy:
@@ -78,11 +85,8 @@ def _scaled_max(budget: BudgetPolicy, intent: OperatorIntent, max_num_batched_to
     [max(B_cap, budget_min_tokens, the agent's floor), min(budget_max_tokens or B_max, B_max)]. For MB's steps
     only: without prefill pressure B_max is the budget of a step that mixes one prompt's chunk with the running
     decodes, whose time every decode waits for; EB's prefill-only steps would only be cut into more steps."""
-    floor = min_budget_tokens(max(1, int(max_num_batched_tokens)))
-    high = min(budget.b_max_tokens, intent.budget_max_tokens or budget.b_max_tokens)
-    low = min(max(budget.b_cap_tokens, floor, intent.budget_min_tokens), high)
-    scaled = round(budget.b_max_tokens * intent.budget_cap_scale)
-    return replace(budget, b_max_tokens=max(1, min(high, max(low, scaled))))
+    return replace(budget, b_max_tokens=_within_objective_bounds(budget.b_max_tokens, budget, intent,
+                                                                 max_num_batched_tokens, at_least=budget.b_cap_tokens))
 
 
 _DEFAULT_CONFIG = PolicyConfig()

@@ -433,7 +433,7 @@ class FleetState:
                 if now_s - record.disconnected_at_s >= self.loop_config.engine_ttl_s:
                     self._forget(engine_id, record, "ttl", now_s, effects)
                 continue
-            if budget and loop.is_due(now_s):  # an urgent pool's engines are decided at their batches, spread over
+            if budget and loop.is_due(now_s):  # an urgent pool's: at their batches, spread over them
                 budget -= 1
                 self._decide(record, now_s, effects)
             elif loop.keepalive_due(now_s + keepalive_lead_s):
