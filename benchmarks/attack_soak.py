@@ -16,7 +16,9 @@ lengths, Hello-less streams, and fleet-wide reads while agents stream.
    decision (a new probe engine every 0.25 s), p50/p99, without and with the readers, measured from a process
    of their own (the load generator's event loop, busy with thousands of streams, adds its own delays: the
    health round trip seen from it is printed beside, in brackets); reads answered and refused
-   (RESOURCE_EXHAUSTED: the per-caller limit). Goals: p99 ≤ 50 ms with the readers.
+   (RESOURCE_EXHAUSTED: the per-caller limit). Then the same while an operator changes a fleet-wide δ every
+   10 s (each change re-decides every engine), with the SetDelta round trip. Goals: p99 ≤ 50 ms with the
+   readers.
 
 This machine has 2 cores: the load generator shares them with the controller (its CPU is printed).
 Run: `.venv/bin/python benchmarks/attack_soak.py [--hello-less 40000] [--engines 5000]`; `--smoke`: tiny sizes.
@@ -50,6 +52,8 @@ from testbench.proc import cpu_s, rss_mib  # noqa: E402
 from testbench.serve_process import ServeProcess  # noqa: E402
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
+# The reads' third phase: an operator changes the fleet's δ this often (each change re-decides every engine).
+DELTA_EVERY_S = 10.0
 
 
 # ---- 1. poisoning ----
@@ -278,6 +282,21 @@ async def _reader(channel: grpc.aio.Channel, stop: asyncio.Event, index: int, ta
             await asyncio.sleep(0.2)  # refused: back off, as a client should
 
 
+async def _delta_changes(channel: grpc.aio.Channel, stop: asyncio.Event, latencies: list[float]) -> None:
+    """A fleet-wide δ override set every DELTA_EVERY_S (alternating two values), each call's round trip kept: every
+    connected engine is re-decided after each."""
+    stub = operator_pb2_grpc.OperatorServiceStub(channel)
+    fleet = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET)
+    index = 0
+    while not stop.is_set():
+        index += 1
+        started = time.monotonic()
+        await stub.SetDelta(operator_pb2.SetDeltaRequest(scope=fleet, delta_s_per_token=1e-5 * (index % 2),
+                                                         reason="attack-soak: δ changes"), timeout=60.0)
+        latencies.append(time.monotonic() - started)
+        await asyncio.sleep(max(0.0, DELTA_EVERY_S - (time.monotonic() - started)))
+
+
 async def reads(controller: ServeProcess, num_engines: int, phase_s: float, interval_s: float) -> bool:
     print(f"\n3. {num_engines:,} engines streaming (a batch each every {interval_s:g} s: "
           f"{num_engines / interval_s:,.0f} batches/s), then 20 concurrent ListEngines/ListHistory callers")
@@ -289,12 +308,15 @@ async def reads(controller: ServeProcess, num_engines: int, phase_s: float, inte
     await asyncio.sleep(min(30.0, 5.0 + num_engines / 500))  # connect, fill the history
     rows = []
     cpu0 = cpu_s(controller.pid)
-    for label, readers in (("without readers", 0), ("with 20 readers", 20)):
+    set_delta: list[float] = []
+    for label, readers in (("without readers", 0), ("with 20 readers", 20), ("with δ changes", 0)):
         stop = asyncio.Event()
         local: list[float] = []  # health round trips seen from the load generator's own (busy) event loop
         tally = {"answered": 0}
         tasks = [asyncio.create_task(_health(channels[0], stop, local))]
         tasks += [asyncio.create_task(_reader(channels[i % len(channels)], stop, i, tally)) for i in range(readers)]
+        if label == "with δ changes":
+            tasks.append(asyncio.create_task(_delta_changes(channels[0], stop, set_delta)))
         health, probe = await _probed(controller.address, phase_s)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -315,7 +337,9 @@ async def reads(controller: ServeProcess, num_engines: int, phase_s: float, inte
         if label.startswith("with "):
             met = (bool(health) and bool(latencies) and np.percentile(health, 99) <= 0.050
                    and np.percentile(latencies, 99) <= 0.050)
-    print(f"controller CPU over both phases {cpu:.1f} s; goal: p99 ≤ 50 ms with the readers: "
+    print(f"SetDelta round trip (fleet scope, every engine re-decided) p50/p99 {_percentiles(set_delta)} ms over "
+          f"{len(set_delta)} calls")
+    print(f"controller CPU over the three phases {cpu:.1f} s; goal: p99 ≤ 50 ms with the readers: "
           f"{'met' if met else 'NOT met'}")
     return met
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -378,24 +378,25 @@ class FleetState:
         record.watched_version = decision.version
         effects.pushes.append(Push(loop.hello.engine_id, loop.hello.pool_key, decision, record.stream, watch))
 
-    def redecide_all(self, now_s: float) -> Effects:
-        """Re-decide every connected engine now."""
+    def redecide_all(self, now_s: float, *, engine_ids: Iterable[str] | None = None) -> Effects:
+        """Re-decide every connected engine now (those of engine_ids still connected, when given)."""
         effects = Effects()
-        for _, record in self.engines():
-            if record.connected:
+        for record in list(self._engines.values() if engine_ids is None else map(self._engines.get, engine_ids)):
+            if record is not None and record.connected:
                 self._decide(record, now_s, effects)
         return effects
 
-    def set_overrides(self, records: list[operator_pb2.OverrideRecord], now_s: float) -> Effects:
-        """Replace the overrides held (every scope and kind), follow the pools' objectives (a new or changed
-        one is evaluated at once) and re-decide every connected engine."""
+    def set_overrides(self, records: list[operator_pb2.OverrideRecord], now_s: float, *,
+                      redecide: bool = True) -> Effects:
+        """Replace the overrides held (every scope and kind), follow the pools' objectives (a new or changed one
+        is evaluated at once) and re-decide every connected engine (redecide False: the caller does, in parts)."""
         self._overrides = list(records)
         for key, pool in self._pools.items():
             tracker = sync_tracker(self._trackers, self._overrides, key, now_s)
             if tracker is not None and not tracker.evaluated:
                 tracker.evaluate(now_s, pool.stats.outcomes.total, force=True, view=self._view(key, tracker, now_s))
         self._engine_objectives.sync(self._overrides, self._engines, now_s)
-        return self.redecide_all(now_s)
+        return self.redecide_all(now_s) if redecide else Effects()
 
     def objective_of(self, key: str) -> ObjectiveTracker | None:
         """The pool's objective loop (None: no objective in force for it)."""
@@ -408,8 +409,9 @@ class FleetState:
             return None
         return self._engine_objectives.tracker(engine_id) or self._trackers.get(record.loop.hello.pool_key)
 
-    def set_calibration(self, key: str, costs: CostModel | None, now_s: float, *, refresh: bool = True) -> Effects:
-        """Put (or with None, drop) a pool's calibration; with refresh, refit the pool and re-decide."""
+    def set_calibration(self, key: str, costs: CostModel | None, now_s: float, *, refresh: bool = True,
+                        redecide: bool = True) -> Effects:
+        """Put (or with None, drop) a pool's calibration; with refresh, refit the pool and re-decide (as above)."""
         if costs is None:
             self._calibrations.pop(key, None)
         else:
@@ -419,7 +421,7 @@ class FleetState:
         pool = self._pools.get(key)
         if pool is not None:
             pool.stats.refresh(now_s, calibration=self._calibrations.get(key))
-        return self.redecide_all(now_s)
+        return self.redecide_all(now_s) if redecide else Effects()
 
     # ---- the scheduler's work ----
 
@@ -474,9 +476,8 @@ class FleetState:
         return effects
 
     def take_peer_rollouts(self, peers: list[PeerRollout], now_s: float) -> Effects:
-        """The other replicas' rollouts as they published them (`loop.rollout_peers`): this replica yields its own
-        where a peer owns the pool's, starts none where one runs, and takes their verdicts; a pool whose rollout
-        state changed has its engines re-decided."""
+        """The other replicas' rollouts as published (`loop.rollout_peers`): yield where a peer owns the pool's, start
+        none where one runs, take their verdicts; a pool whose rollout state changed has its engines re-decided."""
         effects = Effects()
         by_pool: dict[str, list[PeerRollout]] = {}
         for peer in peers:
@@ -549,8 +550,7 @@ class FleetState:
 
     def close_bucket(self, key: str, now_s: float) -> tuple[int, BucketStats] | None:
         """Close the pool's open bucket when now_s is past it: (bucket id, stats) to publish, else None."""
-        pool = self._pools.get(key)
-        closed = pool.stats.close_due(now_s) if pool is not None else None
+        closed = self._pools[key].stats.close_due(now_s) if key in self._pools else None
         return (closed[1], closed[0]) if closed is not None else None
 
     def refresh_due(self, key: str, now_s: float) -> int | None:

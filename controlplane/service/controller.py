@@ -55,6 +55,9 @@ from controlplane.store.records import record_json
 
 logger = logging.getLogger(__name__)
 _EPOCH_TIMEOUT_S = 1.0
+# After an override or calibration change every connected engine is re-decided, this many at a time with the
+# event loop's other work between the parts: at 5,000 engines one pass held the loop for whole seconds.
+REDECIDE_PART = 64
 _STALE_AFTER_S = 30.0
 _GAUGE_PERIOD_S = 1.0
 # The scheduler task calls `tick` this often (service/app.py).
@@ -85,6 +88,7 @@ class Controller:
         self._audits = AuditWriter(store, on_failure=self.note_store_failure)
         self._epochs = EpochReserver(store)
         self._trim = TrimSchedule()
+        self._redeciding: set[asyncio.Task] = set()  # re-decisions of every engine in progress (`_redecide_all`)
         self._applier = EffectsApplier(self.fleet, metrics=metrics, tracer=tracer, watchers=self._watchers,
                                        writer=self.writer, pools=self._pools, audits=self._audits, trim=self._trim,
                                        max_disconnected_engines=config.loop.max_disconnected_engines, clock=clock)
@@ -122,20 +126,20 @@ class Controller:
     async def reload_overrides(self) -> None:
         """Re-read overrides and calibrations (after a pub/sub notice from another replica) and re-decide."""
         try:
-            effects = await self._load_overrides_and_calibrations()
+            await self._load_overrides_and_calibrations()
             self._health.ok()
         except StoreUnavailable as exc:
             self.note_store_failure("list_overrides", exc)
             return
         self._update_override_metrics()
-        self._apply(effects)
+        await self._redecide_all()
 
-    async def _load_overrides_and_calibrations(self) -> Effects:
+    async def _load_overrides_and_calibrations(self) -> None:
         now_s = self._clock()
         overrides = await self._store.list_overrides(now_s)
         for calibration in (await self._store.list_calibrations()).values():
             self._set_calibration(calibration, refresh=False)
-        return self.fleet.set_overrides(overrides, now_s)
+        self.fleet.set_overrides(overrides, now_s, redecide=False)
 
     @property
     def store_down_since_s(self) -> float | None:
@@ -257,9 +261,22 @@ class Controller:
     def _apply(self, effects: Effects) -> None:
         self._applier.apply(effects)
 
-    def redecide_all(self) -> None:
-        """Re-decide every connected engine now (after an override or calibration change)."""
-        self._apply(self.fleet.redecide_all(self._clock()))
+    async def _redecide_all(self) -> None:
+        """Re-decide every connected engine (after an override or calibration change), REDECIDE_PART at a time,
+        yielding to the event loop between parts; returns once every engine connected at the start was decided
+        (one that connects meanwhile is decided with the new state at its Hello). A caller cancelled meanwhile
+        (an operator's deadline) does not stop it: the change is already in force."""
+        engine_ids = [engine_id for engine_id, record in self.fleet.engines() if record.connected]
+        task = asyncio.create_task(self._redecide_parts(engine_ids))
+        self._redeciding.add(task)
+        task.add_done_callback(self._redeciding.discard)
+        await asyncio.shield(task)
+
+    async def _redecide_parts(self, engine_ids: list[str]) -> None:
+        for start in range(0, len(engine_ids), REDECIDE_PART):
+            if start:
+                await asyncio.sleep(0)
+            self._apply(self.fleet.redecide_all(self._clock(), engine_ids=engine_ids[start:start + REDECIDE_PART]))
 
     # ---- the scheduler's work ----
 
@@ -306,7 +323,7 @@ class Controller:
         old = await self._store.set_override(record, actor=actor, now_s=now_s)
         self._tracer.trace_override(action="set", kind=operator_pb2.OverrideKind.Name(record.kind), scope=scope,
                                     actor=actor, reason=record.reason, old=record_json(old), new=record_json(record))
-        self._replace_override(scope, record.kind, record)
+        await self._replace_override(scope, record.kind, record)
         return record
 
     async def clear_override(self, scope: operator_pb2.Scope, kind: int, *, actor: str,
@@ -320,16 +337,16 @@ class Controller:
             return None
         self._tracer.trace_override(action="clear", kind=operator_pb2.OverrideKind.Name(kind), scope=key,
                                     actor=actor, reason=reason, old=record_json(old), new="")
-        self._replace_override(key, kind, None)
+        await self._replace_override(key, kind, None)
         return operator_pb2.OverrideRecord(scope=scope, kind=kind, set_by=actor, set_at_s=self._clock(),
                                            reason=reason, cleared=True)
 
-    def _replace_override(self, scope: str, kind: int, record: operator_pb2.OverrideRecord | None) -> None:
+    async def _replace_override(self, scope: str, kind: int, record: operator_pb2.OverrideRecord | None) -> None:
         """The held overrides with the one of (scope, kind) replaced by record (None: removed); re-decide."""
         kept = [r for r in self.fleet.override_records if not (r.kind == kind and scope_key(r.scope) == scope)]
-        effects = self.fleet.set_overrides(kept + ([record] if record is not None else []), self._clock())
+        self.fleet.set_overrides(kept + ([record] if record is not None else []), self._clock(), redecide=False)
         self._update_override_metrics()
-        self._apply(effects)
+        await self._redecide_all()
 
     def overrides(self) -> list[operator_pb2.OverrideRecord]:
         """The overrides this replica holds in force (expired ones excluded)."""
@@ -364,16 +381,17 @@ class Controller:
         calibration_to_cost_model(calibration)  # raises ValueError naming the field
         pool_key(calibration.pool)
         await self._store.put_calibration(calibration, actor=actor)
-        self._apply(self._set_calibration(calibration, refresh=True))
+        self._set_calibration(calibration, refresh=True)
+        await self._redecide_all()
         return calibration
 
-    def _set_calibration(self, calibration: operator_pb2.Calibration, *, refresh: bool) -> Effects:
+    def _set_calibration(self, calibration: operator_pb2.Calibration, *, refresh: bool) -> None:
         try:
             costs = calibration_to_cost_model(calibration)
         except ValueError as exc:
             logger.warning("ignoring stored calibration for %s: %s", calibration.pool.model[:64], exc)
-            return Effects()
-        return self.fleet.set_calibration(pool_key(calibration.pool), costs, self._clock(), refresh=refresh)
+            return
+        self.fleet.set_calibration(pool_key(calibration.pool), costs, self._clock(), refresh=refresh, redecide=False)
 
     def calibration(self, pool: common_pb2.Pool) -> operator_pb2.Calibration | None:
         costs = self.fleet.calibration(pool_key(pool))

@@ -3,7 +3,9 @@
 A decision is pushed to its engine before it is persisted; `DecisionWriter.submit` only records it
 (O(1), never awaits), so a slow or dead store never delays a push. One task drains the pending map:
 every `flush_interval_s` (or as soon as `batch_size` decisions wait) it writes them with one
-`RedisStore.put_decisions` call (pipelined, one round trip per slot group). A failed write keeps the
+`RedisStore.put_decisions` call (pipelined, one round trip per slot group), batch_size at a time: packing and
+parsing a batch holds the event loop (512 decisions 42–95 ms, 128 decisions 11–13 ms, measured against an
+embedded redis-server), and after a fleet-wide change thousands wait at once. A failed write keeps the
 decisions pending — unless a newer one for the same engine arrived meanwhile — and the task backs off
 by `retry_s`. The store's connection pool bounds the connections; this task is their only writer of
 decisions.
@@ -26,7 +28,7 @@ class DecisionWriter:
     """Coalescing, pipelined decision persistence (see the module docstring). Use from one event loop."""
 
     def __init__(self, store: Store, *, on_failure: Callable[[str, Exception], None],
-                 on_success: Callable[[], None], flush_interval_s: float = 0.05, batch_size: int = 512,
+                 on_success: Callable[[], None], flush_interval_s: float = 0.05, batch_size: int = 128,
                  retry_s: float = 1.0) -> None:
         self._store = store
         self._on_failure = on_failure

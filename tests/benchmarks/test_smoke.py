@@ -57,6 +57,9 @@ SMOKES = (
         r"^heterogeneous pool, long-context \(5 engines\)\s+vs its workload alone: .*kept out 5/5",
         r"^ended by the controller\s+200 of 200 \(DEADLINE_EXCEEDED",
         rf"^with 20 readers\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\{{'answered': \d+",
+        rf"^with δ changes\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\{{'answered': 0",
+        rf"^SetDelta round trip \(fleet scope, every engine re-decided\) p50/p99\s+{NUMBER}\s+{NUMBER} ms "
+        r"over [1-9]\d* calls$",
     ), timeout_s=240.0),
     Smoke("controller_load.py", (
         r"^streams repl\s+events/s batches/s\s+p50 ms\s+p99 ms\s+max ms undecided untrig\s+ctl cores\s+RSS MiB "
@@ -117,6 +120,12 @@ SMOKES = (
         rf"^latency stamps in the add \(difference\)\s+{NUMBER}\s*$",
         rf"^latency sketches alone: close \+ window merge\s+{NUMBER}\s*$",
         rf"^detector update, 1,024 samples\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}$",
+    )),
+    Smoke("redecide_stall.py", (
+        r"^200 engines in one pool, 2 fleet δ changes each way",
+        rf"^one pass\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\d+\s+{NUMBER}$",
+        rf"^in parts of \d+\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\d+\s+{NUMBER}$",
+        rf"^ratio in parts / one pass: longest loop lag {NUMBER}, set_override p50 {NUMBER}$",
     )),
     Smoke("shift_e2e.py", (
         r"^64 requests in flight per engine \(closed loop, paced in real time to the pool's rate\)",
