@@ -926,16 +926,24 @@ def _platform() -> dict[str, Any]:
     """What this vLLM runs on here: the platform vLLM detected, and whether its compiled ops are importable."""
     import importlib
 
+    import torch
     from vllm.platforms import current_platform
 
     facts: dict[str, Any] = {"device_type": current_platform.device_type,
                              "platform": type(current_platform).__name__}
+    # The compiled ops for this processor, as vLLM's CpuPlatform.import_kernels picks them: `_C` needs AVX-512
+    # with BF16 (importing it on an AVX2-only processor dies of an illegal instruction), `_C_AVX512` AVX-512,
+    # `_C_AVX2` the rest. The last two name their module `_C`, so importing them raises this after they loaded.
+    if torch.cpu._is_avx512_supported():
+        name = "vllm._C" if torch.cpu._is_avx512_bf16_supported() else "vllm._C_AVX512"
+    else:
+        name = "vllm._C_AVX2"
     try:
-        importlib.import_module("vllm._C")
+        importlib.import_module(name)
         facts["vllm._C"] = "importable"
     except Exception as exc:
-        facts["vllm._C"] = f"{type(exc).__name__}: {exc}"
-    import torch
+        loaded = "dynamic module does not define module export function" in str(exc)
+        facts["vllm._C"] = "importable" if loaded else f"{type(exc).__name__}: {exc}"
 
     facts["torch"] = f"{torch.__version__} ({Path(torch.__file__).parent})"
     return facts
