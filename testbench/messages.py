@@ -6,20 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from controlplane.api.v1 import agent_pb2, common_pb2
-from controlplane.core.types import EngineLimits
-from controlplane.loop.ingest import EngineHello
+from controlplane.loop.ingest import EngineHello, validate_hello
 
 LIMITS = agent_pb2.EngineLimits(max_num_seqs=1024, max_num_batched_tokens=16384, kv_capacity_tokens=1_500_000,
                                 block_size_tokens=16, max_model_len_tokens=32768)
 
 
 def validated_hello(engine_id: str, pool: common_pb2.Pool) -> EngineHello:
-    """The Hello of an engine of `pool` with LIMITS, as ingest validates it (for a `Controller` driven in-process)."""
-    limits = EngineLimits(max_num_seqs=LIMITS.max_num_seqs, max_num_batched_tokens=LIMITS.max_num_batched_tokens,
-                          kv_capacity_tokens=LIMITS.kv_capacity_tokens,
-                          max_model_len_tokens=LIMITS.max_model_len_tokens)
-    return EngineHello(engine_id=engine_id, model=pool.model, accelerator=pool.accelerator, vllm_version="0.32.0",
-                       agent_version="test", limits=limits, block_size_tokens=LIMITS.block_size_tokens)
+    """The Hello of an engine of `pool` with LIMITS (vLLM 0.32.0, agent "test"), validated as the controller validates
+    an agent's (`loop.ingest.validate_hello`): for a `Controller` or `FleetState` driven in-process."""
+    return validate_hello(agent_pb2.Hello(engine_id=engine_id, pool=pool, vllm_version="0.32.0", agent_version="test",
+                                          limits=LIMITS))
 
 
 def geometric_batch(seq: int, rng: np.random.Generator, *, num: int, p0: float = 1 / 256,

@@ -10,17 +10,18 @@ import logging
 import numpy as np
 import pytest
 
+from controlplane.api.v1 import common_pb2
 from controlplane.core.cost_sums import CostSums
 from controlplane.core.length_histogram import LengthHistogram
-from controlplane.core.types import EngineLimits, PolicyConfig
+from controlplane.core.types import PolicyConfig
 from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.ingest import EngineHello
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer, TracingSettings, create_tracer_provider
 from controlplane.service.controller import Controller
 from controlplane.store import create_store
-from tests.integration.controller_harness import LIMITS, make_config
+from testbench.messages import validated_hello
+from tests.integration.controller_harness import make_config
 
 MODEL, ACCELERATOR = "Qwen/Qwen3-8B", "H200"
 KEY = f"{MODEL}|{ACCELERATOR}"
@@ -38,12 +39,8 @@ async def test_buckets_of_an_unknown_format_are_counted_once_and_warned_about_on
                                         policy=PolicyConfig(min_samples=400, cooldown_s=0.0)),
                             store=store, tracer=DecisionTracer(create_tracer_provider(TracingSettings())),
                             metrics=metrics, clock=lambda: clock[0])
-    limits = EngineLimits(max_num_seqs=LIMITS.max_num_seqs, max_num_batched_tokens=LIMITS.max_num_batched_tokens,
-                          kv_capacity_tokens=LIMITS.kv_capacity_tokens,
-                          max_model_len_tokens=LIMITS.max_model_len_tokens)
-    await controller.open_stream(EngineHello(engine_id="engine-0", model=MODEL, accelerator=ACCELERATOR,
-                                             vllm_version="0.32.0", agent_version="test", limits=limits,
-                                             block_size_tokens=16), identity="anonymous")
+    await controller.open_stream(validated_hello("engine-0", common_pb2.Pool(model=MODEL, accelerator=ACCELERATOR)),
+                                 identity="anonymous")
     rng = np.random.default_rng(3)
     readable = 0
     unreadable_ids: set[tuple[int, str]] = set()

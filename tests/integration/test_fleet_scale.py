@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from controlplane.api.v1 import agent_pb2, common_pb2, operator_pb2
-from controlplane.core.types import EngineLimits, PolicyConfig
+from controlplane.core.types import PolicyConfig
 from controlplane.loop.buckets import BucketStats
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.ingest import EngineHello, validate_batch
+from controlplane.loop.ingest import validate_batch
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer, TracingSettings, create_tracer_provider
 from controlplane.protocol import split_version
@@ -26,9 +26,9 @@ from controlplane.service.sessions import Session
 from controlplane.sim.control import OnlineControl, OnlineSettings
 from controlplane.sim.profiles import RTX_PRO_6000_QWEN3_8B
 from controlplane.store import create_store
+from testbench.messages import validated_hello
 from tests.e2e.tcp_proxy import TcpProxy
 from tests.integration.controller_harness import (
-    LIMITS,
     AgentStream,
     calibration_for,
     geometric_batch,
@@ -168,11 +168,8 @@ def _recorded_stream(num_batches: int, seed: int) -> list[tuple[float, agent_pb2
 async def test_the_twin_and_the_controller_decide_the_same_sequence_on_one_stream(redis_url: str) -> None:
     loop_config = DecisionLoopConfig(recompute_completions=200, interval_s=3.0, ttl_s=30.0)
     policy = PolicyConfig(min_samples=400, cooldown_s=0.0)
-    limits = EngineLimits(max_num_seqs=LIMITS.max_num_seqs, max_num_batched_tokens=LIMITS.max_num_batched_tokens,
-                          kv_capacity_tokens=LIMITS.kv_capacity_tokens,
-                          max_model_len_tokens=LIMITS.max_model_len_tokens)
-    hello = EngineHello(engine_id="replayed", model=POOL.model, accelerator=POOL.accelerator, vllm_version="0.32.0",
-                        agent_version="test", limits=limits, block_size_tokens=16)
+    hello = validated_hello("replayed", POOL)
+    limits = hello.limits
     stream = _recorded_stream(60, seed=11)
 
     twin = OnlineControl(RTX_PRO_6000_QWEN3_8B, OnlineSettings(loop=loop_config, policy=policy))

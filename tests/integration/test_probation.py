@@ -7,26 +7,19 @@ from __future__ import annotations
 import numpy as np
 
 from controlplane.api.v1 import agent_pb2, common_pb2
-from controlplane.core.types import EngineLimits, PolicyConfig
+from controlplane.core.types import PolicyConfig
 from controlplane.loop.buckets import FAIR_SHARE_FACTOR, BucketStats
 from controlplane.loop.config import DecisionLoopConfig
-from controlplane.loop.ingest import EngineHello, validate_batch
+from controlplane.loop.ingest import validate_batch
 from controlplane.observability.metrics import ControllerMetrics
 from controlplane.observability.tracing import DecisionTracer, TracingSettings, create_tracer_provider
 from controlplane.service.controller import Controller
 from controlplane.store import create_store
-from tests.integration.controller_harness import LIMITS, calibration_for, geometric_batch, make_config
+from testbench.messages import validated_hello
+from tests.integration.controller_harness import calibration_for, geometric_batch, make_config
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="RTX PRO 6000")
-ENGINE_LIMITS = EngineLimits(max_num_seqs=LIMITS.max_num_seqs, max_num_batched_tokens=LIMITS.max_num_batched_tokens,
-                             kv_capacity_tokens=LIMITS.kv_capacity_tokens,
-                             max_model_len_tokens=LIMITS.max_model_len_tokens)
 PER_BATCH = 100
-
-
-def _hello(engine_id: str) -> EngineHello:
-    return EngineHello(engine_id=engine_id, model=POOL.model, accelerator=POOL.accelerator, vllm_version="0.32.0",
-                       agent_version="test", limits=ENGINE_LIMITS, block_size_tokens=16)
 
 
 def _batch(seq: int, rng: np.random.Generator) -> agent_pb2.TelemetryBatch:
@@ -47,7 +40,8 @@ async def test_completions_released_from_probation_keep_their_admissions(redis_u
                             metrics=ControllerMetrics(), clock=lambda: clock[0])
     await controller.put_calibration(calibration_for(POOL))
     # Three engines connected (the fewest a pool judges outliers with); the third sends nothing at first.
-    sessions = [await controller.open_stream(_hello(f"engine-{i}"), identity="anonymous") for i in range(3)]
+    sessions = [await controller.open_stream(validated_hello(f"engine-{i}", POOL), identity="anonymous")
+                for i in range(3)]
     rng = np.random.default_rng(5)
     seqs = [0, 0, 0]
 
@@ -56,7 +50,7 @@ async def test_completions_released_from_probation_keep_their_admissions(redis_u
         await controller.sync_pools(now_s)
         for i in engines:
             seqs[i] += 1
-            controller.ingest(sessions[i], validate_batch(_batch(seqs[i], rng), ENGINE_LIMITS))
+            controller.ingest(sessions[i], validate_batch(_batch(seqs[i], rng), sessions[i].hello.limits))
         controller.tick(now_s)
 
     for t in range(1_001, 1_011):  # 2,000 completions of the first two engines: the pool can judge now

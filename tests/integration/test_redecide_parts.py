@@ -19,16 +19,11 @@ from controlplane.service.controller import Controller
 from controlplane.store import create_store
 from testbench.messages import geometric_batch, validated_hello
 from tests.integration.controller_harness import make_config
+from tests.integration.store_helpers import FLEET, delta_override
 
 ENGINES = 96
 PART = 8
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
-
-
-def _fleet_delta(value: float) -> operator_pb2.OverrideRecord:
-    return operator_pb2.OverrideRecord(scope=operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_FLEET),
-                                       kind=operator_pb2.OVERRIDE_KIND_DELTA, delta_s_per_token=value,
-                                       reason="test")
 
 
 @pytest.fixture
@@ -70,7 +65,7 @@ async def test_a_fleet_change_reaches_every_engine_before_the_call_returns_with_
     other = asyncio.create_task(other_work())
     await asyncio.sleep(0)
     wakeups = 0
-    await controller.set_override(_fleet_delta(2e-5), actor="test")
+    await controller.set_override(delta_override(FLEET, 2e-5), actor="test")
     stop.set()
     await other
     assert _deltas(controller, ids) == {2e-5}
@@ -81,7 +76,7 @@ async def test_a_fleet_change_reaches_every_engine_before_the_call_returns_with_
 
 async def test_a_cancelled_operator_call_still_re_decides_every_engine(fleet) -> None:
     controller, ids = fleet
-    call = asyncio.create_task(controller.set_override(_fleet_delta(3e-5), actor="test"))
+    call = asyncio.create_task(controller.set_override(delta_override(FLEET, 3e-5), actor="test"))
     for _ in range(1000):  # until the first part is decided, the rest not yet
         await asyncio.sleep(0)
         if 3e-5 in _deltas(controller, ids):
@@ -99,7 +94,7 @@ async def test_a_cancelled_operator_call_still_re_decides_every_engine(fleet) ->
 
 async def test_two_changes_in_flight_leave_every_engine_on_the_override_finally_held(fleet) -> None:
     controller, ids = fleet
-    await asyncio.gather(controller.set_override(_fleet_delta(1e-5), actor="a"),
-                         controller.set_override(_fleet_delta(4e-5), actor="b"))
+    await asyncio.gather(controller.set_override(delta_override(FLEET, 1e-5), actor="a"),
+                         controller.set_override(delta_override(FLEET, 4e-5), actor="b"))
     [held] = [r.delta_s_per_token for r in controller.overrides() if r.kind == operator_pb2.OVERRIDE_KIND_DELTA]
     assert _deltas(controller, ids) == {held}
