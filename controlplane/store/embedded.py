@@ -226,7 +226,7 @@ class EmbeddedRedis:
         data_dir: Path,
         *,
         tcp_port: int | None = None,
-        startup_timeout_s: float = 10.0,
+        startup_timeout_s: float = 30.0,
         shutdown_timeout_s: float = 10.0,
         executable: Path | None = None,
     ) -> None:
