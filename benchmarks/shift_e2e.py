@@ -542,6 +542,7 @@ def main() -> int:
                         help="engine j of a pool sends its first batch j times this later (default 0: all in one "
                              "controller bucket)")
     parser.add_argument("--timeline", action="store_true", help="print every decision of each case's first seed")
+    parser.add_argument("--timeline-seeds", type=int, default=1, help="with --timeline: of its first N seeds")
     parser.add_argument("--smoke", action="store_true", help="one case at ~20/s on 64 slots, seconds of traffic, "
                         "the controller's cold start and cadence shortened: the code paths, the figures mean nothing")
     args = parser.parse_args()
@@ -570,7 +571,7 @@ def main() -> int:
                 print_cpu(f"at {rate:g}/s", before, cpu_snapshot(controller), runs)
                 all_met &= report(runs)
                 for run in runs if args.timeline or args.smoke else ():
-                    if run.seed == 0 and not run.reference:
+                    if run.seed < args.timeline_seeds and not run.reference:
                         print_timeline(run)
             print()
             print_cpu("in all", first, cpu_snapshot(controller), [])

@@ -393,6 +393,8 @@ def decide(
             flags.append(Flag.HAZARD_SHIFT_TRANSIENT)
         if fit.lognormal_tail:
             flags.append(Flag.HAZARD_LOGNORMAL_TAIL)
+        if fit.slope_unconfirmed:
+            flags.append(Flag.HAZARD_SLOPE_UNCONFIRMED)
     enough_data = fit is not None and (established or fit.stats.num_samples >= config.min_samples)
     cold = None
     if not enough_data:

@@ -1,13 +1,15 @@
 """`PoolEstimate`: the pool terms every engine of a pool is decided from (`loop.pool_stats` fits it), and the
-flags a decision carries about the window it stands on, and the windows it is fitted from. Pure data."""
+flags a decision carries about the window it stands on, and the windows it is fitted from with the slope test
+each kind of window asks for (`Window.fit`). Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from controlplane.core.cost_model import CostFit
-from controlplane.core.hazard import HazardFit
+from controlplane.core.hazard import SLOPE_SIGNIFICANCE_Z, HazardFit, fit_hazard_histogram, shift_slope_z
 from controlplane.core.length_histogram import LengthHistogram
+from controlplane.core.survival import is_shift_transient
 from controlplane.core.types import CostModel
 from controlplane.loop.buckets import BucketStats
 from controlplane.loop.shift_tracker import PoolShift
@@ -79,6 +81,30 @@ class Window:
     rebased: bool
     keep_from: int | None = None  # the oldest bucket a later window can read (`PoolStatistics.prune`)
     cohort: bool = False  # completions and censored requests are those admitted since the new law began
+
+    def after_shift(self, rebase_bucket: int | None) -> bool:
+        """Whether the window is a shift's own: re-based, a cohort, or a full window that starts at the change
+        point (`rebase_bucket`) and still holds the old law's stragglers."""
+        return self.rebased or self.cohort or (rebase_bucket is not None and self.first_output_bucket == rebase_bucket)
+
+    @property
+    def transient(self) -> bool:
+        """Re-based and still holding the requests in flight at its opening (`core.survival.is_shift_transient`)."""
+        return is_shift_transient(rebased=self.rebased, num_completed=self.stats.outputs.count,
+                                  truncated=self.truncated)
+
+    def fit(self, *, after_shift: bool, slope_sign_before: int | None) -> HazardFit | None:
+        """The hazard fit of the window (None without a completion or a prompt). A shift's window keeps a slope
+        only at `shift_slope_z` standard errors and at once; any other at SLOPE_SIGNIFICANCE_Z and only when its
+        sign is slope_sign_before's, the previous window's (`fit_hazard_histogram(slope_sign_before=)`)."""
+        stats = self.stats
+        if not (stats.outputs.count and stats.prompt_count):
+            return None
+        return fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,
+                                    prompt_sum_tokens=stats.prompt_sum_tokens, censored=self.censored,
+                                    truncated=self.truncated, shift_transient=self.transient,
+                                    slope_z=shift_slope_z(stats.outputs.count) if after_shift else SLOPE_SIGNIFICANCE_Z,
+                                    slope_sign_before=None if after_shift else slope_sign_before)
 
 
 @dataclass(frozen=True, slots=True)

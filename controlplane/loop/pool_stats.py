@@ -31,9 +31,10 @@ then. While the requests in flight at its opening still weigh on it, it is fitte
 window holds only the requests admitted since the new law began (`_cohort`, `_cohort_start`): the change point's
 bucket after a shift towards shorter outputs, where the admissions changed after one towards longer outputs
 (`core.admission_change`); the old law's requests, in flight for an old lifetime after the shift, are not part
-of it. A re-based or cohort window keeps a hazard slope only at `core.hazard.shift_slope_z` standard errors. A
-shift is not a cold start: a decision from a re-based window is made whatever its size
-(`core.policy.decide(established=True)`, passed by `loop.engine`), and every count shown is the one fitted.
+of it. A re-based or cohort window keeps a hazard slope only at `core.hazard.shift_slope_z` standard errors, any
+other only once the window a bucket earlier shows it too (`Window.fit`). A shift is not a cold
+start: a decision from a re-based window is made whatever its size (`core.policy.decide(established=True)`, passed
+by `loop.engine`), and every count shown is the one fitted.
 
 Pure: no I/O, no clock (times are arguments). A bucket and its wire format: `loop.buckets`.
 """
@@ -48,18 +49,12 @@ from controlplane.core.admission_change import admission_change_point
 from controlplane.core.admitted_counts import AdmittedCounts
 from controlplane.core.change_detection import ShiftDetector
 from controlplane.core.cost_sums import CostSums, StepColumns
-from controlplane.core.hazard import (
-    MEAN_LOWER_BOUND_Z,
-    SLOPE_SIGNIFICANCE_Z,
-    fit_hazard_histogram,
-    shift_slope_z,
-)
+from controlplane.core.hazard import MEAN_LOWER_BOUND_Z
 from controlplane.core.length_histogram import LengthHistogram, sum_of
 from controlplane.core.survival import (
     HazardComparison,
     WindowObservations,
     compare_hazards,
-    is_shift_transient,
     running_mean_lower_bound,
 )
 from controlplane.core.types import CostModel
@@ -105,6 +100,8 @@ class PoolStatistics:
         self._change_point: tuple[tuple, int] | None = None
         # The latest shift episode's first bucket and μ̂_O of the fit in force when it was confirmed.
         self._before_episode: tuple[int, float] | None = None
+        # (end bucket, an ordinary window, `HazardFit.slope_sign` or None without a fit) of the latest fit.
+        self._last_slope: tuple[int, bool, int | None] | None = None
         # The latencies of the last OUTCOME_WINDOW_S of closed buckets, every replica's.
         self.outcomes = OutcomeWindow(max(1, math.ceil(OUTCOME_WINDOW_S / config.bucket_s)), config.bucket_s)
 
@@ -532,6 +529,16 @@ class PoolStatistics:
         first = max(last_shift.episode_start_bucket - PRE_BUCKETS - REWIND_BUCKETS, rebase - MAX_SCAN_BUCKETS)
         return max(first, min(self._buckets, default=first))
 
+    def _slope_sign_before(self, end_bucket: int, rebase: int | None) -> int | None:
+        """The `HazardFit.slope_sign` of the window ending a bucket before end_bucket (None: no fit): the latest
+        fit's when it was that window and an ordinary one, else fitted again, so that replicas agree whatever
+        refreshes each made, and a replica whose re-base was undone agrees with one that never had it."""
+        if self._last_slope is not None and self._last_slope[0] == end_bucket - 1 and self._last_slope[1]:
+            return self._last_slope[2]
+        window = self._window(end_bucket - 1)
+        fit = window.fit(after_shift=window.after_shift(rebase), slope_sign_before=None)
+        return fit.slope_sign if fit is not None else None
+
     def refresh(self, now_s: float, *, calibration: CostModel | None) -> PoolEstimate:
         """Feed the settled buckets to the shift tracker, then fit the estimate for estimate_bucket(now_s)
         (kept as `self.estimate`)."""
@@ -550,27 +557,20 @@ class PoolStatistics:
             recent = min(recent, shifts.keep_from - 1)
         self._keep_from = recent if window.keep_from is None else min(window.keep_from, recent)
         stats = window.stats
-        transient = is_shift_transient(rebased=window.rebased, num_completed=stats.outputs.count,
-                                       truncated=window.truncated)
         previous = self.estimate
         last_shift = shifts.last_shift if shifts is not None else None
         self._before_episode = episode_reference(self._before_episode, last_shift, previous)
-        # A full window starting at the change point still holds the old law's stragglers: tested as re-based.
         rebase = shifts.rebase_bucket if shifts is not None else None
-        after_shift = window.rebased or window.cohort or (rebase is not None and window.first_output_bucket == rebase)
+        after_shift = window.after_shift(rebase)
         held = ((window.rebased or window.cohort) and stats.outputs.count < self._config.shift_min_samples
                 and previous is not None and previous.fit is not None)
         if held:
             fit = previous.fit
         else:
             self.last_window = stats
-            fit = None
-            if stats.outputs.count and stats.prompt_count:
-                fit = fit_hazard_histogram(stats.outputs, prompt_count=stats.prompt_count,
-                                           prompt_sum_tokens=stats.prompt_sum_tokens, censored=window.censored,
-                                           truncated=window.truncated, shift_transient=transient,
-                                           slope_z=shift_slope_z(stats.outputs.count) if after_shift
-                                           else SLOPE_SIGNIFICANCE_Z)
+            fit = window.fit(after_shift=after_shift,
+                             slope_sign_before=None if after_shift else self._slope_sign_before(end_bucket, rebase))
+            self._last_slope = (end_bucket, not after_shift, fit.slope_sign if fit is not None else None)
             if ((window.rebased or window.cohort) and previous is not None and previous.fit is not None
                     and contradicts_shift(fit, last_shift, self._before_episode)):
                 fit, held = previous.fit, True
@@ -590,7 +590,7 @@ class PoolStatistics:
             contributors=window.contributors, num_rejected_steps=stats.costs.num_rejected,
             window_first_bucket=window.first_output_bucket, window_rebased=window.rebased,
             window_cohort=window.cohort and not held,
-            window_transient=transient and not held, fit_held=held,
+            window_transient=window.transient and not held, fit_held=held,
             num_censored=window.censored.count if window.censored is not None and not held else 0,
             num_truncated=window.truncated.count if window.truncated is not None and not held else 0,
             last_shift=last_shift,

@@ -156,7 +156,7 @@ def test_a_fit_on_the_wrong_side_of_the_shift_is_held_and_flagged(monkeypatch: p
     """Re-based fits made to overshoot (their μ̂_O × 5, as a tail extrapolated from a handful of completions and
     young survivors does): every refresh after the confirmation keeps the previous fit instead, and its decisions
     carry FIT_HELD_FLAG (here until the window is no longer re-based). With the rule off they overshoot."""
-    real = pool_stats_module.fit_hazard_histogram
+    real = estimate_module.fit_hazard_histogram
 
     def overshooting(*args, **kwargs):
         fit = real(*args, **kwargs)
@@ -164,7 +164,7 @@ def test_a_fit_on_the_wrong_side_of_the_shift_is_held_and_flagged(monkeypatch: p
             return fit
         return replace(fit, stats=replace(fit.stats, mu_o_tokens=5 * fit.stats.mu_o_tokens))
 
-    monkeypatch.setattr(pool_stats_module, "fit_hazard_histogram", overshooting)
+    monkeypatch.setattr(estimate_module, "fit_hazard_histogram", overshooting)
     held = _run(0)
     confirmed_at, before = _reference(held)
     assert max(mu for t, _, mu in held.refreshes if t >= confirmed_at) <= before
