@@ -55,8 +55,8 @@ FLAG_MEANINGS: dict[str, str] = {
     "ifr_correction_bounded": "η/p0² > 1 and Δθ > θ0: Δθ cut to max(θ0, its value at η/p0² = 1)",
     "hazard_shift_transient": "window re-based at a detected shift, old requests still in it: η = 0, μ_O = 1/p0",
     "hazard_lognormal_tail": "μ_O, σ_O continue the length curve past its oldest ages by a fitted log-normal law",
-    "hazard_slope_unconfirmed": "a hazard slope the window's previous fit did not show: η = 0 until a second fit "
-                                "shows it",
+    "hazard_slope_unconfirmed": "a hazard slope the window a bucket earlier did not show: η = 0 until two windows "
+                                "in a row show it",
     "kv_below_one_request": "the KV capacity minus the OOM reserve holds less than one request: N̂* floored at 1",
     "n_capped_by_max_num_seqs": "N̂* capped at --max-num-seqs",
     "memory_rate_from_mean": "N̂* uses max(p0, 1/μ_O) as the memory rate (p0 is far below 1/μ_O)",

@@ -100,8 +100,8 @@ class HazardFit:
     lognormal_tail: μ_O and σ_O continue the Kaplan–Meier curve past its last supported age by a fitted
     log-normal law instead of a constant hazard (`fit_hazard_histogram`, `_lognormal_moments`).
     slope_sign: the sign of the slope the test found significant (+1, −1; 0: none), before the confirmation
-    below. slope_unconfirmed: that slope was not kept because the window's previous fit had no slope of its
-    sign (`fit_hazard_histogram(slope_sign_before=)`): η = 0 and p0 the line's mean hazard.
+    below. slope_unconfirmed: that slope was not kept because the window before (ending a bucket earlier) had no
+    slope of its sign (`fit_hazard_histogram(slope_sign_before=)`): η = 0 and p0 the line's mean hazard.
     """
 
     stats: WorkloadStats
@@ -175,12 +175,13 @@ def fit_hazard_histogram(
         shift_transient: see above.
         slope_z: the standard errors from 0 a slope must reach to be kept (SLOPE_SIGNIFICANCE_Z by default;
             a window re-based at a shift asks for SHIFT_SLOPE_Z, see there).
-        slope_sign_before: the `slope_sign` of the same window's previous fit; when given, a significant slope
-            of another sign is not kept (the line is fitted flat and `slope_unconfirmed` set): a slope must
-            show in two fits in a row. None: every significant slope is kept. A window drifting as a new law
-            mixes in shows a slope for one fit before its shift is confirmed (1,024 → 256 tokens at 1,000
+        slope_sign_before: the `slope_sign` of the window before (the pool's window ending a bucket earlier); when
+            given, a significant slope of another sign is not kept (the line is fitted flat and
+            `slope_unconfirmed` set): a slope must show in two windows in a row. None: every significant slope
+            is kept. A window drifting as a new law mixes in shows a slope for one fit before its shift is
+            confirmed (1,024 → 256 tokens at 1,000
             completions/s on four engines: k̂* 17.9 against 15.7, the first moved decision 47% off the new
-            steady value; 3% with the confirmation, `benchmarks/shift_e2e.py`).
+            steady value; 2% with the confirmation, `benchmarks/shift_e2e.py`).
     Returns:
         The fit, or None when there is no completion or no prompt. Fallbacks as above.
         num_samples is the number of completions in the window.

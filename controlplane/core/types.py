@@ -56,8 +56,8 @@ class Flag(enum.StrEnum):
     # μ_O and σ_O continue the window's Kaplan–Meier curve past its last supported age by a fitted log-normal
     # law instead of a constant hazard (hazard.fit_hazard_histogram).
     HAZARD_LOGNORMAL_TAIL = "hazard_lognormal_tail"
-    # A significant hazard slope the window's previous fit did not show: not kept (η = 0) until a second fit
-    # shows it (hazard.fit_hazard_histogram(slope_sign_before=)).
+    # A significant hazard slope the window ending a bucket earlier did not show: not kept (η = 0) until two
+    # windows in a row show it (hazard.fit_hazard_histogram(slope_sign_before=), loop.estimate.Window.fit).
     HAZARD_SLOPE_UNCONFIRMED = "hazard_slope_unconfirmed"
     KV_BELOW_ONE_REQUEST = "kv_below_one_request"
     N_CAPPED_BY_MAX_NUM_SEQS = "n_capped_by_max_num_seqs"
