@@ -63,14 +63,14 @@ def test_a_slope_of_another_sign_than_the_previous_windows_is_not_kept_and_says_
 
 
 def test_a_decision_on_an_unconfirmed_slope_carries_the_flag() -> None:
-    fit = _fit(_increasing(np.random.default_rng(1), 3000), 0)
-    decision, _ = decide(Observations(costs=COSTS, limits=LIMITS, n_obs=256.0), PolicyState(), 0.0,
-                         intent=OperatorIntent(), config=PolicyConfig(), fit=fit)
-    assert Flag.HAZARD_SLOPE_UNCONFIRMED in decision.flags
-    kept, _ = decide(Observations(costs=COSTS, limits=LIMITS, n_obs=256.0), PolicyState(), 0.0,
-                     intent=OperatorIntent(), config=PolicyConfig(), fit=_fit(_increasing(np.random.default_rng(1),
-                                                                                          3000), 1))
-    assert Flag.HAZARD_SLOPE_UNCONFIRMED not in kept.flags
+    outputs = _increasing(np.random.default_rng(1), 3000)
+    flags = {}
+    for sign_before in (0, 1):
+        decision, _ = decide(Observations(costs=COSTS, limits=LIMITS, n_obs=256.0), PolicyState(), 0.0,
+                             intent=OperatorIntent(), config=PolicyConfig(), fit=_fit(outputs, sign_before))
+        flags[sign_before] = decision.flags
+    assert Flag.HAZARD_SLOPE_UNCONFIRMED in flags[0]
+    assert Flag.HAZARD_SLOPE_UNCONFIRMED not in flags[1]
 
 
 def _feed_second(pool: PoolStatistics, rng: np.random.Generator, second: int, increasing: bool) -> None:
