@@ -34,8 +34,10 @@ import numpy as np
 
 from controlplane.core.length_histogram import LengthHistogram
 from controlplane.core.lognormal_tail import (
+    LogNormalLaw,
     constant_log_likelihood,
     fit_lognormal,
+    law_life_table,
     lognormal_tail_moments,
 )
 from controlplane.core.survival import (
@@ -98,7 +100,8 @@ class HazardFit:
     output length (MEAN_LOWER_BOUND_Z standard errors below the restricted mean, `survival.mean_lower_bound`;
     ≥ 1): what the window's completions and running requests prove about μ_O, for the cold-start rule.
     lognormal_tail: μ_O and σ_O continue the Kaplan–Meier curve past its last supported age by a fitted
-    log-normal law instead of a constant hazard (`fit_hazard_histogram`, `_lognormal_moments`).
+    log-normal law instead of a constant hazard (`fit_hazard_histogram`, `_lognormal_moments`); p0 and η are
+    then that law's line (`lognormal_tail.law_life_table`), not the line of the ages the window has seen.
     slope_sign: the sign of the slope the test found significant (+1, −1; 0: none), before the confirmation
     below. slope_unconfirmed: that slope was not kept because the window before (ending a bucket earlier) had no
     slope of its sign (`fit_hazard_histogram(slope_sign_before=)`): η = 0 and p0 the line's mean hazard.
@@ -151,6 +154,13 @@ def fit_hazard_histogram(
       window's events over exposure when higher (`_tail_hazard`): the completed mean would be
       length-biased low after a shift to longer outputs, and the KM curve alone cannot say what happens
       past the oldest running request.
+    - when the log-normal law continues the curve, the line (p0, η) is fitted to the life table the window's
+      requests would show under that law once they had all ended (`lognormal_tail.law_life_table`), with the
+      same slope test and confirmation. The law continues the curve because its hazard bends past the ages
+      seen; the line of those ages alone would carry their slope over the whole law. A window of the requests
+      admitted since a shift to a log-normal law (σ 1, mean 1,024 tokens) sees only the young ages' rising
+      hazard: k̂* went 18 → 39 → 57 → 63 → 42 → 26 → 17 over 8 s at 1,000 completions/s against a steady 17.8
+      (`benchmarks/shift_e2e.py`); with the law's line 18.5 → 18.5 → 18.0 → 18.3 → 18.2 → 18.1 → 17.3.
 
     shift_transient: the window was re-based at a detected shift and still holds completions of requests
     that were in flight then (`core.survival.is_shift_transient`): a mixture of two laws, whose fitted slope is an
@@ -226,9 +236,14 @@ def fit_hazard_histogram(
         km_mean = geometric_mean_length(survival) if oldest is None else length_moments(supported, p0=oldest)[0]
         # Past the curve, a fitted log-normal law instead when it explains the window measurably better than
         # both a constant hazard and the fitted line (`_lognormal_moments`); not in a shift transient.
-        fitted = None if shift_transient else _lognormal_moments(table, supported, line=fit)
-        if fitted is not None:
+        found = None if shift_transient else _lognormal_moments(table, supported, line=fit)
+        if found is not None:
+            fitted, law = found
             km_mean = fitted[0]
+            # The line is then the law's, not that of the ages seen (see the docstring).
+            requests = outputs.count + (censored.count if censored is not None else 0)
+            fit, sign, unconfirmed = _confirmed_line(_line_sums(*law_life_table(law, requests=requests)),
+                                                     slope_z=slope_z, slope_sign_before=slope_sign_before)
         fallback_p0 = 1.0 / km_mean if km_mean is not None else table.total_events / max(table.total_exposure, 1.0)
         if not fallback_p0 > 0.0:  # no completion inside the table's span
             fallback_p0 = 1.0 / outputs.mean()
@@ -276,8 +291,8 @@ def _supported(survival: np.ndarray, table: LifeTable) -> np.ndarray:
     return survival[: supported[-1] + 1]
 
 
-def _lognormal_moments(table: LifeTable, supported: np.ndarray,
-                       line: tuple[float, float] | None) -> tuple[float, float] | None:
+def _lognormal_moments(table: LifeTable, supported: np.ndarray, line: tuple[float, float] | None
+                       ) -> tuple[tuple[float, float], LogNormalLaw] | None:
     """(μ_O, σ_O) of the curve `supported` continued past its end τ by the log-normal law fitted to the
     table's ages up to τ (`core.lognormal_tail`), or None (the constant tail stays). The law is used when:
     - the curve stands between KM_CUT_SURVIVAL and LOGNORMAL_MAX_SURVIVAL at τ. Above, a two-parameter fit
@@ -312,7 +327,7 @@ def _lognormal_moments(table: LifeTable, supported: np.ndarray,
                 < LOGNORMAL_MIN_GAIN:
             return None
     moments = lognormal_tail_moments(supported, law)
-    return moments if math.isfinite(moments[0]) and moments[0] > 0.0 else None
+    return (moments, law) if math.isfinite(moments[0]) and moments[0] > 0.0 else None
 
 
 def _tail_hazard(p0: float, eta: float, table: LifeTable) -> float:

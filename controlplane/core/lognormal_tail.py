@@ -194,6 +194,20 @@ def lognormal_tail_moments(survival: np.ndarray, law: LogNormalLaw) -> tuple[flo
     return first, math.sqrt(max(second - first * first, 0.0))
 
 
+def law_life_table(law: LogNormalLaw, *, requests: float) -> tuple[np.ndarray, np.ndarray]:
+    """The life table `requests` requests of `law` would show if each were followed to its end: the events
+    d(t) = R·(S(t − 1) − S(t)) and the at-risk counts n(t) = R·S(t − 1) at the ages t = 1..t95, t95 the law's
+    95th percentile (at least 2 ages, at most MAX_SPAN_TOKENS). Expected counts, not a sample: a line fitted
+    to them is the line a window of these requests would show once they had all ended."""
+    log_t95 = min(law.log_scale + law.shape * _NORMAL_Z_95, math.log(MAX_SPAN_TOKENS))
+    span = max(math.ceil(math.exp(log_t95)), 2)
+    log_grid = np.log(np.arange(1, span + 1, dtype=np.float64))
+    survival = np.exp(log_normal_cdf((law.log_scale - log_grid) / law.shape))
+    before = np.concatenate(([1.0], survival[:-1]))
+    return requests * np.maximum(before - survival, 0.0), requests * before
+
+
+_NORMAL_Z_95 = 1.6448536269514722  # Φ⁻¹(0.95)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 # erfc(z) ≈ t·exp(−z² + P(t)), t = 1/(1 + z/2), z ≥ 0: the coefficients of P, constant term first.
 _ERFC_COEFFICIENTS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
