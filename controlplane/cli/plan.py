@@ -54,7 +54,8 @@ FLAG_MEANINGS: dict[str, str] = {
     "theta_clipped_high": "θ0 + Δθ above θ_max: clipped to θ_max",
     "ifr_correction_bounded": "η/p0² > 1 and Δθ > θ0: Δθ cut to max(θ0, its value at η/p0² = 1)",
     "hazard_shift_transient": "window re-based at a detected shift, old requests still in it: η = 0, μ_O = 1/p0",
-    "hazard_lognormal_tail": "μ_O, σ_O continue the length curve past its oldest ages by a fitted log-normal law",
+    "hazard_lognormal_tail": "μ_O, σ_O continue the length curve past its oldest ages by a fitted log-normal law, "
+                             "and p0, η are that law's hazard line",
     "hazard_slope_unconfirmed": "a hazard slope the window a bucket earlier did not show: η = 0 until two windows "
                                 "in a row show it",
     "kv_below_one_request": "the KV capacity minus the OOM reserve holds less than one request: N̂* floored at 1",
