@@ -27,6 +27,10 @@ in the far tail), the optimiser is a two-dimensional Newton method of our own.
 The moments past τ: conditional on surviving τ, with the partial moments
 E[X^k·1{X > τ}] = exp(k·m + k²s²/2)·Φ((m + k·s² − ln τ)/s), summed over integer ages by the trapezoid rule.
 
+The law's hazard line: `law_life_table` gives the life table a window's requests would show under the law once
+they had all ended, which the hazard fit's line is fitted to when the law continues the curve
+(`hazard.fit_hazard_histogram`).
+
 Pure: no I/O, no clock. Cost O(span) per likelihood evaluation, five to ten Newton steps of one to three
 evaluations each (1–2 ms for a span of 1,000–2,000 ages); spans beyond MAX_SPAN_TOKENS are not fitted.
 """
