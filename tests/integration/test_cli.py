@@ -190,16 +190,33 @@ def test_readme_operator_commands_run_as_written(demo: dict[str, str], tmp_path:
     assert calibration["source"] == "pd_calibration_Qwen3-8B_H200.json,beta_mb_Qwen3-8B_H200.json"
     assert calibration["alpha_p_s"] == 0.0012785933415095027 and calibration["set_by"] == "anonymous"
     # The last one, watch, runs until interrupted: it prints the current decisions first.
-    watch = subprocess.Popen([sys.executable, "-m", "controlplane", *commands[-1]], env=demo, cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = _interruptible([sys.executable, "-X", "faulthandler", "-m", "controlplane", *commands[-1]], env=demo,
+                           cwd=tmp_path)
     assert watch.stdout is not None
     header = watch.stdout.readline().split()
     assert header[:3] == ["EVENT", "ENGINE", "MODE"]
     snapshot = [watch.stdout.readline().split() for _ in range(4)]
     assert {row[0] for row in snapshot} == {"snapshot"} and len({row[1] for row in snapshot}) == 4
     watch.send_signal(signal.SIGINT)
-    _, err = watch.communicate(timeout=20)
+    try:
+        _, err = watch.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        watch.send_signal(signal.SIGABRT)  # -X faulthandler: every thread's stack on stderr
+        _, err = watch.communicate(timeout=10)
+        raise AssertionError(f"ctl watch still running 20 s after SIGINT:\n{err[-6000:]}") from None
     assert watch.returncode == 130 and "Traceback" not in err
+
+
+def _interruptible(argv: list[str], **kwargs) -> subprocess.Popen[str]:
+    """Start argv as a terminal starts a foreground command: SIGINT at its default disposition. A child inherits an
+    ignored SIGINT, and Python then leaves it ignored; this process's may not be the default (in a pytest-xdist
+    worker two suites lost this test to a `ctl watch` that outlived its SIGINT by 20 s, while it passed alone)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    finally:
+        if previous is not None:  # None: set outside Python, and it cannot be restored from here
+            signal.signal(signal.SIGINT, previous)
 
 
 def test_list_table_and_data_formats(demo: dict[str, str]) -> None:
