@@ -54,7 +54,7 @@ class Flag(enum.StrEnum):
     # μ_O = 1/p0 (hazard.fit_hazard_histogram(shift_transient=True)).
     HAZARD_SHIFT_TRANSIENT = "hazard_shift_transient"
     # μ_O and σ_O continue the window's Kaplan–Meier curve past its last supported age by a fitted log-normal
-    # law instead of a constant hazard (hazard.fit_hazard_histogram).
+    # law instead of a constant hazard, and p0, η are that law's hazard line (hazard.fit_hazard_histogram).
     HAZARD_LOGNORMAL_TAIL = "hazard_lognormal_tail"
     # A significant hazard slope the window ending a bucket earlier did not show: not kept (η = 0) until two
     # windows in a row show it (hazard.fit_hazard_histogram(slope_sign_before=), loop.estimate.Window.fit).
