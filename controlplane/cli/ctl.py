@@ -37,7 +37,8 @@ from controlplane.cli import output
 from controlplane.cli.args import MAX_REQUESTS, bounded_int, finite_float, nonnegative_float, parse_pool
 from controlplane.cli.explain import explain, explain_rows
 from controlplane.cli.report import render_report
-from controlplane.cli.report_latency import pool_samples, sample_interval_s, sample_latencies
+from controlplane.cli.report_command import add_report_arguments
+from controlplane.cli.report_latency import pool_samples, recorded_latencies, sample_latencies
 from controlplane.cli.rows import WatchPrinter, engine_info_dict, engine_row, get_fields, list_cells
 from controlplane.core.calibration import CalibrationError, CalibrationProfile, parse_calibration
 from controlplane.loop.codec import cost_model_to_calibration
@@ -204,14 +205,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="pd_calibration_*.json and/or beta_mb_*.json (put; may repeat, later files win)")
     p = command("report", "write a self-contained HTML report: decision timelines per pool and engine, latency "
                           "timelines per pool, overrides, the explain view of every engine, the audit")
-    p.add_argument("--out", type=Path, required=True, metavar="FILE.html", help="where to write the page")
-    p.add_argument("--history-limit", type=bounded_int(low=1, high=10_000), default=2_000,
-                   help="newest decisions of the history stream to draw (default 2000, at most 10000)")
-    p.add_argument("--latency-samples", type=bounded_int(low=1, high=10_000), default=1,
-                   help="read each pool's TTFT/TPOT quantiles (over the last minute) this many times, the last when "
-                        "the page is written, and draw them as timelines (default 1: the quantiles now)")
-    p.add_argument("--latency-every-s", type=sample_interval_s, default=10.0,
-                   help="seconds between latency samples (default 10, at most 3600)")
+    add_report_arguments(p)
     parser.set_defaults(run=run)
 
 
@@ -461,10 +455,10 @@ class Ctl:
             stream = self.stub.WatchDecisions(request, metadata=self.metadata)
 
     async def report(self, args: argparse.Namespace) -> int:
-        engines = await self.engine_rows()
+        engines, views = await self.engine_rows(), []
         async def read_explains() -> list[dict[str, Any]]:
-            views = await asyncio.gather(*(self.decision_view(e["engine_id"]) for e in engines))
-            return [explain(v) for v in views if v is not None]
+            views[:] = [v for v in await asyncio.gather(*(self.decision_view(e["engine_id"]) for e in engines)) if v]
+            return [explain(v) for v in views]
 
         samples = await sample_latencies(read_explains, num_samples=args.latency_samples - 1,
                                          every_s=args.latency_every_s)
@@ -475,6 +469,10 @@ class Ctl:
         audit = await self.stub.ListAudit(operator_pb2.ListAuditRequest(limit=50), **self.kw())
         explains = await read_explains()
         samples += pool_samples(explains, at_s=time.time())
+        if args.latency_history_s:
+            pools = [*(v.pool for v in views), *(e.pool for e in history.entries)]
+            samples += await recorded_latencies(lambda request: self.stub.ListLatencyHistory(request, **self.kw()),
+                                                pools, since_s=time.time() - args.latency_history_s)
         page = render_report(
             generated_at_s=time.time(), address=self.address, engines=engines,
             history=[output.message_to_dict(e) for e in history.entries],

@@ -133,7 +133,7 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
         "advisory": decision.advisory,
         "terms": terms,
         "window": window,
-        "outcomes": _outcomes(view),
+        "outcomes": outcomes_dict(view.outcomes),
         "rule": {
             "evaluated": evaluated,
             "verdict": verdict,
@@ -147,9 +147,9 @@ def explain(view: operator_pb2.DecisionView) -> dict[str, Any]:
     }
 
 
-def _outcomes(view: operator_pb2.DecisionView) -> dict[str, Any]:
-    """The pool's measured latencies and its objective's state, with a one-line text each."""
-    o = view.outcomes
+def outcomes_dict(o: operator_pb2.PoolOutcomes) -> dict[str, Any]:
+    """A pool's measured latencies (None for a latency not reported) and its objective's state (None: no
+    objective), with a one-line text."""
     latencies = {}
     for name in ("ttft", "tpot", "queue"):
         q = getattr(o, name)

@@ -1,13 +1,16 @@
-"""`ctl report`'s latency timelines: each pool's TTFT and TPOT quantiles, sampled while the report is taken
-and drawn on the decision timelines' time axis, with the newest quantiles as a table.
+"""`ctl report`'s latency timelines: each pool's TTFT and TPOT quantiles over the report's time range, drawn on
+the decision timelines' time axis, with the newest quantiles as a table.
 
 Where the figures come from: the controller keeps a pool's latencies as sketches over its last 60 seconds
 (`loop.outcomes.OUTCOME_WINDOW_S`) and answers their quantiles (p50, p90, p99, mean; relative error ≤ 1%) in
-each engine's explain view (`GetDecision`'s `outcomes`); the decision history carries no latencies, and the
-`cp_pool_{ttft,tpot,queue}_seconds` histograms give a longer series only where Prometheus scrapes them. A
-sample is therefore the quantiles of the window ending when it was read, and a timeline spans the time the
-report sampled: `ctl report --latency-samples N --latency-every-s S` reads N samples S seconds apart, the last
-when the page is written (N = 1, the default: the quantiles at that moment, drawn with the window they cover).
+each engine's explain view (`GetDecision`'s `outcomes`). It also records that view of each pool every
+`latency_history_interval_s` (10 s by default) while the pool's engines report latencies, and keeps it
+`latency_history_s` (`ListLatencyHistory`). A sample is the quantiles of the window ending at its time, from
+one of two sources (`data-source` on its marker):
+- "recorded": the controller's record, read back over the last `ctl report --latency-history-s S` seconds
+  (3600 by default; 0 reads none), so the timeline covers the past as well;
+- "read": the views read while the report is taken: `--latency-samples N --latency-every-s S` reads N
+  samples S seconds apart, the last when the page is written (N = 1, the default: the quantiles now).
 
 A pool's sample is read from the first of its engines (by id) decided from the pool's statistics: an engine
 that serves a distinct workload is decided from its own, and its view shows those (its flags then hold
@@ -15,11 +18,12 @@ OWN_STATISTICS_FLAG).
 
 Element classes: `section.latency[data-pool]`, `svg.latency[data-pool][data-kind=ttft|tpot][data-unit]`,
 `g.axis.axis-latency[data-max-s]` with `text.tick[data-value-s]`, `polyline.p50-line` (solid) and
-`polyline.p99-line` (dashed), `circle.sample[data-at-s][data-window-s][data-num-requests][data-p50-s]
+`polyline.p99-line` (dashed), `circle.sample[data-source][data-at-s][data-window-s][data-num-requests][data-p50-s]
 [data-p90-s][data-p99-s][data-mean-s]` (one per sample with data; the circle stands at p99),
 `rect.window[data-from-s][data-to-s]` (the newest sample's window), `line.objective[data-quantile]
 [data-target-s]`, `table.latency[data-pool]` (`tr[data-kind]`). Pure but for `sample_latencies`, which reads
-through the function it is given and sleeps between samples.
+through the function it is given and sleeps between samples, and `recorded_latencies`, which reads through the
+function it is given.
 """
 
 from __future__ import annotations
@@ -30,11 +34,15 @@ import html
 import math
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+import grpc
+
+from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.cli.args import positive_float
-from controlplane.cli.output import iso_utc
+from controlplane.cli.explain import outcomes_dict
+from controlplane.cli.output import iso_utc, message_to_dict
 
 # The time axis, shared with the decision timelines (`cli.report` takes its width and margins from here).
 WIDTH_PX, LEFT_PX, RIGHT_PX = 960, 56, 56
@@ -42,6 +50,7 @@ _HEIGHT, _TOP, _BOTTOM = 130, 14, 26
 KINDS = {"ttft": "TTFT, time to first token", "tpot": "TPOT, time per output token after the first"}
 OWN_STATISTICS_FLAG = "engine_decided_from_own_statistics"  # set by `service.fleet_view`
 MAX_SAMPLE_INTERVAL_S = 3600.0
+MAX_RECORDED_SAMPLES = 10_000  # per pool: the most ListLatencyHistory answers
 
 
 def sample_interval_s(text: str) -> float:
@@ -54,16 +63,51 @@ def sample_interval_s(text: str) -> float:
 
 def pool_samples(explains: Sequence[dict[str, Any]], *, at_s: float) -> list[dict[str, Any]]:
     """One sample per pool from the explain views (`cli.explain.explain` dicts) read at `at_s` (Unix seconds):
-    pool (the views' pool dict; pools are told apart by all of its fields), at_s, engine_id (whose view it
-    is), window_s, ttft / tpot / queue (num_requests, p50_s, p90_s, p99_s, mean_s; None when no request of
-    the window reported that latency) and objective (None: none in force)."""
+    pool (the views' pool dict; pools are told apart by all of its fields), at_s, source ("read"), engine_id
+    (whose view it is), window_s, ttft / tpot / queue (num_requests, p50_s, p90_s, p99_s, mean_s; None when no
+    request of the window reported that latency) and objective (None: none in force)."""
     chosen: dict[str, dict[str, Any]] = {}  # the pool's fields → the view its sample is read from
     for data in sorted(explains, key=lambda d: (OWN_STATISTICS_FLAG in d["flags"], d["engine_id"])):
         chosen.setdefault(repr(sorted((data["pool"] or {}).items())), data)
-    return [{"pool": data["pool"], "at_s": at_s, "engine_id": data["engine_id"],
+    return [{"pool": data["pool"], "at_s": at_s, "source": "read", "engine_id": data["engine_id"],
              "window_s": data["outcomes"]["window_s"],
              **{kind: data["outcomes"][kind] for kind in ("ttft", "tpot", "queue")},
              "objective": data["outcomes"]["objective"]} for _, data in sorted(chosen.items())]
+
+
+def recorded_samples(pool: dict[str, Any], samples: Sequence[operator_pb2.LatencySample]) -> list[dict[str, Any]]:
+    """A pool's samples recorded by the controller (`ListLatencyHistory`) as `pool_samples` gives them, with
+    source "recorded" and no engine_id (the controller recorded the pool's view). `pool`: the pool's dict."""
+    found = []
+    for sample in samples:
+        data = outcomes_dict(sample.outcomes)
+        found.append({"pool": pool, "at_s": sample.at_s, "source": "recorded", "engine_id": "",
+                      "window_s": data["window_s"], **{kind: data[kind] for kind in ("ttft", "tpot", "queue")},
+                      "objective": data["objective"]})
+    return found
+
+
+async def recorded_latencies(
+        read: Callable[[operator_pb2.ListLatencyHistoryRequest], Awaitable[operator_pb2.ListLatencyHistoryResponse]],
+        pools: Iterable[common_pb2.Pool], *, since_s: float) -> list[dict[str, Any]]:
+    """Every pool's recorded samples since `since_s` (Unix seconds), the newest MAX_RECORDED_SAMPLES of each, as
+    `recorded_samples` gives them; `read` calls ListLatencyHistory. One pool at a time (the controller runs a
+    caller's two such reads at once). A controller that does not record latencies (an older release:
+    UNIMPLEMENTED) or cannot read its record now (UNAVAILABLE) gives none, with a line on stderr."""
+    found: list[dict[str, Any]] = []
+    unique = {pool.SerializeToString(deterministic=True): pool for pool in pools}
+    for _, pool in sorted(unique.items()):
+        try:
+            reply = await read(operator_pb2.ListLatencyHistoryRequest(pool=pool, since_s=max(since_s, 0.0),
+                                                                      limit=MAX_RECORDED_SAMPLES))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE):
+                raise
+            print(f"report: no recorded latencies ({exc.code().name}: {exc.details()}); drawing those read now only",
+                  file=sys.stderr, flush=True)
+            return []
+        found += recorded_samples(message_to_dict(pool), reply.samples)
+    return found
 
 
 async def sample_latencies(read_explains: Callable[[], Awaitable[Sequence[dict[str, Any]]]], *, num_samples: int,
@@ -153,7 +197,8 @@ def latency_svg(pool_key: str, kind: str, samples: Sequence[dict[str, Any]], *, 
                f"p90 {q['p90_s'] * factor:.4g}, p99 {q['p99_s'] * factor:.4g}, mean {q['mean_s'] * factor:.4g} "
                f"{unit} ({q['num_requests']} requests)")
         parts.append(f'<circle class="sample" cx="{x(s["at_s"]):.2f}" cy="{y(q["p99_s"]):.2f}" r="3" '
-                     f'fill="#5b3a8c" data-at-s="{s["at_s"]!r}" data-window-s="{s["window_s"]!r}" '
+                     f'fill="#5b3a8c" data-source="{s["source"]}" data-at-s="{s["at_s"]!r}" '
+                     f'data-window-s="{s["window_s"]!r}" '
                      f'data-num-requests="{q["num_requests"]}" data-p50-s="{q["p50_s"]!r}" '
                      f'data-p90-s="{q["p90_s"]!r}" data-p99-s="{q["p99_s"]!r}" data-mean-s="{q["mean_s"]!r}">'
                      f"<title>{html.escape(tip)}</title></circle>")
@@ -186,9 +231,9 @@ def latency_section(pool_key: str, samples: Sequence[dict[str, Any]], *, start_s
         f'<td>{_ms(q["p90_s"])}</td><td>{_ms(q["p99_s"])}</td><td>{_ms(q["mean_s"])}</td></tr>'
         for kind in ("ttft", "tpot", "queue") if (q := newest[kind]) is not None)
     objective = newest["objective"]
-    caption = (f"the {newest['window_s']:.0f} s to {iso_utc(newest['at_s'])}, from the view of "
-               f"{newest['engine_id']}" + (f"; objective {objective['state']}: {objective['detail']}"
-                                           if objective else ""))
+    seen = f"from the view of {newest['engine_id']}" if newest["engine_id"] else "as the controller recorded it"
+    caption = (f"the {newest['window_s']:.0f} s to {iso_utc(newest['at_s'])}, {seen}"
+               + (f"; objective {objective['state']}: {objective['detail']}" if objective else ""))
     return (f'<section class="latency" data-pool="{pool_attr}">{head}'
             + "".join(latency_svg(pool_key, kind, samples, start_s=start_s, end_s=end_s) for kind in KINDS)
             + f'<table class="latency" data-pool="{pool_attr}"><caption class="muted">{html.escape(caption)}'

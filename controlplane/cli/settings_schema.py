@@ -172,6 +172,11 @@ class ControllerSettings(BaseSettings):
                                           doc="how often a pool's window is saved for a warm start, s")
     snapshot_ttl_s: float = _setting(_LOOP.snapshot_ttl_s, section="loop", gt=0.0,
                                      doc="how long a saved window is kept, s")
+    latency_history_interval_s: float = _setting(_LOOP.latency_history_interval_s, section="loop", ge=0.0,
+                                                 doc="how often each pool's latency quantiles are recorded for "
+                                                 "`ctl report`, s (0: not recorded)")
+    latency_history_s: float = _setting(_LOOP.latency_history_s, section="loop", gt=0.0,
+                                        doc="how long recorded latency quantiles are kept, s")
     shift_detection: bool = _setting(_LOOP.shift_detection, section="loop",
                                      doc="detect shifts of a pool's output lengths and re-base its window at them")
     shift_min_samples: int = _setting(_LOOP.shift_min_samples, section="loop", ge=1, rule="≤ output_window",
@@ -301,6 +306,7 @@ LOOP_FIELDS = {"recompute_completions": "recompute_completions", "interval_s": "
                "max_window_s": "max_window_s", "engine_ttl_s": "engine_ttl_s",
                "max_disconnected_engines": "max_disconnected_engines",
                "snapshot_interval_s": "snapshot_interval_s", "snapshot_ttl_s": "snapshot_ttl_s",
+               "latency_history_interval_s": "latency_history_interval_s", "latency_history_s": "latency_history_s",
                "shift_detection": "shift_detection", "shift_min_samples": "shift_min_samples"}
 POLICY_FIELDS = ("min_samples", "theta_min", "theta_max", "oom_tolerance", "default_delta_s_per_token",
                  "hysteresis_rel", "hysteresis_abs_s_per_token", "cooldown_s", "cold_start_crossover",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -25,6 +26,9 @@ class DecisionLoopConfig:
       the rate; another identity's engines are never forgotten for it. 0: no limit (engine_ttl_s alone).
     snapshot_interval_s / snapshot_ttl_s: how often a pool's window is persisted for a warm start, and how
       long it is kept; a pool without buckets in force starts from it instead of a cold start.
+    latency_history_interval_s / latency_history_s: how often a pool's latency quantiles (its explain view's)
+      are recorded in the store while its engines report latencies, and how long they are kept (the record
+      is capped at latency_history_s / latency_history_interval_s samples); an interval of 0 records none.
     shift_detection: detect shifts of a pool's output-length distribution and re-base its window at each
       change point (`loop.shift_tracker`); off, the window always holds the newest output_window completions.
     shift_min_samples: completions a re-based window needs before it is fitted; until then the pool keeps the
@@ -45,6 +49,8 @@ class DecisionLoopConfig:
     max_disconnected_engines: int = 1000
     snapshot_interval_s: float = 60.0
     snapshot_ttl_s: float = 7 * 24 * 3600.0
+    latency_history_interval_s: float = 10.0
+    latency_history_s: float = 6 * 3600.0
     shift_detection: bool = True
     shift_min_samples: int = 50
 
@@ -52,9 +58,13 @@ class DecisionLoopConfig:
         if self.recompute_completions < 1:
             raise ValueError(f"recompute_completions must be ≥ 1, got {self.recompute_completions}")
         for name in ("interval_s", "ttl_s", "n_obs_time_constant_s", "bucket_s", "max_window_s", "engine_ttl_s",
-                     "snapshot_interval_s", "snapshot_ttl_s"):
+                     "snapshot_interval_s", "snapshot_ttl_s", "latency_history_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.latency_history_interval_s) and self.latency_history_interval_s >= 0):
+            raise ValueError(f"latency_history_interval_s must be ≥ 0, got {self.latency_history_interval_s}")
+        if not math.isfinite(self.latency_history_s):
+            raise ValueError(f"latency_history_s must be finite, got {self.latency_history_s}")
         if self.max_disconnected_engines < 0:
             raise ValueError(f"max_disconnected_engines must be ≥ 0, got {self.max_disconnected_engines}")
         for name in ("output_window", "prompt_window", "step_window"):
@@ -69,3 +79,10 @@ class DecisionLoopConfig:
     @property
     def keepalive_s(self) -> float:
         return self.ttl_s / 3.0
+
+    @property
+    def latency_history_max_samples(self) -> int:
+        """The cap of a pool's latency record, samples (0 when none are recorded)."""
+        if not self.latency_history_interval_s:
+            return 0
+        return max(1, math.ceil(self.latency_history_s / self.latency_history_interval_s))

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.loop.overrides import SCOPE_RANK, OverrideError, check_kind, check_reason, expiry_at
@@ -197,6 +198,29 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     and not (wanted_pool and row.get("pool") != wanted_pool)
                     and not (request.engine_id and row.get("engine_id") != request.engine_id)][:limit]
             return operator_pb2.ListHistoryResponse(entries=await map_yielding(history_entry, kept))
+
+    async def ListLatencyHistory(self, request: operator_pb2.ListLatencyHistoryRequest,  # noqa: N802
+                                 context: grpc.aio.ServicerContext) -> operator_pb2.ListLatencyHistoryResponse:
+        limit = await _limit(context, request.limit)
+        if not (request.pool.model or request.pool.accelerator):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "pool: required (the latencies are kept per pool)")
+        key = await _pool_key(context, request.pool)
+        since_s, until_s = request.since_s, request.until_s or self._controller.now_s()
+        for name, value in (("since_s", since_s), ("until_s", until_s)):
+            if not (math.isfinite(value) and value >= 0.0):
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be finite and ≥ 0, got {value}")
+        if since_s > until_s:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"since_s ({since_s}) is after until_s ({until_s})")
+        async with self._reads.slot(context, self._actor(context), "ListLatencyHistory"):
+            try:
+                rows = await asyncio.wait_for(self._store.read_latency_history(
+                    key, since_s=since_s, until_s=until_s, count=limit), timeout=FLEET_READ_TIMEOUT_S)
+            except StoreUnavailable as exc:
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, f"latency history not readable: {exc}")
+            except TimeoutError:
+                await _abort(context, grpc.StatusCode.UNAVAILABLE,
+                             f"latency history not readable: the store did not answer within {FLEET_READ_TIMEOUT_S} s")
+            return operator_pb2.ListLatencyHistoryResponse(samples=latency_samples(rows))
 
     async def GetDecision(self, request: operator_pb2.GetDecisionRequest,  # noqa: N802
                           context: grpc.aio.ServicerContext) -> operator_pb2.DecisionView:
@@ -399,6 +423,20 @@ def history_entry(row: dict) -> operator_pb2.HistoryEntry:
         id=row.get("id", ""), engine_id=row.get("engine_id", ""), pool=pool_of_key(str(row.get("pool", ""))),
         decided_at_s=decision.decided_at_s or _float(row.get("decided_at_s", "")), decision=decision,
     )
+
+
+def latency_samples(rows: list[tuple[float, bytes]]) -> list[operator_pb2.LatencySample]:
+    """Stored latency samples (`RedisStore.read_latency_history`) as LatencySamples; one whose payload does
+    not parse (written by another version, or damaged) is left out and logged."""
+    samples = []
+    for at_s, payload in rows:
+        try:
+            outcomes = operator_pb2.PoolOutcomes.FromString(payload)
+        except DecodeError as exc:
+            logger.warning("a latency sample at %.3f s does not parse, left out: %s", at_s, exc)
+            continue
+        samples.append(operator_pb2.LatencySample(at_s=at_s, outcomes=outcomes))
+    return samples
 
 
 def _float(text: str) -> float:

@@ -1,5 +1,5 @@
 """The pools' store exchange: publish this replica's closed buckets, read the other replicas', persist and load
-a pool's window for warm starts. The statistics themselves live in the fleet state machine
+a pool's window for warm starts, and record the pool's latency view every latency_history_interval_s. The statistics themselves live in the fleet state machine
 (`loop.fleet.FleetState`); this module only moves bytes between it and the store.
 
 A slow or failed store never holds a pool's estimate back: every call has a deadline
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from controlplane.loop.buckets import BucketStats
 from controlplane.loop.estimate import PoolEstimate
 from controlplane.loop.fleet import FleetState
 from controlplane.observability.metrics import ControllerMetrics
+from controlplane.service.fleet_view import outcomes_message
 from controlplane.service.store_health import StoreHealth
 from controlplane.store import Store, StoreUnavailable
 
@@ -35,6 +37,7 @@ class PoolLink:
     fetched_through: int = -1
     first_sync: asyncio.Future | None = None
     last_snapshot_s: float = float("-inf")
+    latency_slot: int = -1  # the latest latency-history slot this replica sampled the pool in
     # Other replicas' buckets this replica cannot read (bucket id, replica id): not parsed again at each
     # exchange, and the replicas already warned about (a replica of a newer format warns once per pool).
     unreadable: set[tuple[int, str]] = field(default_factory=set)
@@ -128,6 +131,7 @@ class PoolSync:
             if (now_s - link.last_snapshot_s >= fleet.loop_config.snapshot_interval_s
                     and estimate.num_samples >= fleet.policy.min_samples and stats.last_window is not None):
                 await self._save_snapshot(key, link, stats.last_window, now_s)
+            await self._record_latencies(key, link, now_s)
 
     async def _save_snapshot(self, key: str, link: PoolLink, window: BucketStats, now_s: float) -> None:
         try:
@@ -137,6 +141,29 @@ class PoolSync:
             link.last_snapshot_s = now_s
         except (StoreUnavailable, TimeoutError) as exc:
             self._health.failed("pool_snapshot", exc)
+
+    async def _record_latencies(self, key: str, link: PoolLink, now_s: float) -> None:
+        """Record the pool's latency view (as its explain view shows it) once per latency_history_interval_s
+        slot, at the first refresh in the slot; replicas sampling the same slot write it once."""
+        config = self._fleet.loop_config
+        interval_s = config.latency_history_interval_s
+        if not interval_s:
+            return
+        slot = math.floor(now_s / interval_s)
+        pool = self._fleet.pool(key)
+        if slot <= link.latency_slot or slot <= 0 or pool is None:  # slot 0: a clock before 1970 (a test's)
+            return
+        link.latency_slot = slot
+        summary = pool.stats.outcomes.summary()
+        if summary is None:
+            return
+        payload = outcomes_message(summary, self._fleet.objective_of(key)).SerializeToString()
+        try:
+            await asyncio.wait_for(self._store.put_latency_sample(
+                key, slot_ms=round(slot * interval_s * 1000.0), payload=payload,
+                max_samples=config.latency_history_max_samples, ttl_s=config.latency_history_s), EXCHANGE_TIMEOUT_S)
+        except (StoreUnavailable, TimeoutError) as exc:
+            self._health.failed("latency_history", exc)
 
     async def _publish(self, key: str, link: PoolLink, now_s: float) -> None:
         ttl_s = self._fleet.loop_config.max_window_s + 60.0

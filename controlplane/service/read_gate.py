@@ -1,5 +1,5 @@
 """`ReadGate`: a bound on the operator reads that scale with the fleet or the history (ListEngines,
-ListHistory), per caller and in all.
+ListHistory, ListLatencyHistory), per caller and in all.
 
 Such a read parses thousands of registry entries or history rows; it lets the event loop run every few
 hundred (`store.cooperative.map_yielding`), so one read never stalls health checks or agent batches, but
@@ -33,8 +33,8 @@ class ReadGate:
         """Hold a slot for one read of `caller` (aborts with RESOURCE_EXHAUSTED past the caller's limit)."""
         if self._running.get(caller, 0) >= self._per_caller:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"{method}: at most {self._per_caller} ListEngines/ListHistory calls at once per "
-                                f"caller; retry when one has answered")
+                                f"{method}: at most {self._per_caller} ListEngines/ListHistory/ListLatencyHistory "
+                                f"calls at once per caller; retry when one has answered")
         self._running[caller] = self._running.get(caller, 0) + 1
         try:
             async with self._all:

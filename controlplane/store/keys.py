@@ -14,6 +14,8 @@ multi-key script touches one slot:
                                                          their expiry was last renewed (found without a SCAN)
     P:poolstat:{p:<h>}:<bucket_start_s>:<pool_key>  hash replica_id → opaque statistics payload, expires
     P:poolsnap:{p:<h>}:<pool_key>                string  the pool's persisted long-window statistics, expires
+    P:latency:{p:<h>}:<pool_key>                 stream  the pool's recorded latency quantiles, one entry per
+                                                         sampling slot (entry id: the slot's start), capped
     P:override:{o}:<kind>:<scope_key>            hash    an operator override, kind "delta" | "pin"
     P:calibration:{o}:<pool_key>                 hash    cost profile of a pool (an operator record)
     P:audit:{o}                                  stream  every override or calibration change, capped
@@ -192,6 +194,9 @@ class KeySpace:
 
     def pool_snapshot(self, pool: str) -> str:
         return f"{self.prefix}:poolsnap:{self.pool_tag(pool)}:{pool}"
+
+    def latency_history(self, pool: str) -> str:
+        return f"{self.prefix}:latency:{self.pool_tag(pool)}:{pool}"
 
     # ---- operator records: tag {o} ----------------------------------------------------------------------
 

@@ -33,7 +33,8 @@ Contracts:
   the old value in the audit is exactly the one replaced.
 - Overrides with an expiry are dropped by Redis (PEXPIREAT); readers also skip those already past
   their expiry at the `now_s` they pass in, since Redis expires keys lazily.
-- Pool statistics and rollout views (`store.rollouts`) are opaque bytes, stored and returned byte for byte.
+- Pool statistics, rollout views and latency samples (`store.rollouts`, `store.latency_history`) are opaque
+  bytes, stored and returned byte for byte.
 - At most `max_connections` operations run at once (more wait up to `pool_timeout_s`), so the pool
   never overflows however many engines a replica serves.
 - Every Redis failure raises `StoreUnavailable` naming the operation (reads and writes alike); bad
@@ -61,6 +62,7 @@ from controlplane.store.decisions import (
 from controlplane.store.errors import REDIS_FAILURES, StoreUnavailable
 from controlplane.store.history import HistoryMixin
 from controlplane.store.keys import override_kind_name, pool_key, scope_key
+from controlplane.store.latency_history import LatencyHistoryMixin
 from controlplane.store.notices import RESYNC, OverrideNotice, decode_notice, encode_notice
 from controlplane.store.pool_statistics import PoolStatisticsMixin
 from controlplane.store.records import is_expired, parse_payload, record_json, stream_entries, text, text_fields
@@ -90,7 +92,7 @@ logger = logging.getLogger(__name__)
 _MAX_CAS_ATTEMPTS = 32
 
 
-class RedisStore(HistoryMixin, PoolStatisticsMixin, RolloutsMixin):
+class RedisStore(HistoryMixin, PoolStatisticsMixin, RolloutsMixin, LatencyHistoryMixin):
     """The store over one Redis (or Valkey) deployment, through `redis.asyncio`.
 
     Construct with `RedisStore(url, ...)` or `create_store(url, ...)` (arguments: `StoreBase.__init__`).

@@ -665,6 +665,59 @@ async def test_pool_snapshot_round_trip_and_expiry(store: RedisStore) -> None:
         await store.put_pool_snapshot(POOL_KEY, payload, ttl_s=-1.0)
 
 
+async def test_latency_samples_are_one_per_slot_read_by_range_oldest_first_and_expire(
+        redis_topology: Topology, prefix: str) -> None:
+    base_ms = 1_765_000_000_000
+    async with create_store(redis_topology.url, prefix=prefix) as replica_a, \
+            create_store(redis_topology.url, prefix=prefix) as replica_b:
+        async def put(store: RedisStore, slot: int, payload: bytes, **kw: float) -> bool:
+            options = {"max_samples": 10_000, "ttl_s": 60.0, **kw}
+            return await store.put_latency_sample(POOL_KEY, slot_ms=base_ms + slot * 10_000, payload=payload,
+                                                  **options)
+
+        assert await replica_a.read_latency_history(POOL_KEY, since_s=0.0, until_s=2e9, count=10) == []
+        assert await put(replica_a, 0, b"a0") is True
+        # Another replica sampling the same slot, or an older one (a clock behind), writes nothing.
+        assert await put(replica_b, 0, b"b0") is False
+        assert await put(replica_a, 0, b"a0-again") is False
+        assert await put(replica_b, 2, b"\x00b2\xff") is True
+        assert await put(replica_a, 1, b"a1") is False
+        assert await put(replica_a, 3, b"a3") is True
+        await replica_a.put_latency_sample("other|gpu", slot_ms=base_ms, payload=b"other", max_samples=10,
+                                           ttl_s=60.0)
+        base_s = base_ms / 1000.0
+        everything = await replica_b.read_latency_history(POOL_KEY, since_s=0.0, until_s=2e9, count=10)
+        assert everything == [(base_s, b"a0"), (base_s + 20.0, b"\x00b2\xff"), (base_s + 30.0, b"a3")]
+        # The range is inclusive at both ends; count keeps the newest.
+        assert await replica_b.read_latency_history(POOL_KEY, since_s=base_s + 20.0, until_s=base_s + 30.0,
+                                                    count=10) == everything[1:]
+        assert await replica_b.read_latency_history(POOL_KEY, since_s=base_s, until_s=base_s + 29.999,
+                                                    count=10) == everything[:2]
+        assert await replica_b.read_latency_history(POOL_KEY, since_s=0.0, until_s=2e9, count=2) == everything[1:]
+        # More than one page, capped at about max_samples.
+        for slot in range(4, 1_304):
+            assert await put(replica_a, slot, b"%d" % slot, max_samples=1_000)
+        many = await replica_b.read_latency_history(POOL_KEY, since_s=0.0, until_s=2e9, count=5_000)
+        assert 1_000 <= len(many) <= 1_200 and many[-1] == (base_s + 13_030.0, b"1303")
+        assert [at_s for at_s, _ in many] == sorted({at_s for at_s, _ in many})
+        # The stream expires ttl_s after its latest sample.
+        await put(replica_a, 2_000, b"last", ttl_s=0.2)
+
+        async def gone() -> bool:
+            return await replica_b.read_latency_history(POOL_KEY, since_s=0.0, until_s=2e9, count=1) == []
+
+        await eventually(gone)
+        assert await replica_b.read_latency_history("other|gpu", since_s=0.0, until_s=2e9, count=5) == [
+            (base_s, b"other")]
+        for bad in ({"slot_ms": 0}, {"slot_ms": 1.5}, {"payload": "text"}, {"max_samples": 0}, {"ttl_s": -1.0}):
+            args = {"slot_ms": base_ms, "payload": b"x", "max_samples": 10, "ttl_s": 60.0, **bad}
+            with pytest.raises(ValueError):
+                await replica_a.put_latency_sample(POOL_KEY, **args)
+        for since_s, until_s, count in ((2.0, 1.0, 1), (float("nan"), 1.0, 1), (0.0, float("inf"), 1), (0, 1, 0)):
+            with pytest.raises(ValueError):
+                await replica_a.read_latency_history(POOL_KEY, since_s=since_s, until_s=until_s, count=count)
+
+
 # ---- connections, durability and failure -----------------------------------------------------------------
 
 

@@ -451,3 +451,29 @@ class ListHistoryResponse(_message.Message):
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
     def __init__(self, entries: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ...) -> None: ...
+
+class ListLatencyHistoryRequest(_message.Message):
+    __slots__ = ("pool", "since_s", "until_s", "limit")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SINCE_S_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_S_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    pool: _common_pb2.Pool
+    since_s: float
+    until_s: float
+    limit: int
+    def __init__(self, pool: _Optional[_Union[_common_pb2.Pool, _Mapping]] = ..., since_s: _Optional[float] = ..., until_s: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class LatencySample(_message.Message):
+    __slots__ = ("at_s", "outcomes")
+    AT_S_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    at_s: float
+    outcomes: PoolOutcomes
+    def __init__(self, at_s: _Optional[float] = ..., outcomes: _Optional[_Union[PoolOutcomes, _Mapping]] = ...) -> None: ...
+
+class ListLatencyHistoryResponse(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[LatencySample]
+    def __init__(self, samples: _Optional[_Iterable[_Union[LatencySample, _Mapping]]] = ...) -> None: ...

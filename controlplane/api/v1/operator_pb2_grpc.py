@@ -104,6 +104,11 @@ class OperatorServiceStub:
                 request_serializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryRequest.SerializeToString,
                 response_deserializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryResponse.FromString,
                 _registered_method=True)
+        self.ListLatencyHistory = channel.unary_unary(
+                '/controlplane.v1.OperatorService/ListLatencyHistory',
+                request_serializer=controlplane_dot_v1_dot_operator__pb2.ListLatencyHistoryRequest.SerializeToString,
+                response_deserializer=controlplane_dot_v1_dot_operator__pb2.ListLatencyHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -209,6 +214,15 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLatencyHistory(self, request, context):
+        """A pool's measured latencies as the controllers recorded them (every latency_history_interval_s, while the
+        pool's engines report latencies), oldest first: the newest `limit` samples in [since_s, until_s].
+        INVALID_ARGUMENT without a pool, or for a time that is not finite and >= 0, or since_s after until_s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +295,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ListHistory,
                     request_deserializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryRequest.FromString,
                     response_serializer=controlplane_dot_v1_dot_operator__pb2.ListHistoryResponse.SerializeToString,
+            ),
+            'ListLatencyHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLatencyHistory,
+                    request_deserializer=controlplane_dot_v1_dot_operator__pb2.ListLatencyHistoryRequest.FromString,
+                    response_serializer=controlplane_dot_v1_dot_operator__pb2.ListLatencyHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -661,6 +680,33 @@ class OperatorService:
             '/controlplane.v1.OperatorService/ListHistory',
             controlplane_dot_v1_dot_operator__pb2.ListHistoryRequest.SerializeToString,
             controlplane_dot_v1_dot_operator__pb2.ListHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLatencyHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.v1.OperatorService/ListLatencyHistory',
+            controlplane_dot_v1_dot_operator__pb2.ListLatencyHistoryRequest.SerializeToString,
+            controlplane_dot_v1_dot_operator__pb2.ListLatencyHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,
