@@ -28,8 +28,10 @@ column: the first decision that moves (k̂* or N̂* more than 10% from the pre-s
 over the steady values, the point after which every decision stays within 10% and 5% of the steady k̂* and N̂*,
 the largest μ̂_O / truth (the law in force; after the shift the larger of the two means, which a window may
 rightly still show), and the spread at stationarity (the reference runs' largest |x − median| / median). Then
-each goal, met or not, and the timing behind it (the first re-based window, the decision interval), the rates
-achieved, and the CPU used by this process and the controller; --timeline: every decision of each case's first
+each goal, met or not over the seeds' median (the issue's terms: at least half of the seeds meet it; μ̂_O's
+bound in every decision of every seed), with how many seeds meet it and the worst seed's figure, the timing
+behind it (the first re-based window, the decision interval), the rates achieved, and the CPU used by this
+process and the controller; --timeline: every decision of each case's first
 seed's first engine (what its window stood on).
 """
 
@@ -402,25 +404,31 @@ def _within(p: Point, goal: tuple[int, float]) -> bool:
     return p.done <= goal[0] or p.seconds <= goal[1]
 
 
-def goals(case: tuple[Shift, float, int], outcomes: list[Outcome], ref: Steady) -> list[tuple[str, bool, str]]:
-    """(goal, met, worst figure) per goal of the case."""
+def goals(case: tuple[Shift, float, int], outcomes: list[Outcome],
+          ref: Steady) -> list[tuple[str, int, bool, str]]:
+    """(goal, seeds that meet it, met, worst figure) per goal of the case. The issue states the shift goals over
+    the seeds' median: such a goal is met when at least half of the seeds meet it (the median seed does). μ̂_O's
+    bound holds for every decision of every seed, and the spread for the reference runs."""
     _, rate, _ = case
     worst10, worst5 = _worst_point([o.settle10 for o in outcomes]), _worst_point([o.settle5 for o in outcomes])
     if rate >= FAST_RATE:
-        checks = [(f"within 10% after {GOAL_FAST_S:g} s", all(o.settle10.seconds <= GOAL_FAST_S for o in outcomes),
-                   _fmt_point(worst10))]
+        seeds = [(f"within 10% after {GOAL_FAST_S:g} s",
+                  [o.settle10 is not None and o.settle10.seconds <= GOAL_FAST_S for o in outcomes],
+                  _fmt_point(worst10))]
     else:
-        checks = [(f"within 10% after max({GOAL_10[0]}, {GOAL_10[1]:g} s)",
-                   all(_within(o.settle10, GOAL_10) for o in outcomes), _fmt_point(worst10)),
-                  (f"within 5% after max({GOAL_5[0]}, {GOAL_5[1]:g} s)",
-                   all(_within(o.settle5, GOAL_5) for o in outcomes), _fmt_point(worst5))]
-    worst_move = max(_ratio_error(o.move_ratios) for o in outcomes)
+        seeds = [(f"within 10% after max({GOAL_10[0]}, {GOAL_10[1]:g} s)",
+                  [o.settle10 is not None and _within(o.settle10, GOAL_10) for o in outcomes], _fmt_point(worst10)),
+                 (f"within 5% after max({GOAL_5[0]}, {GOAL_5[1]:g} s)",
+                  [o.settle5 is not None and _within(o.settle5, GOAL_5) for o in outcomes], _fmt_point(worst5))]
+    errors = [_ratio_error(o.move_ratios) for o in outcomes]
+    worst_move = max(errors)
+    seeds.append((f"first move within {GOAL_MOVE:.0%}", [e <= GOAL_MOVE for e in errors],
+                  "no move" if math.isinf(worst_move) else f"worst {worst_move:.1%}"))
+    checks = [(name, sum(ok), 2 * sum(ok) >= len(ok), figure) for name, ok, figure in seeds]
     mu = max(o.mu_over_truth for o in outcomes)
-    checks += [(f"first move within {GOAL_MOVE:.0%}", worst_move <= GOAL_MOVE,
-                "no move" if math.isinf(worst_move) else f"worst {worst_move:.1%}"),
-               (f"μ̂_O ≤ {GOAL_MU:g}× truth", mu <= GOAL_MU, f"worst {mu:.2f}×"),
-               (f"stationary spread ≤ {GOAL_SPREAD:.0%}", max(ref.spread_k, ref.spread_n) <= GOAL_SPREAD,
-                f"k̂* {ref.spread_k:.1%}, N̂* {ref.spread_n:.1%}")]
+    checks += [(f"μ̂_O ≤ {GOAL_MU:g}× truth", len(outcomes), mu <= GOAL_MU, f"worst {mu:.2f}×"),
+               (f"stationary spread ≤ {GOAL_SPREAD:.0%}", len(outcomes),
+                max(ref.spread_k, ref.spread_n) <= GOAL_SPREAD, f"k̂* {ref.spread_k:.1%}, N̂* {ref.spread_n:.1%}")]
     return checks
 
 
@@ -460,9 +468,9 @@ def report(runs: list[Run]) -> bool:
               f"{_nanmedian([o.interval_s for o in outcomes]):.2f} s, rate before/after the shift "
               f"{np.median([o.rate_pre for o in outcomes]):.1f}/{np.median([o.rate_post for o in outcomes]):.1f} "
               "per s")
-        for name, met, figure in goals(case, outcomes, refs[case]):
+        for name, count, met, figure in goals(case, outcomes, refs[case]):
             all_met &= met
-            print(f"  goal {name:<34} {'met' if met else 'NOT met':<8} ({figure})")
+            print(f"  goal {name:<34} {'met' if met else 'NOT met':<8} ({count} of {len(outcomes)} seeds; {figure})")
     return all_met
 
 

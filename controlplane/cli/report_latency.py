@@ -18,12 +18,14 @@ OWN_STATISTICS_FLAG).
 
 Element classes: `section.latency[data-pool]`, `svg.latency[data-pool][data-kind=ttft|tpot][data-unit]`,
 `g.axis.axis-latency[data-max-s]` with `text.tick[data-value-s]`, `polyline.p50-line` (solid) and
-`polyline.p99-line` (dashed), `circle.sample[data-source][data-at-s][data-window-s][data-num-requests][data-p50-s]
-[data-p90-s][data-p99-s][data-mean-s]` (one per sample with data; the circle stands at p99),
-`rect.window[data-from-s][data-to-s]` (the newest sample's window), `line.objective[data-quantile]
-[data-target-s]`, `table.latency[data-pool]` (`tr[data-kind]`). Pure but for `sample_latencies`, which reads
-through the function it is given and sleeps between samples, and `recorded_latencies`, which reads through the
-function it is given.
+`polyline.p99-line` (dashed), `p.attainment[data-meeting][data-adjusting][data-infeasible][data-judged]`
+(`attainment`: how often the samples found the pool's objective met), `circle.sample[data-source][data-at-s]
+[data-window-s][data-num-requests][data-p50-s][data-p90-s][data-p99-s][data-mean-s]` (one per sample with data;
+the circle stands at p99), `rect.window[data-from-s][data-to-s]` (the newest sample's window),
+`line.objective[data-quantile][data-target-s]`, `table.latency[data-pool]` (`tr[data-kind]`).
+
+Pure but for `sample_latencies`, which reads through the function it is given and sleeps between samples, and
+`recorded_latencies`, which reads through the function it is given.
 """
 
 from __future__ import annotations
@@ -212,6 +214,33 @@ def _ms(value_s: float) -> str:
     return f"{value_s * 1e3:.4g}" if math.isfinite(value_s) else "-"
 
 
+JUDGED_STATES = ("meeting", "adjusting", "infeasible")  # an objective's states with latency data behind them
+
+
+def attainment(samples: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """How often the pool met its objective, as the controller judged it at each sample taken under one with
+    latency data (state meeting, adjusting or infeasible): the count per state, the samples judged, and the first
+    and last such sample's time; None when no sample was taken under an objective with data."""
+    judged = [s for s in samples if (s["objective"] or {}).get("state") in JUDGED_STATES]
+    if not judged:
+        return None
+    counts = {state: sum(1 for s in judged if s["objective"]["state"] == state) for state in JUDGED_STATES}
+    return {**counts, "judged": len(judged), "from_s": min(s["at_s"] for s in judged),
+            "to_s": max(s["at_s"] for s in judged)}
+
+
+def _attainment_line(samples: Sequence[dict[str, Any]]) -> str:
+    found = attainment(samples)
+    if found is None:
+        return ""
+    share = found["meeting"] / found["judged"]
+    return (f'<p class="attainment muted" data-meeting="{found["meeting"]}" data-adjusting="{found["adjusting"]}" '
+            f'data-infeasible="{found["infeasible"]}" data-judged="{found["judged"]}">objective met in '
+            f'{found["meeting"]} of {found["judged"]} samples ({share:.0%}) from {iso_utc(found["from_s"])} to '
+            f'{iso_utc(found["to_s"])}; adjusting {found["adjusting"]}, infeasible {found["infeasible"]} (the '
+            "controller's state at each sample)</p>")
+
+
 def latency_section(pool_key: str, samples: Sequence[dict[str, Any]], *, start_s: float, end_s: float) -> str:
     """A pool's latency part of the report: its TTFT and TPOT timelines and a table of the newest sample's
     quantiles (ms); a line saying so when no sample of the pool holds any latency, or when it has none.
@@ -234,7 +263,7 @@ def latency_section(pool_key: str, samples: Sequence[dict[str, Any]], *, start_s
     seen = f"from the view of {newest['engine_id']}" if newest["engine_id"] else "as the controller recorded it"
     caption = (f"the {newest['window_s']:.0f} s to {iso_utc(newest['at_s'])}, {seen}"
                + (f"; objective {objective['state']}: {objective['detail']}" if objective else ""))
-    return (f'<section class="latency" data-pool="{pool_attr}">{head}'
+    return (f'<section class="latency" data-pool="{pool_attr}">{head}{_attainment_line(samples)}'
             + "".join(latency_svg(pool_key, kind, samples, start_s=start_s, end_s=end_s) for kind in KINDS)
             + f'<table class="latency" data-pool="{pool_attr}"><caption class="muted">{html.escape(caption)}'
               "</caption><thead><tr><th>latency</th><th>requests</th><th>p50 (ms)</th><th>p90 (ms)</th>"

@@ -1,6 +1,7 @@
 """The pools' store exchange: publish this replica's closed buckets, read the other replicas', persist and load
-a pool's window for warm starts, and record the pool's latency view every latency_history_interval_s. The statistics themselves live in the fleet state machine
-(`loop.fleet.FleetState`); this module only moves bytes between it and the store.
+a pool's window for warm starts, and record the pool's latency view every latency_history_interval_s. The
+statistics themselves live in the fleet state machine (`loop.fleet.FleetState`); this module only moves bytes
+between it and the store.
 
 A slow or failed store never holds a pool's estimate back: every call has a deadline
 (`EXCHANGE_TIMEOUT_S`), and a refresh then uses this replica's own buckets.

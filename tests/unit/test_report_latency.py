@@ -1,5 +1,6 @@
 """`cli.report_latency` on plain data: which engine's view a pool's sample is read from, one sample drawn as
-levels over the window it covers, the axis' round maximum and unit, and the bounds of --latency-every-s."""
+levels over the window it covers, the axis' round maximum and unit, the bounds of --latency-every-s, and the
+controller's recorded samples with how often they found the objective met."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import re
 
 import pytest
 
+from controlplane.api.v1 import operator_pb2
 from controlplane.cli.report_latency import (
     LEFT_PX,
     OWN_STATISTICS_FLAG,
     RIGHT_PX,
     WIDTH_PX,
+    attainment,
+    latency_section,
     latency_svg,
     pool_samples,
+    recorded_samples,
     sample_interval_s,
 )
 
@@ -62,3 +67,31 @@ def test_the_sample_interval_is_refused_outside_its_bounds(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         sample_interval_s(text)
     assert sample_interval_s("0.5") == 0.5 and sample_interval_s("3600") == 3600.0
+
+
+def _recorded(at_s: float, state: int) -> operator_pb2.LatencySample:
+    outcomes = operator_pb2.PoolOutcomes(
+        window_s=60.0, ttft=operator_pb2.LatencyQuantiles(num_requests=300, p50_s=0.2, p90_s=0.5, p99_s=0.9,
+                                                          mean_s=0.25), objective_state=state)
+    if state:
+        outcomes.objective.CopyFrom(operator_pb2.LatencyObjective(ttft_quantile=0.99, ttft_target_s=1.0))
+    return operator_pb2.LatencySample(at_s=at_s, outcomes=outcomes)
+
+
+def test_recorded_samples_are_drawn_as_samples_and_the_objectives_attainment_is_counted() -> None:
+    states = [operator_pb2.OBJECTIVE_STATE_MEETING] * 6 + [operator_pb2.OBJECTIVE_STATE_ADJUSTING] * 3 + [
+        operator_pb2.OBJECTIVE_STATE_INFEASIBLE, operator_pb2.OBJECTIVE_STATE_NO_LATENCY_DATA,
+        operator_pb2.OBJECTIVE_STATE_UNSPECIFIED]
+    samples = recorded_samples(POOL, [_recorded(1_000.0 + 10 * i, state) for i, state in enumerate(states)])
+    assert [s["source"] for s in samples] == ["recorded"] * 12 and samples[0]["engine_id"] == ""
+    assert samples[0]["ttft"]["p99_s"] == 0.9 and samples[0]["tpot"] is None
+    assert samples[0]["objective"]["state"] == "meeting" and samples[-1]["objective"] is None
+    # Judged: the samples under an objective with latency data (not "no latency data", not without one).
+    assert attainment(samples) == {"meeting": 6, "adjusting": 3, "infeasible": 1, "judged": 10,
+                                   "from_s": 1_000.0, "to_s": 1_090.0}
+    assert attainment(samples[-2:]) is None
+    section = latency_section("m|a", samples, start_s=1_000.0, end_s=1_120.0)
+    assert ('class="attainment muted" data-meeting="6" data-adjusting="3" data-infeasible="1" data-judged="10"'
+            in section) and "objective met in 6 of 10 samples (60%)" in section
+    assert section.count('data-source="recorded"') == 12  # a TTFT marker per sample; no TPOT was recorded
+    assert "as the controller recorded it" in section
