@@ -17,6 +17,7 @@ import pytest
 
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.loop.config import DecisionLoopConfig
+from controlplane.store import create_store, pool_key
 from testbench.messages import stamped_batch
 from tests.integration.controller_harness import AgentStream, make_config, operator_stub, running_controller
 
@@ -119,6 +120,14 @@ async def test_each_pools_latencies_are_recorded_once_per_slot_and_read_back(red
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub_a.ListLatencyHistory(request)
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in caught.value.details()
+
+        # A sample that does not parse (another version's, or damaged) is left out; the others are answered.
+        async with create_store(redis_url) as store:
+            future_s = int(everything[-1].at_s) + 3600
+            assert await store.put_latency_sample(pool_key(POOL), slot_ms=future_s * 1000, payload=b"\xff\xff\xff",
+                                                  max_samples=100, ttl_s=60.0)
+        assert await _history(stub_a, until_s=future_s + 1.0) == await _history(stub_a, until_s=future_s - 1.0)
+        assert everything[-1] in await _history(stub_a, until_s=future_s + 1.0)
 
         # `ctl report` draws the recorded samples beside those it reads (none read: no engine is left).
         out = tmp_path / "report.html"
