@@ -95,19 +95,20 @@ async def recorded_latencies(
     """Every pool's recorded samples since `since_s` (Unix seconds), the newest MAX_RECORDED_SAMPLES of each, as
     `recorded_samples` gives them; `read` calls ListLatencyHistory. One pool at a time (the controller runs a
     caller's two such reads at once). A controller that does not record latencies (an older release:
-    UNIMPLEMENTED) or cannot read its record now (UNAVAILABLE) gives none, with a line on stderr."""
+    UNIMPLEMENTED) or cannot read its record now (UNAVAILABLE) ends the reading, with a line on stderr: the
+    pools read before it keep their samples."""
     found: list[dict[str, Any]] = []
     unique = {pool.SerializeToString(deterministic=True): pool for pool in pools}
-    for _, pool in sorted(unique.items()):
+    for index, (_, pool) in enumerate(sorted(unique.items())):
         try:
             reply = await read(operator_pb2.ListLatencyHistoryRequest(pool=pool, since_s=max(since_s, 0.0),
                                                                       limit=MAX_RECORDED_SAMPLES))
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE):
                 raise
-            print(f"report: no recorded latencies ({exc.code().name}: {exc.details()}); drawing those read now only",
-                  file=sys.stderr, flush=True)
-            return []
+            print(f"report: no recorded latencies for {len(unique) - index} pool(s) ({exc.code().name}: "
+                  f"{exc.details()}); drawing those read now", file=sys.stderr, flush=True)
+            return found
         found += recorded_samples(message_to_dict(pool), reply.samples)
     return found
 

@@ -5,11 +5,13 @@ controller's recorded samples with how often they found the objective met."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 
+import grpc
 import pytest
 
-from controlplane.api.v1 import operator_pb2
+from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.cli.report_latency import (
     LEFT_PX,
     OWN_STATISTICS_FLAG,
@@ -19,6 +21,7 @@ from controlplane.cli.report_latency import (
     latency_section,
     latency_svg,
     pool_samples,
+    recorded_latencies,
     recorded_samples,
     sample_interval_s,
 )
@@ -95,3 +98,33 @@ def test_recorded_samples_are_drawn_as_samples_and_the_objectives_attainment_is_
             in section) and "objective met in 6 of 10 samples (60%)" in section
     assert section.count('data-source="recorded"') == 12  # a TTFT marker per sample; no TPOT was recorded
     assert "as the controller recorded it" in section
+
+
+def _refusing(code: grpc.StatusCode):
+    async def read(request: operator_pb2.ListLatencyHistoryRequest) -> operator_pb2.ListLatencyHistoryResponse:
+        assert request.pool.model == "m" and request.limit == 10_000 and request.since_s == 100.0
+        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="nope")
+    return read
+
+
+def test_a_controller_without_a_latency_record_leaves_the_report_to_what_it_reads(capsys) -> None:
+    pool = common_pb2.Pool(model="m", accelerator="a")
+    for code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE):  # an older controller; a store outage
+        assert asyncio.run(recorded_latencies(_refusing(code), [pool, pool], since_s=100.0)) == []
+        assert f"no recorded latencies for 1 pool(s) ({code.name}: nope)" in capsys.readouterr().err
+    with pytest.raises(grpc.aio.AioRpcError):  # anything else is the caller's error to report
+        asyncio.run(recorded_latencies(_refusing(grpc.StatusCode.PERMISSION_DENIED), [pool], since_s=100.0))
+
+
+def test_the_pools_read_before_a_refusal_keep_their_recorded_samples(capsys) -> None:
+    first, second = common_pb2.Pool(model="m", accelerator="a"), common_pb2.Pool(model="m", accelerator="b")
+
+    async def read(request: operator_pb2.ListLatencyHistoryRequest) -> operator_pb2.ListLatencyHistoryResponse:
+        if request.pool == second:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       details="store down")
+        return operator_pb2.ListLatencyHistoryResponse(samples=[_recorded(500.0, 0)])
+
+    found = asyncio.run(recorded_latencies(read, [second, first], since_s=0.0))  # read in a fixed order: a, then b
+    assert [(s["pool"]["accelerator"], s["at_s"]) for s in found] == [("a", 500.0)]
+    assert "no recorded latencies for 1 pool(s) (UNAVAILABLE: store down)" in capsys.readouterr().err
