@@ -106,8 +106,9 @@ async def recorded_latencies(
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE):
                 raise
+            details = "".join(c for c in " ".join((exc.details() or "").split()) if c.isprintable())[:200]
             print(f"report: no recorded latencies for {len(unique) - index} pool(s) ({exc.code().name}: "
-                  f"{exc.details()}); drawing those read now", file=sys.stderr, flush=True)
+                  f"{details}); drawing those read now", file=sys.stderr, flush=True)
             return found
         found += recorded_samples(message_to_dict(pool), reply.samples)
     return found

@@ -103,7 +103,7 @@ def test_recorded_samples_are_drawn_as_samples_and_the_objectives_attainment_is_
 def _refusing(code: grpc.StatusCode):
     async def read(request: operator_pb2.ListLatencyHistoryRequest) -> operator_pb2.ListLatencyHistoryResponse:
         assert request.pool.model == "m" and request.limit == 10_000 and request.since_s == 100.0
-        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="nope")
+        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="no\x1b[2J\npe")
     return read
 
 
@@ -111,7 +111,8 @@ def test_a_controller_without_a_latency_record_leaves_the_report_to_what_it_read
     pool = common_pb2.Pool(model="m", accelerator="a")
     for code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE):  # an older controller; a store outage
         assert asyncio.run(recorded_latencies(_refusing(code), [pool, pool], since_s=100.0)) == []
-        assert f"no recorded latencies for 1 pool(s) ({code.name}: nope)" in capsys.readouterr().err
+        # the server's words on one line, without control characters (a terminal escape is not passed on)
+        assert f"no recorded latencies for 1 pool(s) ({code.name}: no[2J pe)" in capsys.readouterr().err
     with pytest.raises(grpc.aio.AioRpcError):  # anything else is the caller's error to report
         asyncio.run(recorded_latencies(_refusing(grpc.StatusCode.PERMISSION_DENIED), [pool], since_s=100.0))
 
