@@ -103,11 +103,13 @@ async def test_each_pools_latencies_are_recorded_once_per_slot_and_read_back(red
         times = [s.at_s for s in everything]
         assert times == sorted(set(times)) and all(t % INTERVAL_S == 0 for t in times), times
         assert len(everything) >= 2 and first.at_s < second.at_s
-        assert await _history(stub_b) == everything
+        # (the replicas go on recording while the pool's window holds latencies: reads stop at the newest read)
+        newest_s = everything[-1].at_s
+        assert await _history(stub_b, until_s=newest_s) == everything
         # A range, inclusive at both ends, and the newest `limit` of it.
         assert await _history(stub_b, since_s=first.at_s, until_s=second.at_s) == [
             s for s in everything if first.at_s <= s.at_s <= second.at_s]
-        assert await _history(stub_b, limit=1) == everything[-1:]
+        assert await _history(stub_b, until_s=newest_s, limit=1) == everything[-1:]
         assert await stub_a.ListLatencyHistory(operator_pb2.ListLatencyHistoryRequest(
             pool=common_pb2.Pool(model="m", accelerator="nobody"))) == operator_pb2.ListLatencyHistoryResponse()
 
@@ -136,15 +138,16 @@ async def test_each_pools_latencies_are_recorded_once_per_slot_and_read_back(red
             "--latency-history-s", "600", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         _, err = await asyncio.wait_for(process.communicate(), 120)
         assert process.returncode == 0, err.decode()
-        record = {s.at_s: s.outcomes.ttft.p99_s for s in await _history(stub_b) if s.outcomes.HasField("ttft")}
-
-    dom = RecordedDom()
-    dom.feed(out.read_text(encoding="utf-8"))
-    recorded = {at_s: p99_s for source, at_s, p99_s in dom.markers if source == "recorded"}
+        dom = RecordedDom()
+        dom.feed(out.read_text(encoding="utf-8"))
+        recorded = {at_s: p99_s for source, at_s, p99_s in dom.markers if source == "recorded"}
+        assert recorded and max(recorded) >= newest_s
+        record = {s.at_s: s.outcomes.ttft.p99_s for s in await _history(stub_b, until_s=max(recorded))
+                  if s.outcomes.HasField("ttft")}
     assert recorded == record and first.at_s in recorded and second.at_s in recorded
 
     # The record outlives the replicas.
     async with running_controller(_config(redis_url, "replica-c")) as ctl_c, \
             grpc.aio.insecure_channel(ctl_c.address) as channel_c:
-        kept = await _history(operator_stub(channel_c), until_s=everything[-1].at_s)
+        kept = await _history(operator_stub(channel_c), until_s=newest_s)
     assert kept == everything
