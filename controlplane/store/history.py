@@ -19,14 +19,11 @@ from controlplane.store.decisions import DecisionWrite, history_entry, history_f
 from controlplane.store.errors import REDIS_FAILURES, StoreUnavailable
 from controlplane.store.records import text
 from controlplane.store.scripts import ZREM_IF_BELOW, ScriptCall, run_script
-from controlplane.store.store_base import StoreBase
+from controlplane.store.store_base import STREAM_PAGE, StoreBase
 
 logger = logging.getLogger(__name__)
 # Pools whose history renewal times are kept before those older than the renewal interval are dropped.
 _RENEWAL_RECORD_MAX = 4096
-# Entries per XREVRANGE reply: a reply is parsed in one piece, so a read of thousands of entries is paged to
-# give the event loop back between pages (a page parses in a few milliseconds).
-_HISTORY_PAGE = 500
 
 
 class HistoryMixin(StoreBase):
@@ -88,7 +85,7 @@ class HistoryMixin(StoreBase):
         async with self._operation("read_history"):
             streams = ([self._keys.history(pool_key)] if pool_key is not None
                        else await self._scan(self._keys.history_pattern))
-            if count <= _HISTORY_PAGE:
+            if count <= STREAM_PAGE:
                 replies = await self._batched(streams, lambda pipe, key: pipe.xrevrange(key, count=count))
             else:
                 replies = [await self._newest_entries(stream, count) for stream in streams]
@@ -97,18 +94,6 @@ class HistoryMixin(StoreBase):
         entries = await map_yielding(lambda row: history_entry(row[1], row[2], stream=row[0]), raw)
         entries.sort(key=lambda entry: stream_id_order(entry["id"]), reverse=True)
         return entries[:count]
-
-    async def _newest_entries(self, stream: str, count: int) -> list[tuple[Any, Any]]:
-        """The newest `count` entries of one stream, newest first, read in pages of _HISTORY_PAGE."""
-        entries: list[tuple[Any, Any]] = []
-        newest = "+"
-        while len(entries) < count:
-            page = await self._redis.xrevrange(stream, max=newest, count=min(_HISTORY_PAGE, count - len(entries)))
-            entries.extend(page)
-            if len(page) < _HISTORY_PAGE:
-                break
-            newest = "(" + text(page[-1][0])  # exclusive: before the page's oldest entry
-        return entries
 
     async def history_last_ids(self, streams: Sequence[str]) -> dict[str, str]:
         """The id of the latest entry of each history stream ("0-0" for one that has none): `read_history_after`

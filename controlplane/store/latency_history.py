@@ -15,9 +15,8 @@ from redis.exceptions import ResponseError
 
 from controlplane.store.errors import StoreUnavailable
 from controlplane.store.records import text
-from controlplane.store.store_base import StoreBase, ttl_ms
+from controlplane.store.store_base import StoreBase, check_payload, check_pool_key, ttl_ms
 
-_PAGE = 500  # entries per XREVRANGE reply, so a long read gives the event loop back between pages
 _FIELD = "outcomes"
 _SLOT_TAKEN = "equal or smaller"  # Redis' refusal of an XADD id not after the stream's newest
 
@@ -43,15 +42,13 @@ class LatencyHistoryMixin(StoreBase):
 
         Raises:
             ValueError: for an empty pool_key, a slot_ms that is not a positive int, a payload that is not
-                bytes, max_samples < 1 or ttl_s not > 0.
+                bytes-like, max_samples < 1 or ttl_s not > 0.
             StoreUnavailable: when Redis fails.
         """
-        if not isinstance(pool_key, str) or not pool_key:
-            raise ValueError(f"pool_key must be a non-empty str, got {pool_key!r}")
+        check_pool_key(pool_key)
         if not isinstance(slot_ms, int) or isinstance(slot_ms, bool) or slot_ms <= 0:
             raise ValueError(f"slot_ms must be a positive int, got {slot_ms!r}")
-        if not isinstance(payload, bytes):
-            raise ValueError(f"payload must be bytes, got {type(payload).__name__}")
+        payload = check_payload(payload)
         if max_samples < 1:
             raise ValueError(f"max_samples must be ≥ 1, got {max_samples}")
         key = self._keys.latency_history(pool_key)
@@ -75,24 +72,16 @@ class LatencyHistoryMixin(StoreBase):
                 count < 1.
             StoreUnavailable: when Redis fails.
         """
-        if not isinstance(pool_key, str) or not pool_key:
-            raise ValueError(f"pool_key must be a non-empty str, got {pool_key!r}")
+        check_pool_key(pool_key)
         if not (math.isfinite(since_s) and math.isfinite(until_s) and 0.0 <= since_s <= until_s):
             raise ValueError(f"need finite 0 ≤ since_s ≤ until_s, got {since_s=} {until_s=}")
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
-        key = self._keys.latency_history(pool_key)
         newest, oldest = str(math.floor(until_s * 1000.0)), str(math.ceil(since_s * 1000.0))
-        entries: list[tuple[float, bytes]] = []
         async with self._operation("read_latency_history"):
-            while len(entries) < count:
-                page = await self._redis.xrevrange(key, max=newest, min=oldest, count=min(_PAGE, count - len(entries)))
-                for entry_id, fields in page:
-                    payload = fields.get(_FIELD.encode()) if isinstance(fields, dict) else None
-                    if isinstance(payload, bytes):
-                        entries.append((int(text(entry_id).split("-", 1)[0]) / 1000.0, payload))
-                if len(page) < _PAGE:
-                    break
-                newest = "(" + text(page[-1][0])  # exclusive: before the page's oldest entry
+            replies = await self._newest_entries(self._keys.latency_history(pool_key), count, newest=newest,
+                                                 oldest=oldest)
+        entries = [(int(text(entry_id).split("-", 1)[0]) / 1000.0, payload) for entry_id, fields in replies
+                   if isinstance(fields, dict) and isinstance(payload := fields.get(_FIELD.encode()), bytes)]
         entries.reverse()
         return entries

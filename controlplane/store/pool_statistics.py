@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from controlplane.store.records import text
 from controlplane.store.scripts import HSET_WITH_TTL, ScriptCall, run_script
-from controlplane.store.store_base import StoreBase, ttl_ms
+from controlplane.store.store_base import StoreBase, check_payload, check_pool_key, ttl_ms
 
 
 class PoolStatisticsMixin(StoreBase):
@@ -38,11 +38,11 @@ class PoolStatisticsMixin(StoreBase):
                 non-negative int, a payload that is not bytes, or ttl_s not > 0.
             StoreUnavailable: when Redis fails.
         """
-        _check_pool(pool_key)
+        check_pool_key(pool_key)
         _check_bucket(bucket_start_s)
         if not isinstance(replica_id, str) or not replica_id:
             raise ValueError(f"replica_id must be a non-empty str, got {replica_id!r}")
-        data = _check_payload(payload)
+        data = check_payload(payload)
         key = self._keys.pool_contribution(pool_key, bucket_start_s)
         call = ScriptCall(HSET_WITH_TTL, [key], [ttl_ms(ttl_s), "0", replica_id, data])
         async with self._operation("put_pool_contribution"):
@@ -61,7 +61,7 @@ class PoolStatisticsMixin(StoreBase):
             ValueError: for an empty pool_key or a bucket start that is not a non-negative int.
             StoreUnavailable: when Redis fails.
         """
-        _check_pool(pool_key)
+        check_pool_key(pool_key)
         buckets = list(dict.fromkeys(bucket_starts))
         for bucket_start_s in buckets:
             _check_bucket(bucket_start_s)
@@ -81,8 +81,8 @@ class PoolStatisticsMixin(StoreBase):
             ValueError: for an empty pool_key, a payload that is not bytes, or ttl_s not > 0.
             StoreUnavailable: when Redis fails.
         """
-        _check_pool(pool_key)
-        data = _check_payload(payload)
+        check_pool_key(pool_key)
+        data = check_payload(payload)
         lifetime_ms = ttl_ms(ttl_s)
         async with self._operation("put_pool_snapshot"):
             await self._redis.set(self._keys.pool_snapshot(pool_key), data, px=lifetime_ms)
@@ -94,23 +94,12 @@ class PoolStatisticsMixin(StoreBase):
             ValueError: for an empty pool_key.
             StoreUnavailable: when Redis fails.
         """
-        _check_pool(pool_key)
+        check_pool_key(pool_key)
         async with self._operation("get_pool_snapshot"):
             raw = await self._redis.get(self._keys.pool_snapshot(pool_key))
         return None if raw is None else bytes(raw)
 
 
-def _check_pool(pool: str) -> None:
-    if not isinstance(pool, str) or not pool:
-        raise ValueError(f"pool_key must be a non-empty str, got {pool!r}")
-
-
 def _check_bucket(bucket_start_s: int) -> None:
     if isinstance(bucket_start_s, bool) or not isinstance(bucket_start_s, int) or bucket_start_s < 0:
         raise ValueError(f"bucket_start_s must be a non-negative int (Unix seconds), got {bucket_start_s!r}")
-
-
-def _check_payload(payload: bytes) -> bytes:
-    if not isinstance(payload, bytes | bytearray | memoryview):
-        raise ValueError(f"payload must be bytes, got {type(payload).__name__}")
-    return bytes(payload)

@@ -1,12 +1,13 @@
 """`StoreBase`: what every part of `RedisStore` stands on — the connections to one Redis deployment, the key
-space, the bound on operations in flight, and the SCAN / pipelined-batch helpers.
+space, the bound on operations in flight, the SCAN / pipelined-batch / paged-stream helpers, and the argument
+checks the parts share (`check_pool_key`, `check_payload`).
 
 Contracts:
 - At most `max_connections` operations run at once (more wait up to `pool_timeout_s`, then fail with
   StoreUnavailable), so the connection pool never overflows however many engines a replica serves.
 - Inside `_operation(name)` every Redis failure becomes `StoreUnavailable(name)`.
 - `_scan` walks every primary of a cluster; `_batched` pipelines in batches (one round trip per server
-  and batch).
+  and batch); `_newest_entries` reads a stream newest first in pages of STREAM_PAGE.
 
 No clock reads, no state besides the connections.
 """
@@ -33,6 +34,8 @@ DEFAULT_HISTORY_MAXLEN = 10_000
 DEFAULT_AUDIT_MAXLEN = 100_000
 DEFAULT_MAX_CONNECTIONS = 64
 _SCAN_BATCH = 500
+# Entries per XREVRANGE reply (`_newest_entries`): a reply is parsed in one piece, a page in a few milliseconds.
+STREAM_PAGE = 500
 _HISTORY_RENEWAL_MAX_S = 3600.0
 
 
@@ -169,6 +172,20 @@ class StoreBase:
         rows = await self._batched(keys, lambda pipe, key: pipe.hgetall(key), per_pipeline=per_pipeline)
         return [(key, row) for key, row in zip(keys, rows, strict=True) if row]
 
+    async def _newest_entries(self, stream: str, count: int, *, newest: str = "+",
+                              oldest: str = "-") -> list[tuple[Any, Any]]:
+        """The newest `count` entries of one stream with ids in [oldest, newest] (XREVRANGE bounds), newest first,
+        read in pages of STREAM_PAGE (a reply is parsed in one piece: pages give the event loop back)."""
+        entries: list[tuple[Any, Any]] = []
+        while len(entries) < count:
+            page = await self._redis.xrevrange(stream, max=newest, min=oldest,
+                                               count=min(STREAM_PAGE, count - len(entries)))
+            entries.extend(page)
+            if len(page) < STREAM_PAGE:
+                break
+            newest = "(" + text(page[-1][0])  # exclusive: before the page's oldest entry
+        return entries
+
     async def _batched(self, keys: list[str], command: Callable[[Any, str], object], *,
                        per_pipeline: int = _SCAN_BATCH) -> list[Any]:
         """Run `command(pipe, key)` for every key, pipelined (not transactional) in batches of per_pipeline
@@ -180,6 +197,19 @@ class StoreBase:
                     command(pipe, key)
                 results.extend(await pipe.execute())
         return results
+
+
+def check_pool_key(pool_key: str) -> None:
+    """Raises ValueError unless `pool_key` is a non-empty str."""
+    if not isinstance(pool_key, str) or not pool_key:
+        raise ValueError(f"pool_key must be a non-empty str, got {pool_key!r}")
+
+
+def check_payload(payload: bytes) -> bytes:
+    """`payload` as bytes; ValueError when it is not bytes-like."""
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise ValueError(f"payload must be bytes, got {type(payload).__name__}")
+    return bytes(payload)
 
 
 def ttl_ms(ttl_s: float) -> int:
