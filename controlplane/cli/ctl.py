@@ -455,10 +455,11 @@ class Ctl:
             stream = self.stub.WatchDecisions(request, metadata=self.metadata)
 
     async def report(self, args: argparse.Namespace) -> int:
-        engines, views = await self.engine_rows(), []
+        engines = await self.engine_rows()
+        async def read_views() -> list[operator_pb2.DecisionView]:
+            return [v for v in await asyncio.gather(*(self.decision_view(e["engine_id"]) for e in engines)) if v]
         async def read_explains() -> list[dict[str, Any]]:
-            views[:] = [v for v in await asyncio.gather(*(self.decision_view(e["engine_id"]) for e in engines)) if v]
-            return [explain(v) for v in views]
+            return [explain(v) for v in await read_views()]
 
         samples = await sample_latencies(read_explains, num_samples=args.latency_samples - 1,
                                          every_s=args.latency_every_s)
@@ -467,7 +468,8 @@ class Ctl:
                                               **self.kw())
         overrides = await self.stub.ListOverrides(operator_pb2.ListOverridesRequest(), **self.kw())
         audit = await self.stub.ListAudit(operator_pb2.ListAuditRequest(limit=50), **self.kw())
-        explains = await read_explains()
+        views = await read_views()
+        explains = [explain(v) for v in views]
         samples += pool_samples(explains, at_s=time.time())
         if args.latency_history_s:
             pools = [*(v.pool for v in views), *(e.pool for e in history.entries)]

@@ -71,22 +71,20 @@ def pool_samples(explains: Sequence[dict[str, Any]], *, at_s: float) -> list[dic
     chosen: dict[str, dict[str, Any]] = {}  # the pool's fields → the view its sample is read from
     for data in sorted(explains, key=lambda d: (OWN_STATISTICS_FLAG in d["flags"], d["engine_id"])):
         chosen.setdefault(repr(sorted((data["pool"] or {}).items())), data)
-    return [{"pool": data["pool"], "at_s": at_s, "source": "read", "engine_id": data["engine_id"],
-             "window_s": data["outcomes"]["window_s"],
-             **{kind: data["outcomes"][kind] for kind in ("ttft", "tpot", "queue")},
-             "objective": data["outcomes"]["objective"]} for _, data in sorted(chosen.items())]
+    return [_sample(data["pool"], at_s, "read", data["engine_id"], data["outcomes"])
+            for _, data in sorted(chosen.items())]
+
+
+def _sample(pool: dict[str, Any], at_s: float, source: str, engine_id: str, outcomes: dict[str, Any]) -> dict[str, Any]:
+    """One sample of a pool (the dict `pool_samples` documents) from its outcomes (`explain.outcomes_dict`)."""
+    return {"pool": pool, "at_s": at_s, "source": source, "engine_id": engine_id, "window_s": outcomes["window_s"],
+            **{kind: outcomes[kind] for kind in ("ttft", "tpot", "queue")}, "objective": outcomes["objective"]}
 
 
 def recorded_samples(pool: dict[str, Any], samples: Sequence[operator_pb2.LatencySample]) -> list[dict[str, Any]]:
     """A pool's samples recorded by the controller (`ListLatencyHistory`) as `pool_samples` gives them, with
     source "recorded" and no engine_id (the controller recorded the pool's view). `pool`: the pool's dict."""
-    found = []
-    for sample in samples:
-        data = outcomes_dict(sample.outcomes)
-        found.append({"pool": pool, "at_s": sample.at_s, "source": "recorded", "engine_id": "",
-                      "window_s": data["window_s"], **{kind: data[kind] for kind in ("ttft", "tpot", "queue")},
-                      "objective": data["objective"]})
-    return found
+    return [_sample(pool, sample.at_s, "recorded", "", outcomes_dict(sample.outcomes)) for sample in samples]
 
 
 async def recorded_latencies(
