@@ -40,9 +40,13 @@ def test_a_caller_past_its_share_is_refused_and_others_wait_for_the_overall_boun
         holders = [asyncio.create_task(_hold(gate, "alice", release, entered[i])) for i in range(2)]
         await asyncio.wait_for(asyncio.gather(entered[0].wait(), entered[1].wait()), 1.0)
         context = Context()
-        with pytest.raises(RefusedError):
+
+        async def third() -> None:
             async with gate.slot(context, "alice", "ListLatencyHistory"):
                 pass  # pragma: no cover - refused before
+
+        with pytest.raises(RefusedError):  # at once: a refusal, not a wait
+            await asyncio.wait_for(third(), 1.0)
         assert context.aborted is not None and context.aborted[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert context.aborted[1].startswith("ListLatencyHistory: at most 2 ")
         other = asyncio.create_task(_hold(gate, "bob", release, entered[2]))  # not refused: waits its turn
