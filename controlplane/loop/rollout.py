@@ -47,9 +47,14 @@ SWITCH_PERIOD_S, in the order new, old, old, new (repeated: ABBA, so a steady dr
 modes alike), the first SWITCH_SETTLE_S of each period not measured (the mode takes hold, the requests of the
 other mode's period drain); the new mode's periods are the canary group, the old mode's the control, and the
 same tests decide, over up to SWITCHBACK_MAX_OBSERVE_S (half of it on each mode; at least SWITCHBACK_MIN_OBSERVE_S
-before a promotion on throughput). Its false-rollback rate is stated as the canary's, with up to
-SWITCHBACK_MAX_OBSERVE_S / SLICE_S = 72 looks: at most 72 × 0.023% ≈ 1.7% per test; slices of one engine share
-its load's swings, which the alternation spreads over both groups but does not remove.
+before a promotion on throughput). A challenge's switchback (below) alternates in longer periods, CHALLENGE_PERIOD_S
+with CHALLENGE_SETTLE_S not measured: a mode's throughput takes over a minute to leave the other mode's state behind
+(in the twin, a one-engine pool whose EB delivers 5.7% more than MB measured +3–4% in 30-second periods, +4.6–5.8%
+in 120-second ones), so short periods understate a difference, which a challenge must show; a change the model asks
+for keeps the short periods, whose rollback of a worse mode is due within minutes. Its false-rollback rate is
+stated as the canary's, with up to SWITCHBACK_MAX_OBSERVE_S / SLICE_S = 72 looks: at most 72 × 0.023% ≈ 1.7% per
+test; slices of one engine share its load's swings, which the alternation spreads over both groups but does not
+remove.
 
 A model can also be wrong from a pool's start (a calibration that was never right, step costs the linear model
 cannot represent): the change it never asks for is never tested. So a pool's established mode is challenged: a
@@ -57,12 +62,20 @@ CHALLENGE_AFTER_S after the pool's first data-driven verdict, and then every CHA
 verdict, a rollout of the other mode starts among the engines of the pool's most common established mode (a
 canary subset, or a switchback on a lone engine), though the model does not ask for it (`PoolRollouts.challenge`;
 pools without a latency objective, whose own loop explores the modes). A challenge is promoted only when the
-other mode is better by more than TOLERANCE with confidence (lower bound above +TOLERANCE after the minimum
-observation), and is rolled back as soon as it cannot be (upper bound below +TOLERANCE) or at the longest
-observation (which holds nothing off: should the model later ask for that mode, the change is tested then).
+other mode is better by more than TOLERANCE with confidence: its lower bound above +TOLERANCE after the minimum
+observation, looked at once every CHALLENGE_LOOK_S (not every slice) with the bound Z_CHALLENGE = 3.1 (one-sided
+0.097% per look; at most LONGEST_OBSERVE_S / CHALLENGE_LOOK_S = 18 looks for a switchback, 9 for a canary subset:
+a mode exactly TOLERANCE better is promoted with probability at most 18 × 0.097% ≈ 1.7%, resp. 0.9%, and one that
+makes no difference far less). It is rolled back as soon as it cannot be better (upper bound, at Z_BOUND, below
++TOLERANCE), or at the longest observation unless it is promising then (its measured difference above
++TOLERANCE): a promising challenge runs on, up to CHALLENGE_EXTENSION times the longest observation, while it stays
+promising (one engine's slices are noisy: a mode 5% better is seldom shown better by 1% with confidence within a
+switchback's usual six minutes). A rollback holds nothing off: should the model later ask for that mode, the change
+is tested then.
 Promoted, every participant's established mode becomes the other one, held there while the model still asks for
-its own (reason rollout_hold), whose change back is held off for COOLDOWN_S and then tested like any change. Its
-cost is the canaries' share of the difference for about a minute per CHALLENGE_EVERY_S.
+its own (reason rollout_hold), whose change back is held off for CHALLENGE_EVERY_S (the next challenge tests that
+very change). Its cost is the canaries' share of the difference for about a minute per CHALLENGE_EVERY_S (a lone
+engine's: half the difference, while it runs, up to LONGEST_OBSERVE_S).
 
 Replicas holding engines of one pool agree on its rollout: one owns it, and its verdict holds on all of them
 (`loop.rollout_peers`).
@@ -101,12 +114,17 @@ LATENCY_Z = Z_BOUND
 LATENCY_MIN_TAIL = 5  # requests beyond the quantile, per group, before its interval is trusted
 SWITCH_PERIOD_S = 30.0  # a switchback's period: its engine runs one mode throughout
 SWITCH_SETTLE_S = WARMUP_S  # the start of each period, not measured
+CHALLENGE_PERIOD_S = 120.0  # a challenge's switchback period (not time-critical: less carry-over, `Rollout`)
+CHALLENGE_SETTLE_S = 15.0
 SWITCHBACK_MIN_OBSERVE_S = 2 * MIN_OBSERVE_S
 SWITCHBACK_MAX_OBSERVE_S = 2 * MAX_OBSERVE_S
-LONGEST_OBSERVE_S = max(MAX_OBSERVE_S, SWITCHBACK_MAX_OBSERVE_S)  # no rollout runs longer
 _NEW_PERIODS = (0, 3)  # of each four periods, those a switchback runs the new mode in (ABBA)
 CHALLENGE_AFTER_S = 300.0  # a pool's established mode is first challenged this long after its first verdict
 CHALLENGE_EVERY_S = 1800.0  # and then this long after the pool's latest rollout verdict
+CHALLENGE_LOOK_S = 60.0  # a challenge's promotion is looked at this often
+Z_CHALLENGE = 3.1  # the bound of a challenge's promotion (fewer looks than a change's: `Rollout.evaluate`)
+CHALLENGE_EXTENSION = 3  # a promising challenge runs on up to this many times its longest observation
+LONGEST_OBSERVE_S = CHALLENGE_EXTENSION * max(MAX_OBSERVE_S, SWITCHBACK_MAX_OBSERVE_S)  # no rollout runs longer
 
 
 # Where δ may come from in a guarded pool: an operator's explicit δ override bypasses the guard.
@@ -171,11 +189,10 @@ class Comparison:
     def z(self) -> float:
         return self.relative / self.relative_se if self.relative_se > 0 else 0.0
 
-    @property
-    def bound(self) -> float:
-        """Z_BOUND as a quantile of Student's t with `df` degrees of freedom (the Cornish–Fisher expansion's
-        first two terms; ≈ 5.0 at df 9 for Z_BOUND 3.5): few slices widen the bound."""
-        z, df = Z_BOUND, max(self.df, 1.0)
+    def bound(self, z: float = Z_BOUND) -> float:
+        """`z` as a quantile of Student's t with `df` degrees of freedom (the Cornish–Fisher expansion's first
+        two terms; ≈ 5.0 at df 9 for Z_BOUND 3.5): few slices widen the bound."""
+        df = max(self.df, 1.0)
         return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
@@ -286,11 +303,21 @@ class Rollout:
     switchback: bool = False
     challenge: bool = False  # the model did not ask for it: a periodic challenge of the pool's established mode
     decided_period: int = 0  # the switchback period its engine was last decided for (`loop.fleet`)
+    challenge_looks: int = 0  # a challenge's promotion looks made so far (one per CHALLENGE_LOOK_S)
     merged: tuple[LatencySet, LatencySet] | None = field(default=None, repr=False)  # the groups' at the last evaluate
 
     def period(self, now_s: float) -> int:
         """The switchback period at `now_s` (0 from the start)."""
-        return max(0, int((now_s - self.started_at_s) // SWITCH_PERIOD_S))
+        return max(0, int((now_s - self.started_at_s) // self.period_s))
+
+    @property
+    def period_s(self) -> float:
+        """A switchback's period: CHALLENGE_PERIOD_S for a challenge, else SWITCH_PERIOD_S."""
+        return CHALLENGE_PERIOD_S if self.challenge else SWITCH_PERIOD_S
+
+    @property
+    def settle_s(self) -> float:
+        return CHALLENGE_SETTLE_S if self.challenge else SWITCH_SETTLE_S
 
     def runs_new(self, engine_id: str, now_s: float) -> bool:
         """Whether `engine_id` runs the new mode now: a canary (in a switchback, during the new mode's periods)."""
@@ -303,7 +330,7 @@ class Rollout:
         warm-up, a switchback period's settling time)."""
         if now_s - self.started_at_s < WARMUP_S or (self.participants and engine_id not in self.participants):
             return None
-        if self.switchback and (now_s - self.started_at_s) % SWITCH_PERIOD_S < SWITCH_SETTLE_S:
+        if self.switchback and (now_s - self.started_at_s) % self.period_s < self.settle_s:
             return None
         return 0 if self.runs_new(engine_id, now_s) else 1
 
@@ -364,24 +391,40 @@ class Rollout:
         # The verdict at the longest observation: a challenge never found better keeps the model's mode.
         settled = Verdict.ROLLED_BACK if missed or self.challenge else Verdict.PROMOTED
         if self.last is None:  # too few slices: none at all (the engines report no steps) cannot be measured
-            unmeasured = not self.slices and elapsed_s >= WARMUP_S + 2 * SLICE_S
+            unmeasured = not self.slices and elapsed_s >= max(WARMUP_S, self.settle_s) + 2 * SLICE_S
             return settled if unmeasured or elapsed_s >= self.max_observe_s else None
         c = self.last
         bar = TOLERANCE if self.challenge else -TOLERANCE  # a challenge must be better, a change not worse
-        if c.relative + c.bound * c.relative_se < bar:
+        if c.relative + c.bound() * c.relative_se < bar:
             return Verdict.ROLLED_BACK
-        if not missed and elapsed_s >= self.min_observe_s and c.relative - c.bound * c.relative_se > bar:
+        if not missed and elapsed_s >= self.min_observe_s and self._shown_better(c, elapsed_s, bar):
             return Verdict.PROMOTED
-        if elapsed_s >= self.max_observe_s:
+        if elapsed_s >= self.max_observe_s and not self._runs_on(c, elapsed_s):
             return settled
         return None
+
+    def _shown_better(self, c: Comparison, elapsed_s: float, bar: float) -> bool:
+        """Whether the comparison's lower bound clears `bar`: at every evaluation for a change the model asked
+        for (Z_BOUND), at a challenge's looks only, one per CHALLENGE_LOOK_S (Z_CHALLENGE)."""
+        if not self.challenge:
+            return c.relative - c.bound() * c.relative_se > bar
+        if elapsed_s < (self.challenge_looks + 1) * CHALLENGE_LOOK_S:
+            return False
+        self.challenge_looks = int(elapsed_s // CHALLENGE_LOOK_S)
+        return c.relative - c.bound(Z_CHALLENGE) * c.relative_se > bar
+
+    def _runs_on(self, c: Comparison, elapsed_s: float) -> bool:
+        """A challenge still promising past its longest observation (its measured difference above
+        +TOLERANCE) runs on, up to CHALLENGE_EXTENSION times that."""
+        return (self.challenge and c.relative > TOLERANCE
+                and elapsed_s < CHALLENGE_EXTENSION * self.max_observe_s)
 
     def describe(self, num_engines: int) -> str:
         """In words (a switchback's period: the one its engine was last decided for)."""
         if self.switchback:
             mode = self.to_mode if self.decided_period % 4 in _NEW_PERIODS else self.from_mode
             head = (f"switchback {self.from_mode.value}→{self.to_mode.value} since {self.started_at_s:.0f} s on "
-                    f"engine {min(self.canary_ids)}, periods of {SWITCH_PERIOD_S:g} s, period "
+                    f"engine {min(self.canary_ids)}, periods of {self.period_s:g} s, period "
                     f"{self.decided_period + 1} runs {mode.value}")
         else:
             head = (f"canary {self.from_mode.value}→{self.to_mode.value} since {self.started_at_s:.0f} s, "
@@ -513,7 +556,7 @@ class PoolRollouts:
         if verdict == Verdict.YIELDED:
             pass
         elif verdict == Verdict.PROMOTED:
-            self.promote(change, now_s + COOLDOWN_S, challenge=rollout.challenge, engines=rollout.canary_ids)
+            self.promote(change, now_s, challenge=rollout.challenge, engines=rollout.canary_ids)
         elif not rollout.challenge:
             self.blocked_until_s[change] = now_s + COOLDOWN_S
             self.approved_until_s.pop(change, None)
@@ -523,19 +566,21 @@ class PoolRollouts:
         del self.history[:-16]
         self.active = None
 
-    def promote(self, change: tuple[Mode, Mode], until_s: float, *, challenge: bool, engines: Iterable[str] = ()
-                ) -> None:
-        """A change promoted (here or by a peer) until `until_s`: `engines` (here) take its new mode as
-        established, and engines asking for it are let through; a promoted challenge moves every engine here
-        established on its old mode, and holds off the change back (the model still asks for it) until then."""
-        self.approved_until_s[change] = until_s
+    def promote(self, change: tuple[Mode, Mode], ended_at_s: float, *, challenge: bool,
+                engines: Iterable[str] = ()) -> None:
+        """A change promoted (here or by a peer) at `ended_at_s`: `engines` (here) take its new mode as
+        established, and engines asking for it are let through for COOLDOWN_S. A promoted challenge moves every
+        engine here established on its old mode, and holds off the change back (the model, shown wrong with
+        confidence, still asks for it) for CHALLENGE_EVERY_S: until the pool's next challenge, which tests that
+        very change."""
+        self.approved_until_s[change] = ended_at_s + COOLDOWN_S
         self.blocked_until_s.pop(change, None)
         moved = [e for e, mode in self.established.items() if mode == change[0]] if challenge else list(engines)
         for engine_id in moved:
             self.established[engine_id] = change[1]
         if challenge:
             back = (change[1], change[0])
-            self.blocked_until_s[back] = until_s
+            self.blocked_until_s[back] = ended_at_s + CHALLENGE_EVERY_S
             self.approved_until_s.pop(back, None)
 
     def forget(self, engine_id: str) -> None:

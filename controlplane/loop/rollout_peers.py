@@ -92,11 +92,11 @@ def apply_peers(rollouts: PoolRollouts, peers: list[PeerRollout], *, replica_id:
             continue
         rollouts.peer_verdicts_applied[seen] = peer.ended_at_s
         newly = True
-        change, until_s = (peer.from_mode, peer.to_mode), peer.ended_at_s + COOLDOWN_S
+        change = (peer.from_mode, peer.to_mode)
         if peer.verdict == Verdict.PROMOTED:
-            rollouts.promote(change, until_s, challenge=peer.challenge)
+            rollouts.promote(change, peer.ended_at_s, challenge=peer.challenge)
         elif peer.verdict in (Verdict.ROLLED_BACK, Verdict.ABORTED):
-            rollouts.blocked_until_s[change] = until_s
+            rollouts.blocked_until_s[change] = peer.ended_at_s + COOLDOWN_S
             rollouts.approved_until_s.pop(change, None)
     for seen in [s for s, ended_s in rollouts.peer_verdicts_applied.items() if now_s - ended_s >= COOLDOWN_S]:
         del rollouts.peer_verdicts_applied[seen]
