@@ -94,6 +94,10 @@ class EngineLoop:
     policy_state: PolicyState = field(default_factory=PolicyState)
     current: common_pb2.Decision | None = None
     latest_at_s: float = 0.0  # when the instruction in force was issued
+    # When the mode in force began: the time of the latest decision that changed it; −inf while the engine runs the
+    # mode it was first decided with (its finished requests all ran it, but those of its first moments, before any
+    # decision, which ran vLLM's own scheduling).
+    mode_since_s: float = float("-inf")
     n_obs: float = 0.0
     n_obs_at_s: float = 0.0
     n_offered: float = 0.0  # EMA of offered_occupancy, same time constant as N_obs
@@ -212,6 +216,8 @@ class EngineLoop:
         self.sequence = version % VERSION_EPOCH_FACTOR
         self.current = self._message(decision, version=version, now_s=now_s, trigger=trigger_traceparent,
                                      estimate=estimate)
+        if current is not None and current.mode != self.current.mode:
+            self.mode_since_s = now_s
         self._current_instruction = _instruction(decision)
         self._latest_message = self.current
         self.latest_at_s = now_s

@@ -24,7 +24,13 @@ from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import PolicyConfig
 from controlplane.loop.ingest import Latencies
 from controlplane.loop.objective import ObjectiveTracker, PoolView
-from controlplane.loop.objective_view import DEFAULT_QUANTILE, ModeClock, crossings, predictions, rollout_measured
+from controlplane.loop.objective_view import (
+    DEFAULT_QUANTILE,
+    crossings,
+    predictions,
+    rollout_measured,
+    unanimous_mode,
+)
 from controlplane.loop.outcomes import OUTCOME_WINDOW_S, LatencySet, OutcomeSummary, OutcomeWindow
 from controlplane.loop.records import EngineRecord, PoolRecord
 
@@ -49,7 +55,6 @@ class EngineObjectives:
         self._window_buckets = max(1, math.ceil(OUTCOME_WINDOW_S / bucket_s))
         self._trackers: dict[str, ObjectiveTracker] = {}
         self._windows: dict[str, OutcomeWindow] = {}
-        self._modes: dict[str, ModeClock] = {}
 
     def __len__(self) -> int:
         return len(self._trackers)
@@ -68,7 +73,6 @@ class EngineObjectives:
                 continue
             tracker = self._trackers[engine_id] = ObjectiveTracker(objective=record.objective)
             window = self._windows[engine_id] = OutcomeWindow(self._window_buckets, self._bucket_s)
-            self._modes[engine_id] = ModeClock()
             tracker.evaluate(now_s, window.total, force=True)
 
     def add(self, engine_id: str, latencies: Latencies | None, now_s: float) -> None:
@@ -98,13 +102,12 @@ class EngineObjectives:
     def _view(self, engine_id: str, tracker: ObjectiveTracker, record: EngineRecord, pools: Mapping[str, PoolRecord],
               policy: PolicyConfig | None, now_s: float) -> PoolView:
         decision = record.loop.current
-        clock = self._modes[engine_id]
-        clock.update([decision], now_s)
+        mode, since_s = unanimous_mode([(decision, record.loop.mode_since_s)])
         pool = pools.get(record.loop.hello.pool_key)
         rate_s = record.finished.rate_per_s(now_s)
         active = pool.rollouts.active if pool is not None else None
         switchback = active if active is not None and active.switchback and engine_id in active.canary_ids else None
-        return PoolView(mode=clock.mode, mode_since_s=clock.since_s, window_s=OUTCOME_WINDOW_S, rate_per_s=rate_s,
+        return PoolView(mode=mode, mode_since_s=since_s, window_s=OUTCOME_WINDOW_S, rate_per_s=rate_s,
                         rollout_active=switchback is not None, rollout_measured=rollout_measured(switchback),
                         predictions=predictions(pool.stats.estimate if pool is not None else None, decision, rate_s,
                                                 quantile=tracker.objective.ttft_quantile or DEFAULT_QUANTILE),
@@ -120,7 +123,7 @@ class EngineObjectives:
         return window.summary() if window is not None else None
 
     def forget(self, engine_id: str) -> None:
-        for kept in (self._trackers, self._windows, self._modes):
+        for kept in (self._trackers, self._windows):
             kept.pop(engine_id, None)
 
     def _bucket(self, now_s: float) -> int:

@@ -2,7 +2,9 @@
 engines run and since when, its arrival rate, and the model's latencies per mode at that load.
 
 The mode is the one every connected engine of the pool here was last decided to run (None while they differ,
-e.g. during a guarded rollout). The arrival rate per engine is the lower median of this replica's engines of the pool
+e.g. during a guarded rollout), since the latest of their changes to it: never, when each still runs the mode it
+was first decided with, so a pool that has run one mode from its start is measured at once, its window holding
+that mode's requests alone (after a change, the loop waits for the window to hold the new mode's). The arrival rate per engine is the lower median of this replica's engines of the pool
 of the requests each finished a second over about RATE_WINDOW_S (an open-loop pool finishes what arrives; the median,
 so that one engine's volume cannot move it). The predictions
 (`core.latency_model`) use the cost model the pool's steps identify (its online fit, the calibration for the
@@ -60,20 +62,17 @@ def typical_rate_per_s(rates: list[float]) -> float:
     return sorted(rates)[(len(rates) - 1) // 2] if rates else 0.0
 
 
-@dataclass(slots=True)
-class ModeClock:
-    """The pool's unanimous mode and since when it has held (inf before any)."""
-
-    mode: Mode | None = None
-    since_s: float = math.inf
-
-    def update(self, decisions: Iterable[common_pb2.Decision | None], now_s: float) -> None:
-        modes = {MODE_FROM_PROTO.get(d.mode) if d is not None else None for d in decisions}
-        mode = modes.pop() if len(modes) == 1 else None
-        if mode not in (Mode.MB, Mode.EB):
-            mode = None
-        if mode != self.mode:
-            self.mode, self.since_s = mode, (now_s if mode is not None else math.inf)
+def unanimous_mode(engines: Iterable[tuple[common_pb2.Decision | None, float]]) -> tuple[Mode | None, float]:
+    """The mode every engine's decision in force names, of (decision, since when its mode has been in force:
+    `EngineLoop.mode_since_s`) pairs, and since when they all have run it (the latest of their changes to it; −inf
+    when each runs the mode it was first decided with); (None, inf) when they differ, one is undecided or there are
+    none."""
+    modes, since_s = set(), -math.inf
+    for decision, mode_since_s in engines:
+        modes.add(MODE_FROM_PROTO.get(decision.mode) if decision is not None else None)
+        since_s = max(since_s, mode_since_s)
+    mode = modes.pop() if len(modes) == 1 else None
+    return (mode, since_s) if mode in (Mode.MB, Mode.EB) else (None, math.inf)
 
 
 def predictions(estimate: PoolEstimate | None, decision: common_pb2.Decision | None, rate_per_engine_s: float,
@@ -119,12 +118,12 @@ def pool_view(pool: PoolRecord, held: list[EngineRecord], objective: operator_pb
               policy: PolicyConfig) -> PoolView:
     """The objective loop's view of `pool`, whose connected engines here are `held`, decided under `policy`."""
     decisions = [record.loop.current for record in held]
-    pool.mode.update(decisions, now_s)
+    mode, since_s = unanimous_mode((record.loop.current, record.loop.mode_since_s) for record in held)
     rate_s = typical_rate_per_s([record.finished.rate_per_s(now_s) for record in held])
     decision = next((d for d in decisions if d is not None), None)
     active = pool.rollouts.active
     waiting = float(statistics.median(record.loop.num_waiting for record in held)) if held else math.nan
-    return PoolView(mode=pool.mode.mode, mode_since_s=pool.mode.since_s, window_s=pool.stats.outcomes.window_s,
+    return PoolView(mode=mode, mode_since_s=since_s, window_s=pool.stats.outcomes.window_s,
                     rollout_active=active is not None, rate_per_s=rate_s, rollout_measured=rollout_measured(active),
                     waiting_per_engine=waiting,
                     crossing_s_per_token=crossings(decisions, policy),

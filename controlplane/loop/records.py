@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from controlplane.loop.engine import EngineLoop
 from controlplane.loop.judging import EngineJudge
 from controlplane.loop.latest_blocks import LatestBlocks
-from controlplane.loop.objective_view import ModeClock, RecentRate
+from controlplane.loop.objective_view import RecentRate
 from controlplane.loop.pool_stats import PoolStatistics
 from controlplane.loop.rollout import PoolRollouts
 
@@ -50,7 +50,6 @@ class PoolRecord:
     rollouts: PoolRollouts = field(default_factory=PoolRollouts)  # established modes and guarded changes
     # Engines decided before this are due at once: the pool's estimate moved on a shift (`refresh_pool`).
     urgent_since_s: float = float("-inf")
-    mode: ModeClock = field(default_factory=ModeClock)  # the engines' unanimous mode, for the objective's view
 
 
 @dataclass(eq=False)

@@ -4,11 +4,13 @@ events with uint64 extremes, versions fenced by epoch, ACKs of versions never se
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from controlplane.core.types import EngineLimits, OperatorIntent, PolicyConfig
+from controlplane.api.v1 import common_pb2
+from controlplane.core.types import EngineLimits, Mode, ModePin, OperatorIntent, PolicyConfig, Reason
 from controlplane.loop.config import DecisionLoopConfig
 from controlplane.loop.engine import EngineLoop, offered_occupancy
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
@@ -176,3 +178,20 @@ def test_the_memory_guard_sees_the_last_running_count_and_holds_its_cap_above_it
     loop.on_batch(_batch(3, 9, running=4), now_s=3.0)
     cut = loop.decide(None, intent=eb, now_s=4.0).decision
     assert cut.n == 3 and loop.policy_state.n_guard == 3
+
+
+def test_the_mode_in_force_dates_from_its_latest_change_and_the_first_mode_from_never() -> None:
+    """`mode_since_s`: −inf while the engine runs the mode it was first decided with (new versions of that mode
+    keep it), the time of the decision that changed it after that (the objective loop's window waits from then)."""
+    loop = _loop()
+    pinned = {mode: OperatorIntent(pin=ModePin(mode=mode, reason=Reason.OPERATOR_PIN)) for mode in (Mode.MB, Mode.EB)}
+    loop.decide(None, intent=pinned[Mode.MB], now_s=1.0)
+    assert loop.mode_since_s == -math.inf
+    loop.decide(None, intent=replace(pinned[Mode.MB], delta_s_per_token=1e-4), now_s=2.0)
+    assert loop.mode_since_s == -math.inf
+    loop.decide(None, intent=pinned[Mode.EB], now_s=3.0)
+    assert loop.mode_since_s == 3.0 and loop.current.mode == common_pb2.MODE_EB
+    loop.decide(None, intent=pinned[Mode.EB], now_s=4.0, force_push=True)
+    assert loop.mode_since_s == 3.0
+    loop.decide(None, intent=pinned[Mode.MB], now_s=5.0)
+    assert loop.mode_since_s == 5.0

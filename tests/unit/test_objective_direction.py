@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from controlplane.api.v1 import operator_pb2
+from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.core.latency_model import LatencyPrediction
 from controlplane.core.types import Mode
 from controlplane.loop.objective import (
@@ -22,6 +22,7 @@ from controlplane.loop.objective import (
     ObjectiveTracker,
     PoolView,
 )
+from controlplane.loop.objective_view import unanimous_mode
 from controlplane.loop.outcomes import LatencySet
 
 GAP_S_PER_TOKEN = 2e-5  # the pool runs MB while δ > −GAP_S_PER_TOKEN: MB is its throughput choice at δ = 0
@@ -190,3 +191,24 @@ def test_without_a_model_nothing_is_expected_and_the_exploration_decides() -> No
     explored = next(i for i, (_, _, detail) in enumerate(states) if "trying eb" in detail)
     assert states[explored][1] == ObjectiveState.ADJUSTING and "expected" not in states[explored][2]
     assert states[-1][1] == ObjectiveState.INFEASIBLE  # measured: both beyond it
+
+
+def test_a_pool_on_the_mode_it_started_with_is_measured_at_once() -> None:
+    """No engine ever changed its mode (since −inf): the window holds that mode's requests alone, so the first
+    evaluation with enough latencies is a measurement of it; after a change the loop waits a window + DRAIN_S."""
+    latencies = LatencySet.from_values(np.full(1000, 0.5), np.zeros(0), np.zeros(0))
+    tracker = ObjectiveTracker(_objective(0.1))
+    tracker.evaluate(0.0, latencies, view=PoolView(mode=Mode.MB, mode_since_s=-math.inf))
+    assert tracker.measured[Mode.MB].quantiles["ttft"] == pytest.approx(0.5, rel=0.01)
+    switched = ObjectiveTracker(_objective(0.1))
+    switched.evaluate(0.0, latencies, view=PoolView(mode=Mode.MB, mode_since_s=-WINDOW_S))
+    assert Mode.MB not in switched.measured
+
+
+def test_the_pools_mode_dates_from_its_engines_latest_change_to_it() -> None:
+    mb, eb = common_pb2.Decision(mode=common_pb2.MODE_MB), common_pb2.Decision(mode=common_pb2.MODE_EB)
+    assert unanimous_mode([(mb, -math.inf), (mb, -math.inf)]) == (Mode.MB, -math.inf)
+    assert unanimous_mode([(mb, -math.inf), (mb, 30.0)]) == (Mode.MB, 30.0)
+    assert unanimous_mode([(mb, -math.inf), (eb, 30.0)]) == (None, math.inf)
+    assert unanimous_mode([(mb, -math.inf), (None, -math.inf)]) == (None, math.inf)
+    assert unanimous_mode([]) == (None, math.inf)
