@@ -4,14 +4,14 @@ engines run and since when, its arrival rate, and the model's latencies per mode
 The mode is the one every connected engine of the pool here was last decided to run (None while they differ,
 e.g. during a guarded rollout), since the latest of their changes to it: never, when each still runs the mode it
 was first decided with, so a pool that has run one mode from its start is measured at once, its window holding
-that mode's requests alone (after a change, the loop waits for the window to hold the new mode's). The arrival rate per engine is the lower median of this replica's engines of the pool
-of the requests each finished a second over about RATE_WINDOW_S (an open-loop pool finishes what arrives; the median,
-so that one engine's volume cannot move it). The predictions
-(`core.latency_model`) use the cost model the pool's steps identify (its online fit, the calibration for the
-phases the steps do not cover: a stale calibration must not decide which mode is faster where the steps
-measured it), the window's mean prompt and output lengths, and the admission cap N, threshold k and budgets
-of one of its engines' current decision. The crossings are where every engine's crossover rule, read from its
-current decision's LHS and RHS, leaves its hysteresis band for each mode.
+that mode's requests alone (after a change, the loop waits for the window to hold the new mode's). The arrival
+rate per engine is the lower median of this replica's engines of the pool of the requests each finished a second
+over about RATE_WINDOW_S (an open-loop pool finishes what arrives; the median, so that one engine's volume cannot
+move it). The predictions (`core.latency_model`) use the cost model the pool's steps identify (its online fit, the
+calibration for the phases the steps do not cover: a stale calibration must not decide which mode is faster where
+the steps measured it), the window's mean prompt and output lengths, and the admission cap N, threshold k and
+budgets of one of its engines' current decision. The crossings are where every engine's crossover rule, read from
+its current decision's LHS and RHS, leaves its hysteresis band for each mode.
 
 Pure: no I/O, no clock.
 """
