@@ -124,7 +124,8 @@ CHALLENGE_EVERY_S = 1800.0  # and then this long after the pool's latest rollout
 CHALLENGE_LOOK_S = 60.0  # a challenge's promotion is looked at this often
 Z_CHALLENGE = 3.1  # the bound of a challenge's promotion (fewer looks than a change's: `Rollout.evaluate`)
 CHALLENGE_EXTENSION = 3  # a promising challenge runs on up to this many times its longest observation
-LONGEST_OBSERVE_S = CHALLENGE_EXTENSION * max(MAX_OBSERVE_S, SWITCHBACK_MAX_OBSERVE_S)  # no rollout runs longer
+LONGEST_CHANGE_S = max(MAX_OBSERVE_S, SWITCHBACK_MAX_OBSERVE_S)  # no rollout of a change the model asked runs longer
+LONGEST_OBSERVE_S = CHALLENGE_EXTENSION * LONGEST_CHANGE_S  # no rollout runs longer (a promising challenge)
 
 
 # Where δ may come from in a guarded pool: an operator's explicit δ override bypasses the guard.

@@ -15,9 +15,9 @@ The owner's canaries are among the engines it holds; the other replicas' engines
 the verdict.
 
 A view is believed only when its times are possible (`is_plausible`): finite, not ahead of this replica's clock by
-more than MAX_SKEW_S, and, for one in progress, started within LONGEST_OBSERVE_S + MAX_SKEW_S (no rollout runs
-longer): a replica that died mid-rollout, a clock gone wrong or a forged view cannot hold a pool's changes for
-longer than one rollout could.
+more than MAX_SKEW_S, and, for one in progress, started within LONGEST_CHANGE_S + MAX_SKEW_S, a challenge within
+LONGEST_OBSERVE_S + MAX_SKEW_S (no such rollout runs longer): a replica that died mid-rollout, a clock gone wrong
+or a forged view cannot hold a pool's changes for longer than one rollout could.
 
 Pure: no I/O, no clock (times are passed in).
 """
@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 
 from controlplane.core.types import Mode
-from controlplane.loop.rollout import COOLDOWN_S, LONGEST_OBSERVE_S, PoolRollouts, Verdict
+from controlplane.loop.rollout import COOLDOWN_S, LONGEST_CHANGE_S, LONGEST_OBSERVE_S, PoolRollouts, Verdict
 
 MAX_SKEW_S = 30.0  # how far another replica's clock may run ahead of this one's
 
@@ -66,7 +66,7 @@ def is_plausible(peer: PeerRollout, now_s: float) -> bool:
     if not (math.isfinite(started) and math.isfinite(ended) and started <= now_s + MAX_SKEW_S):
         return False
     if peer.verdict is None:
-        return started >= now_s - LONGEST_OBSERVE_S - MAX_SKEW_S
+        return started >= now_s - (LONGEST_OBSERVE_S if peer.challenge else LONGEST_CHANGE_S) - MAX_SKEW_S
     return started <= ended <= now_s + MAX_SKEW_S
 
 

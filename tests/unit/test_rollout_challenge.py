@@ -23,6 +23,8 @@ from controlplane.loop.rollout import (
     CHALLENGE_EXTENSION,
     CHALLENGE_LOOK_S,
     COOLDOWN_S,
+    LONGEST_CHANGE_S,
+    LONGEST_OBSERVE_S,
     MAX_OBSERVE_S,
     MIN_OBSERVE_S,
     SWITCHBACK_MAX_OBSERVE_S,
@@ -30,6 +32,7 @@ from controlplane.loop.rollout import (
     PoolRollouts,
     Verdict,
 )
+from controlplane.loop.rollout_peers import MAX_SKEW_S, PeerRollout, is_plausible
 from controlplane.sim.profiles import H200_QWEN3_8B
 from testbench.fleet_drive import POOL_KEY, START_S, attach_engines, run_rates
 
@@ -212,3 +215,14 @@ def test_a_pool_whose_model_picks_the_worse_mode_from_the_start_ends_on_the_bett
     assert CHALLENGE_AFTER_S <= events[0][0] <= CHALLENGE_AFTER_S + 5
     assert {fleet.engine(e).loop.current.mode for e in engines} == {common_pb2.MODE_EB}
     assert {fleet.engine(e).loop.current.reason for e in engines} == {"rollout_hold"}
+
+
+def test_a_peers_challenge_is_believed_for_its_extension_and_a_change_only_for_its_own_length() -> None:
+    """A dead or lying replica's view in progress holds a pool's changes no longer than that kind of rollout could
+    run: a challenge up to LONGEST_OBSERVE_S (its extension), any other change up to LONGEST_CHANGE_S."""
+    change = PeerRollout(POOL_KEY, "replica-b", Mode.MB, Mode.EB, started_at_s=1000.0)
+    challenge = replace(change, challenge=True)
+    assert LONGEST_OBSERVE_S == CHALLENGE_EXTENSION * LONGEST_CHANGE_S
+    for peer, longest_s in ((change, LONGEST_CHANGE_S), (challenge, LONGEST_OBSERVE_S)):
+        assert is_plausible(peer, 1000.0 + longest_s + MAX_SKEW_S)
+        assert not is_plausible(peer, 1000.0 + longest_s + MAX_SKEW_S + 1.0)
