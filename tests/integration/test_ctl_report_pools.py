@@ -118,6 +118,16 @@ async def _fleet_report(redis_url: str, out: Path) -> dict[str, dict]:
             if {h.engine_id for h in history if is_data_driven(h.decision)} == set(ENGINES):
                 break
             await asyncio.sleep(0.1)
+        # A pool's engines are decided from its refreshes one by one: on a loaded machine one engine can still carry
+        # the previous refresh's window when the report is taken. Wait until each pool's engines share one fit.
+        for _ in range(100):
+            fits = defaultdict(set)
+            for engine_id, (pool, _) in ENGINES.items():
+                view = explain(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id)))
+                fits[_key(pool)].add((view["window"]["text"], view["terms"]["p0_per_token"]))
+            if all(len(fit) == 1 for fit in fits.values()):
+                break
+            await asyncio.sleep(0.1)
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "controlplane", "ctl", "--address", ctl.address, "report", "--out", str(out),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
