@@ -46,9 +46,9 @@ test: system-deps $(STAMP)
 	$(BIN)/python tools/gen_proto.py --check
 	$(PYTEST) -m "not slow"
 
-## test-fast: the unit tests, for the edit loop (under 2 minutes)
+## test-fast: the unit tests but the seeded simulations (marker `sim`), for the edit loop (under 2 minutes)
 test-fast: $(STAMP)
-	$(PYTEST) tests/unit -m "not slow"
+	$(PYTEST) tests/unit -m "not slow and not sim"
 
 ## test-slow: the soak-length tests (minutes each; their figures are the benchmarks')
 test-slow: $(STAMP)

@@ -31,6 +31,7 @@ def baseline16():
     return drive(_honest(16), seconds=SHORT_RUN_S)
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("attacker", [
     Workload(prompt_mean_tokens=7000.0, output_mean_tokens=256.0, per_second=20_000),  # long prompts
     Workload(prompt_mean_tokens=7000.0, output_mean_tokens=480.0, per_second=50_000),  # and long outputs
@@ -47,6 +48,7 @@ def test_one_loud_engine_moves_no_honest_decision(baseline20, attacker: Workload
     assert outcome.excluded["x0"]
 
 
+@pytest.mark.sim
 def test_four_of_twenty_poisoning_engines_move_honest_decisions_by_at_most_ten_percent(baseline16) -> None:
     engines = _honest(16) | {f"x{j}": Workload(prompt_mean_tokens=512.0, output_mean_tokens=486.0,
                                                 per_second=20_000) for j in range(4)}

@@ -69,6 +69,7 @@ def cold_start_bounds(draw, *, slots: int, seed: int) -> dict[int, float]:
     return bounds
 
 
+@pytest.mark.sim
 def test_the_bound_holds_at_cold_start_for_any_shape_of_law() -> None:
     """z = 3: the true mean is above the bound but in about 0.13% of windows; 4 laws × 60 seeds × 5 ages."""
     violations = checked = 0

@@ -190,6 +190,7 @@ def test_a_tpot_scale_lowers_mbs_b_max_with_b_cap(scale: float, mode: Mode, low:
     assert (Flag.BUDGET_MAX_FROM_OBJECTIVE in flags) == (mode == Mode.MB and scale < 1.0)
 
 
+@pytest.mark.sim
 def test_a_tpot_objective_on_long_prompts_is_met_through_mbs_b_max() -> None:
     """H200, LongBench-like prompts (mean 5,000 tokens) at 4/s per engine, a TPOT p99 target of 45 ms: MB's TPOT
     p99 is 57 ms at the policy's budgets (a step mixing one long prompt's chunk of B_max tokens with the running
@@ -239,6 +240,7 @@ def test_a_budget_step_that_keeps_up_is_kept() -> None:
     assert tracker.budget_cap_scale == 0.125 and tracker.state == ObjectiveState.MEETING
 
 
+@pytest.mark.sim
 def test_a_tight_tpot_target_on_long_prompts_never_leaves_the_pool_behind_its_arrivals() -> None:
     """The case above with a 30 ms target: met at ×1/4 only on some windows; ×1/8 (B_cap 256) admits prompts
     slower than they arrive (without the fall-behind rule the loop stayed there: TTFT p99 91 s and growing, 1,084

@@ -12,6 +12,8 @@ from controlplane.core.types import Mode
 from controlplane.sim.profiles import get_profile
 from testbench.twin_pool import POOL_KEY, Config, run
 
+pytestmark = pytest.mark.sim
+
 RATE_PER_S = 27.0
 MINUTES = 7.0
 

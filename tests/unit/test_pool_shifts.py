@@ -225,6 +225,7 @@ def test_replicas_sharing_a_pool_detect_the_same_shift_and_fit_the_same_window_a
     assert not final.window_rebased and final.fit.stats.mu_o_tokens == pytest.approx(512.0, rel=0.15)
 
 
+@pytest.mark.sim
 def test_pruning_to_what_the_window_reads_changes_no_estimate_and_bounds_the_buckets_held() -> None:
     """A busy pool keeps the buckets its window reads, not max_window_s of them, and every refresh gives what it
     gives without pruning: across a shift (the window re-based, then refilled), with buckets arriving late."""
@@ -408,6 +409,7 @@ def test_a_large_bucket_feeds_a_bounded_random_subset_that_every_replica_draws_a
     assert first._state.detector.num_samples == 60 * MAX_SAMPLES_PER_BUCKET
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize(("before", "after"), [(128.0, 1024.0), (1024.0, 256.0)], ids=["longer", "shorter"])
 def test_a_window_rebased_at_a_shift_starts_at_the_first_new_bucket(before: float, after: float) -> None:
     """Buckets of 10 geometric completions, the law changing at a bucket boundary: the re-based window starts

@@ -193,6 +193,7 @@ def test_a_lone_engines_challenge_of_a_mode_5_percent_better_is_promoted_mostly_
                for verdict, after_s in same), same
 
 
+@pytest.mark.sim
 def test_a_pool_whose_model_picks_the_worse_mode_from_the_start_ends_on_the_better_one() -> None:
     """Six engines whose EB delivers 10% more than MB under a calibration that makes the model pick MB (wrong from
     the start: no change is ever asked for). A challenge of MB starts CHALLENGE_AFTER_S after the first verdicts,

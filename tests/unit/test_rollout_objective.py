@@ -80,6 +80,7 @@ def test_while_the_control_misses_the_target_only_a_better_latency_promotes() ->
     assert rollouts.history[-1].rollout.measured(0)["ttft"] == pytest.approx(0.26, rel=0.2)
 
 
+@pytest.mark.sim
 def test_no_latency_difference_is_rarely_judged_on_latency() -> None:
     rng = np.random.default_rng(3)
     on_latency = 0

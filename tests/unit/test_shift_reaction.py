@@ -240,6 +240,7 @@ def test_decisions_follow_a_shift_in_an_iid_stream(kind: str, before: float, aft
     assert summary.settle_5 <= settle_5
 
 
+@pytest.mark.sim
 def test_censoring_speeds_up_the_reaction() -> None:
     # Medians over 3 seeds (measured: within 10% after 250 completions against 1,100, error at 600 6.4% against
     # 18.3%; over 6 seeds 400 against 1,120 and 5.2% against 19.6%): a margin of several times either way.
@@ -249,6 +250,7 @@ def test_censoring_speeds_up_the_reaction() -> None:
     assert with_running.error_600 < completions_only.error_600
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("kind", ["geometric", "uniform"])
 def test_no_false_alarm_in_100k_completions_of_a_stationary_workload(kind: str) -> None:
     """The product path on a workload that never changes: the pool statistics detect no shift (buckets of 100

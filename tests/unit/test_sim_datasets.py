@@ -50,6 +50,7 @@ def test_a_workload_entry_must_say_what_it_was_fitted_to() -> None:
         dataset_shapes_from_json({"datasets": {"x": entry}})
 
 
+@pytest.mark.sim
 def test_conversation_history_has_its_exact_mean_and_carries_at_most_the_kept_turns() -> None:
     user, reply = ClippedLogNormalLengths(300.0, 1.0, 1, 4096), ClippedLogNormalLengths(440.0, 0.8, 1, 2048)
     full = ConversationHistoryLengths(6, 9.3, user, reply, 1 << 20)
