@@ -66,10 +66,16 @@ async def test_two_replicas_sharing_one_pool_compute_identical_pool_terms(redis_
             await asyncio.sleep(0.2)
         common = sorted(set(seen["a"]) & set(seen["b"]))
         both = [bucket for bucket in common if seen["a"][bucket].contributors == ("replica-a", "replica-b")]
-        assert len(both) >= 5, f"too few shared windows: {common}"
-        for bucket in both:
+        # A replica reads the other's bucket settle_s (0.5 s) after it closed. On a loaded machine a replica's loop
+        # can publish later than that: the other then fits without that bucket (fewer samples) and takes it in at a
+        # later refresh (tests/unit/test_pool_shifts.py, the late bucket). Windows of the same data must agree
+        # exactly; such late windows may be a few.
+        same_data = [bucket for bucket in both if seen["a"][bucket].num_samples == seen["b"][bucket].num_samples]
+        samples = [(bucket, seen["a"][bucket].num_samples, seen["b"][bucket].num_samples) for bucket in both]
+        assert len(same_data) >= 5 and len(same_data) >= 0.75 * len(both), f"too few of the same data: {samples}"
+        for bucket in same_data:
             ea, eb = seen["a"][bucket], seen["b"][bucket]
-            assert ea.num_samples == eb.num_samples and ea.fit.stats == eb.fit.stats, bucket
+            assert ea.fit.stats == eb.fit.stats, bucket
             assert ea.costs == eb.costs
         # The shared windows hold both replicas' completions: more than either replica received alone.
         last = seen["a"][both[-1]]
