@@ -589,8 +589,8 @@ async def test_a_watcher_that_never_reads_cannot_hold_up_agent_streams(redis_url
         # Keep-alives are due every keepalive_s (1 s); what an engine needs is that no gap reaches its decision's
         # TTL (3 s here), past which its agent would fall back to stock vLLM. A watcher holding the loop up stalls
         # the pushes for as long as it does not read (seconds: the agents' decisions time out at 10 s). At a TTL of
-        # 1.5 s (keep-alives every 0.5 s) the largest gap was 0.13-0.18 s beyond the interval alone, 1.11 s with the
-        # other test worker on the second core and 1.95 s with a third CPU-bound process beside both.
+        # 1.5 s (keep-alives every 0.5 s) the largest gap was 0.13-0.18 s alone, 1.11 s with the other test worker
+        # on the second core and 1.95 s with a third CPU-bound process beside both.
         gap_s = max(a.max_gap_s(since=started_s, until=ended_s) for a in agents)
         assert gap_s < config.loop.ttl_s, gap_s
         sleeper.cancel()
