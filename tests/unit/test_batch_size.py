@@ -237,7 +237,7 @@ def test_occupancy_bound_holds_its_tolerance_where_prop_3_3_collapses(capacity: 
         return generator.uniform(800.0, 4000.0, size=count)
 
     # 5,000 steady states a side: the shares measured are 0.0002-0.0008 beyond C at the bound and 0.79-0.996 at 1.25x
-    # (the same as from 20,000, which took 15 times as long), far from either threshold.
+    # (the same as from 20,000, which took over ten times as long), far from either threshold.
     at_bound = _stationary_slot_tokens(rng, uniform, mu_l, (5_000, bound.n)).sum(axis=1)
     assert np.mean(at_bound > capacity) <= 0.01
     larger = int(bound.n * 1.25)
