@@ -43,7 +43,7 @@ _EB, _MB = operator_pb2.PINNED_MODE_EB, operator_pb2.PINNED_MODE_MB
 PIN_CYCLE = tuple(operator_pb2.PinModeRequest(scope=FLEET, mode=mode, k=k, n=n) for mode, k, n in (
     (_EB, 4, 16), (_EB, 8, 48), (_EB, 16, 96), (_EB, 32, 128),
     (_MB, 0, 8), (_MB, 0, 24), (_MB, 0, 48), (_MB, 0, 80), (_MB, 0, 128)))
-SMOKE = (200, 0.5)  # --smoke: (num_requests, phase_s)
+SMOKE = (60, 0.3)  # --smoke: (num_requests, phase_s)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import pytest
 from testbench.tiny_model import write_tiny_model
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine_workload.py")
+CLOSED_LOOP_SCRIPT = Path(__file__).with_name("chaos_workload.py")
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +49,10 @@ class EngineRun:
     def go(self) -> None:
         (self.workdir / "go").write_text("go")
 
+    def stop(self) -> None:
+        """A closed-loop engine (`start_closed_loop_engine`) submits no more requests and finishes those in flight."""
+        (self.workdir / "stop").write_text("stop")
+
     async def finish(self, timeout_s: float = 300) -> dict:
         code = await asyncio.wait_for(self.process.wait(), timeout_s)
         assert code == 0, self.log_tail()
@@ -69,5 +74,21 @@ async def start_engine(model_dir: Path, workdir: Path, *args: str) -> EngineRun:
         "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
         "--go-file", str(workdir / "go"), "--step-trace", *args, stdout=log, stderr=log,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
+    )
+    return EngineRun(process=process, workdir=workdir)
+
+
+async def start_closed_loop_engine(model_dir: Path, workdir: Path, address: str, engine_id: str, *args: str,
+                                   env: dict[str, str] | None = None) -> EngineRun:
+    """An engine with the agent under a saturating closed-loop load (tests/e2e/chaos_workload.py) that runs from
+    `go()` until `stop()`, so a test's workload lasts exactly as long as the test needs it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = (workdir / "engine.log").open("w")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(CLOSED_LOOP_SCRIPT), "--model-dir", str(model_dir), "--result",
+        str(workdir / "result.json"), "--report", str(workdir / "agent_report.json"), "--ready-file",
+        str(workdir / "ready"), "--go-file", str(workdir / "go"), "--stop-file", str(workdir / "stop"), "--address",
+        address, "--engine-id", engine_id, "--max-requests", "1000000", *args, stdout=log, stderr=log,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", **(env or {})},
     )
     return EngineRun(process=process, workdir=workdir)

@@ -28,7 +28,6 @@ import itertools
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -39,12 +38,11 @@ import pytest
 
 from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from testbench.serve_process import CONTROLPLANE, ServeProcess
-from tests.e2e.conftest import EngineRun
+from tests.e2e.conftest import EngineRun, start_closed_loop_engine
 from tests.e2e.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-WORKLOAD_SCRIPT = Path(__file__).with_name("chaos_workload.py")
 ENGINE_ID = "chaos"
 SCOPE = operator_pb2.Scope(kind=operator_pb2.SCOPE_KIND_ENGINE, engine_id=ENGINE_ID)
 TTL_S = 3.0  # the controller's --ttl-s and the agent's CP_DECISION_TTL_S
@@ -109,20 +107,6 @@ class LineTimes:
             *lines, partial = (partial + data).split(b"\n")
             now_s = time.monotonic()
             self.times_s += [now_s for line in lines if self._needle in line]
-
-
-async def _start_engine(model_dir: Path, workdir: Path, address: str) -> EngineRun:
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = (workdir / "engine.log").open("w")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, str(WORKLOAD_SCRIPT), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
-        "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
-        "--go-file", str(workdir / "go"), "--stop-file", str(workdir / "stop"), "--address", address,
-        "--engine-id", ENGINE_ID, "--max-tokens", ",".join(map(str, MAX_TOKENS)), "--max-requests", "1000000",
-        stdout=log, stderr=log,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", "CP_DECISION_TTL_S": str(TTL_S)},
-    )
-    return EngineRun(process=process, workdir=workdir)
 
 
 async def _reachable(address: str, *, timeout_s: float = 60.0) -> float:
@@ -196,7 +180,9 @@ async def test_faults_under_load_lose_no_request_and_the_agent_fails_static(tiny
             str(CONTROLPLANE), "ctl", "--address", controller.address, "pin", "eb", "--scope", f"engine:{ENGINE_ID}",
             "--k", str(K), "--n", str(PINNED_N[0]), "--reason", "chaos", stdout=asyncio.subprocess.PIPE)
         assert await pin.wait() == 0, await pin.stdout.read()
-        engine = await _start_engine(tiny_model, tmp_path / "engine", f"127.0.0.1:{proxy.port}")
+        engine = await start_closed_loop_engine(
+            tiny_model, tmp_path / "engine", f"127.0.0.1:{proxy.port}", ENGINE_ID, "--max-tokens",
+            ",".join(map(str, MAX_TOKENS)), env={"CP_DECISION_TTL_S": str(TTL_S)})
         expiries = LineTimes(engine.workdir / "engine.log", EXPIRY_LINE).start()
         await engine.wait_ready(timeout_s=300)
         engine.go()
@@ -243,7 +229,7 @@ async def test_faults_under_load_lose_no_request_and_the_agent_fails_static(tiny
         redis_kill_window = (fault.started_s, time.monotonic())
 
         assert engine.process.returncode is None, f"the engine ended during the faults:\n{engine.log_tail()}"
-        (engine.workdir / "stop").write_text("stop")
+        engine.stop()
         result = await engine.finish(timeout_s=300)
     finally:
         if expiries is not None:
