@@ -10,7 +10,9 @@ lengths, Hello-less streams, and fleet-wide reads while agents stream.
    each engine against a pool of its own workload alone, goal ≤ 10%.
 2. Hello-less streams against `controlplane serve`: streams opened and never sent a Hello. Printed: how
    many the controller closed (DEADLINE_EXCEEDED) and within how long, its RSS before, at the peak and
-   after. Goals: all closed by the Hello deadline (+ 2 s), RSS back within 10% of the baseline.
+   after; and the same for probe streams opened one every PROBE_EVERY_S by a process of their own through the
+   flood (what a stream meets at the controller, without the flooding client's own event loop in its times).
+   Goals: all closed by the Hello deadline (+ 2 s), RSS back within 10% of the baseline.
 3. Reads: engines streaming to `controlplane serve` (a batch a second each) while 20 concurrent callers repeat
    ListEngines and ListHistory. Printed: the health-check round trip and a new engine's Hello → first
    decision (a new probe engine every 0.25 s), p50/p99, without and with the readers, measured from a process
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import multiprocessing
 import multiprocessing.queues
 import os
@@ -54,6 +57,8 @@ from testbench.serve_process import ServeProcess  # noqa: E402
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
 # The reads' third phase: an operator changes the fleet's δ this often (each change re-decides every engine).
 DELTA_EVERY_S = 10.0
+PROBE_EVERY_S = 0.1  # the Hello-less flood's probes: one stream opened this often from a process of their own
+PROBE_LEAD_S = 4.0  # ... which starts this long before the flood
 
 
 # ---- 1. poisoning ----
@@ -121,11 +126,45 @@ def _percentiles(values: list[float]) -> str:
 # ---- 2. Hello-less streams ----
 
 
-async def hello_less(controller: ServeProcess, count: int) -> bool:
+async def _hello_less_probes(address: str, duration_s: float) -> list[tuple[float, float, str]]:
+    """One Hello-less stream opened every PROBE_EVERY_S for duration_s over a channel of this process's own:
+    (opened at, open for, how it ended) each, the first two in seconds from the probes' start."""
+    async def nothing():
+        await asyncio.sleep(3600)
+        yield b""  # pragma: no cover - never sent
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30.0)  # connected
+        started, found = time.monotonic(), []
+
+        async def one() -> None:
+            opened = time.monotonic()
+            call = channel.stream_stream("/controlplane.v1.AgentService/Connect", request_serializer=None,
+                                         response_deserializer=None)(nothing())
+            try:
+                async for _ in call:
+                    pass
+                code = (await call.code()).name
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name
+            found.append((opened - started, time.monotonic() - opened, code))
+
+        tasks = []
+        while time.monotonic() - started < duration_s:
+            tasks.append(asyncio.create_task(one()))
+            await asyncio.sleep(PROBE_EVERY_S)
+        await asyncio.wait(tasks, timeout=HELLO_TIMEOUT_S + 60.0)
+        return found
+
+
+def _hello_less_probe_process(address: str, duration_s: float, results: multiprocessing.queues.Queue) -> None:
+    results.put(asyncio.run(_hello_less_probes(address, duration_s)))
+
+
+async def hello_less(controller: ServeProcess, count: int, probe_s: float) -> bool:
     print(f"\n2. {count:,} streams that never send a Hello (deadline {HELLO_TIMEOUT_S:g} s)")
     before = rss_mib(controller.pid)
     channels = [grpc.aio.insecure_channel(controller.address) for _ in range(max(1, count // 500))]
-    started = time.monotonic()
     codes: dict[str, int] = {}
     closed_after: list[float] = []
     peak = before
@@ -147,6 +186,13 @@ async def hello_less(controller: ServeProcess, count: int) -> bool:
         codes[code.name] = codes.get(code.name, 0) + 1
         closed_after.append(time.monotonic() - opened)
 
+    context = multiprocessing.get_context("spawn")
+    probe_results = context.Queue()
+    probe = context.Process(target=_hello_less_probe_process, args=(controller.address, probe_s, probe_results),
+                            daemon=True)
+    probe.start()
+    await asyncio.sleep(PROBE_LEAD_S)  # the probes' process starts and connects before the flood
+    started = time.monotonic()
     tasks = [asyncio.create_task(one(i)) for i in range(count)]
     deadline = started + HELLO_TIMEOUT_S + 30.0
     while not all(t.done() for t in tasks) and time.monotonic() < deadline:
@@ -156,6 +202,8 @@ async def hello_less(controller: ServeProcess, count: int) -> bool:
         task.cancel()
     for channel in channels:
         await channel.close()
+    probes = await asyncio.get_running_loop().run_in_executor(None, probe_results.get, True, probe_s + 120.0)
+    probe.join(timeout=10.0)
     await asyncio.sleep(3.0)
     soon_after = rss_mib(controller.pid)
     await asyncio.sleep(TRIM_QUIET_S)  # the controller hands memory back once the flood has been quiet this long
@@ -168,6 +216,14 @@ async def hello_less(controller: ServeProcess, count: int) -> bool:
     print(f"controller RSS                    before {before:.0f} MiB, peak {peak:.0f} MiB, 3 s after the end "
           f"{soon_after:.0f} MiB, {3 + TRIM_QUIET_S:g} s after {after:.0f} MiB ({after / before - 1:+.1%}; "
           f"goal ≤ +10%)")
+    open_s = [o for _, o, _ in probes]
+    probe_codes: dict[str, int] = {}
+    for _, _, code in probes:
+        probe_codes[code] = probe_codes.get(code, 0) + 1
+    worst_at = max(probes, key=lambda p: p[1])[0] - PROBE_LEAD_S if probes else math.nan
+    print(f"probe streams (own process)       {len(probes)} opened every {PROBE_EVERY_S:g} s from {PROBE_LEAD_S:g} s "
+          f"before the flood: open p50 {np.median(open_s):.1f} s, p99 {np.percentile(open_s, 99):.1f} s, longest "
+          f"{max(open_s):.1f} s (opened {worst_at:+.1f} s from the flood's start); {probe_codes}")
     return closed == count and last <= HELLO_TIMEOUT_S + 2.0 and after <= 1.10 * before
 
 
@@ -369,7 +425,7 @@ def main() -> int:
                                         args=("--controller-id", "attack-soak"))
         try:
             if "hello-less" in parts:
-                met &= asyncio.run(hello_less(controller, args.hello_less))
+                met &= asyncio.run(hello_less(controller, args.hello_less, 3.0 if args.smoke else 25.0))
             if "reads" in parts:
                 met &= asyncio.run(reads(controller, args.engines, args.phase_s, args.batch_interval_s))
         finally:

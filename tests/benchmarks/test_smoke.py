@@ -56,6 +56,7 @@ SMOKES = (
         rf"^outputs 1\.9x, at 200,000/s\s+4/20\s+[\d,]+\s+{NUMBER}%\s+{NUMBER}%\s+0\s+4/4\s+10%\s+yes$",
         r"^heterogeneous pool, long-context \(5 engines\)\s+vs its workload alone: .*kept out 5/5",
         r"^ended by the controller\s+200 of 200 \(DEADLINE_EXCEEDED",
+        rf"^probe streams \(own process\)\s+\d+ opened every 0\.1 s .*open p50 {NUMBER} s, p99 {NUMBER} s, longest",
         rf"^with 20 readers\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\{{'answered': \d+",
         rf"^with δ changes\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\{{'answered': 0",
         rf"^SetDelta round trip \(fleet scope, every engine re-decided\) p50/p99\s+{NUMBER}\s+{NUMBER} ms "
