@@ -85,7 +85,7 @@ def record(args: argparse.Namespace) -> str:
                  "--address", address, "--engine-id", "cpu-profile", "--report", str(tmp / "report.json"),
                  "--step-trace", "--ready-file", str(tmp / "ready"), "--go-file", str(tmp / "go"), "--num-requests",
                  str(args.num_requests), "--prompt-tokens", "16,900", "--output-tokens", "16,160", "--max-num-seqs",
-                 "128", "--max-num-batched-tokens", "4096"],
+                 "128", "--max-num-batched-tokens", "4096", *(["--single-process-executor"] if args.smoke else [])],
                 stdout=(tmp / "engine.log").open("w"), stderr=subprocess.STDOUT)
             while not (tmp / "ready").exists():
                 if engine.poll() is not None:

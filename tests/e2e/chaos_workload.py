@@ -51,6 +51,10 @@ def main() -> int:
     os.environ.update(CP_CONTROLLER_ADDRESS=args.address, CP_ENGINE_ID=args.engine_id, CP_POOL_MODEL="tiny-qwen2",
                       CP_BATCH_INTERVAL_S=args.batch_interval_s, CP_AGENT_REPORT=str(args.report), CP_STEP_TRACE="1")
 
+    from tests.e2e.cpu_platform import adjust_cpu_platform
+
+    adjust_cpu_platform(single_process_executor=True)
+
     import numpy as np
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

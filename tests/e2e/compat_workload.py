@@ -183,6 +183,9 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     sys.path.insert(0, str(ROOT))
+    from tests.e2e.cpu_platform import adjust_cpu_platform
+
+    adjust_cpu_platform(single_process_executor=True)
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     phases = args.phases.split(",") if args.agent else ["stock"]

