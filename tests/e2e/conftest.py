@@ -96,15 +96,14 @@ async def start_closed_loop_engine(model_dir: Path, workdir: Path, address: str,
     return EngineRun(process=process, workdir=workdir)
 
 
-def once_per_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str,
-                 compute: Callable[[], dict]) -> dict:
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute: Callable[[], dict]) -> dict:
     """compute()'s JSON-able result, computed once per test run however many xdist workers ask for it.
 
     A module-scoped fixture runs once per worker that runs any of the module's tests, and xdist's work stealing
     can spread a module over both workers: a fixture that starts engines for minutes would then run twice. Under
     xdist the first worker to ask computes it under a lock in the run's shared temporary directory; the others
     wait for the lock and read the result (or fail with the first one's error, instead of running it again)."""
-    if worker_id == "master":  # not distributed
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # not distributed (xdist names its workers there)
         return compute()
     shared = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
     result, error = shared / f"{name}.json", shared / f"{name}.error"

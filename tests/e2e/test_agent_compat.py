@@ -118,7 +118,7 @@ async def _run_all(base: Path, model: Path, spec_model: Path, tokenizer: Path) -
 
 
 @pytest.fixture(scope="module")
-def compat(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, worker_id: str) -> CompatRuns:
+def compat(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> CompatRuns:
     def run() -> dict:
         base = tmp_path_factory.mktemp("compat")
         varied = write_tiny_model(base / "model-varied", initializer_range=0.2)
@@ -126,7 +126,7 @@ def compat(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, worker_id
         runs = asyncio.run(_run_all(base, varied, tiny_model, tokenizer))
         return {"results": runs.results, "reports": runs.reports}
 
-    return CompatRuns(**once_per_run(tmp_path_factory, worker_id, "agent-compat-runs", run))
+    return CompatRuns(**once_per_run(tmp_path_factory, "agent-compat-runs", run))
 
 
 @pytest.mark.parametrize("phase", ["eb", "mb"])
