@@ -9,7 +9,8 @@ JSON result: requests submitted and finished, the finish reasons, every output l
 request's own max_tokens, and the
 CLOCK_MONOTONIC time at which each request finished (system-wide on Linux, so the test can line the
 completions up with the faults it injected). With --ready-file/--go-file it signals when the engine is
-built and waits before generating. The agent's environment (CP_*) is the caller's, plus the address.
+built and waits before generating. The agent's environment (CP_*) is the caller's, plus the address. The model
+runs in EngineCore's process (tests/e2e/cpu_platform.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ With --ready-file/--go-file it signals when the engine is built and waits before
 test can set operator overrides first. With --kv-role the engine is one side of disaggregated prefill/decode
 through vLLM's ExampleConnector (prompts' KV saved to and loaded from --kv-storage); --first-token-only asks
 for one token per request (what a proxy asks a prefill instance for), --token-ids writes every request's
-tokens, and --hold-file keeps the engine (and its agent) up after the result until that file exists.
+tokens, and --hold-file keeps the engine (and its agent) up after the result until that file exists. With
+--single-process-executor the model runs in EngineCore's process, with one thread (tests/e2e/cpu_platform.py: the
+e2e tests' engines, a start-up about 12 s shorter here).
 """
 
 from __future__ import annotations
