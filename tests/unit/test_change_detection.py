@@ -73,6 +73,7 @@ def test_detector_rejects_bad_parameters(kwargs: dict, match: str) -> None:
 # ------------------------------------------------------------------------------------- false alarms
 
 
+@pytest.mark.sim  # 10⁵ completions a family (a seeded simulation: `make test`, not `make test-fast`)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_at_most_one_false_alarm_per_100k_completions(family: str) -> None:
     rng = np.random.default_rng(100 + FAMILIES.index(family))
