@@ -128,7 +128,7 @@ def _percentiles(values: list[float]) -> str:
 
 async def _hello_less_probes(address: str, duration_s: float) -> list[tuple[float, float, str]]:
     """One Hello-less stream opened every PROBE_EVERY_S for duration_s over a channel of this process's own:
-    (opened at, open for, how it ended) each, the first two in seconds from the probes' start."""
+    (opened at, wall clock; open for, s; how it ended) each."""
     async def nothing():
         await asyncio.sleep(3600)
         yield b""  # pragma: no cover - never sent
@@ -138,7 +138,7 @@ async def _hello_less_probes(address: str, duration_s: float) -> list[tuple[floa
         started, found = time.monotonic(), []
 
         async def one() -> None:
-            opened = time.monotonic()
+            opened, opened_wall_s = time.monotonic(), time.time()
             call = channel.stream_stream("/controlplane.v1.AgentService/Connect", request_serializer=None,
                                          response_deserializer=None)(nothing())
             try:
@@ -147,7 +147,7 @@ async def _hello_less_probes(address: str, duration_s: float) -> list[tuple[floa
                 code = (await call.code()).name
             except grpc.aio.AioRpcError as exc:
                 code = exc.code().name
-            found.append((opened - started, time.monotonic() - opened, code))
+            found.append((opened_wall_s, time.monotonic() - opened, code))
 
         tasks = []
         while time.monotonic() - started < duration_s:
@@ -192,7 +192,7 @@ async def hello_less(controller: ServeProcess, count: int, probe_s: float) -> bo
                             daemon=True)
     probe.start()
     await asyncio.sleep(PROBE_LEAD_S)  # the probes' process starts and connects before the flood
-    started = time.monotonic()
+    started, started_wall_s = time.monotonic(), time.time()
     tasks = [asyncio.create_task(one(i)) for i in range(count)]
     deadline = started + HELLO_TIMEOUT_S + 30.0
     while not all(t.done() for t in tasks) and time.monotonic() < deadline:
@@ -220,9 +220,9 @@ async def hello_less(controller: ServeProcess, count: int, probe_s: float) -> bo
     probe_codes: dict[str, int] = {}
     for _, _, code in probes:
         probe_codes[code] = probe_codes.get(code, 0) + 1
-    worst_at = max(probes, key=lambda p: p[1])[0] - PROBE_LEAD_S if probes else math.nan
-    print(f"probe streams (own process)       {len(probes)} opened every {PROBE_EVERY_S:g} s from {PROBE_LEAD_S:g} s "
-          f"before the flood: open p50 {np.median(open_s):.1f} s, p99 {np.percentile(open_s, 99):.1f} s, longest "
+    worst_at = max(probes, key=lambda p: p[1])[0] - started_wall_s if probes else math.nan
+    print(f"probe streams (own process)       {len(probes)} opened every {PROBE_EVERY_S:g} s from before the flood: "
+          f"open p50 {np.median(open_s):.1f} s, p99 {np.percentile(open_s, 99):.1f} s, longest "
           f"{max(open_s):.1f} s (opened {worst_at:+.1f} s from the flood's start); {probe_codes}")
     return closed == count and last <= HELLO_TIMEOUT_S + 2.0 and after <= 1.10 * before
 
