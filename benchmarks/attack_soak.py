@@ -126,27 +126,32 @@ def _percentiles(values: list[float]) -> str:
 # ---- 2. Hello-less streams ----
 
 
-async def _hello_less_probes(address: str, duration_s: float) -> list[tuple[float, float, str]]:
-    """One Hello-less stream opened every PROBE_EVERY_S for duration_s over a channel of this process's own:
-    (opened at, wall clock; open for, s; how it ended) each."""
+async def _hello_less_stream(channel: grpc.aio.Channel) -> str:
+    """Open an agent stream that never sends its Hello; how the controller ended it (the status code's name)."""
     async def nothing():
         await asyncio.sleep(3600)
         yield b""  # pragma: no cover - never sent
 
+    call = channel.stream_stream("/controlplane.v1.AgentService/Connect", request_serializer=None,
+                                 response_deserializer=None)(nothing())
+    try:
+        async for _ in call:
+            pass
+        return (await call.code()).name
+    except grpc.aio.AioRpcError as exc:
+        return exc.code().name
+
+
+async def _hello_less_probes(address: str, duration_s: float) -> list[tuple[float, float, str]]:
+    """One Hello-less stream opened every PROBE_EVERY_S for duration_s over a channel of this process's own:
+    (opened at, wall clock; open for, s; how it ended) each."""
     async with grpc.aio.insecure_channel(address) as channel:
         await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30.0)  # connected
         started, found = time.monotonic(), []
 
         async def one() -> None:
             opened, opened_wall_s = time.monotonic(), time.time()
-            call = channel.stream_stream("/controlplane.v1.AgentService/Connect", request_serializer=None,
-                                         response_deserializer=None)(nothing())
-            try:
-                async for _ in call:
-                    pass
-                code = (await call.code()).name
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code().name
+            code = await _hello_less_stream(channel)
             found.append((opened_wall_s, time.monotonic() - opened, code))
 
         tasks = []
@@ -170,20 +175,9 @@ async def hello_less(controller: ServeProcess, count: int, probe_s: float) -> bo
     peak = before
 
     async def one(index: int) -> None:
-        async def nothing():
-            await asyncio.sleep(3600)
-            yield b""  # pragma: no cover - never sent
-
         opened = time.monotonic()
-        call = channels[index % len(channels)].stream_stream(
-            "/controlplane.v1.AgentService/Connect", request_serializer=None, response_deserializer=None)(nothing())
-        try:
-            async for _ in call:
-                pass
-            code = await call.code()
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-        codes[code.name] = codes.get(code.name, 0) + 1
+        code = await _hello_less_stream(channels[index % len(channels)])
+        codes[code] = codes.get(code, 0) + 1
         closed_after.append(time.monotonic() - opened)
 
     context = multiprocessing.get_context("spawn")

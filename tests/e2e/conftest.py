@@ -68,32 +68,31 @@ class EngineRun:
         return log.read_text()[-4000:] if log.exists() else ""
 
 
-async def start_engine(model_dir: Path, workdir: Path, *args: str) -> EngineRun:
+async def _spawn(script: Path, model_dir: Path, workdir: Path, *args: str,
+                 env: dict[str, str] | None = None) -> EngineRun:
+    """`script` (an engine workload) in a process of its own, writing its result, report and log under workdir and
+    signalling through its ready and go files."""
     workdir.mkdir(parents=True, exist_ok=True)
     log = (workdir / "engine.log").open("w")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(ENGINE_SCRIPT), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
+        sys.executable, str(script), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
         "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
-        "--go-file", str(workdir / "go"), "--step-trace", "--single-process-executor", *args, stdout=log, stderr=log,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
+        "--go-file", str(workdir / "go"), *args, stdout=log, stderr=log,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", **(env or {})},
     )
     return EngineRun(process=process, workdir=workdir)
+
+
+async def start_engine(model_dir: Path, workdir: Path, *args: str) -> EngineRun:
+    return await _spawn(ENGINE_SCRIPT, model_dir, workdir, "--step-trace", "--single-process-executor", *args)
 
 
 async def start_closed_loop_engine(model_dir: Path, workdir: Path, address: str, engine_id: str, *args: str,
                                    env: dict[str, str] | None = None) -> EngineRun:
     """An engine with the agent under a saturating closed-loop load (tests/e2e/chaos_workload.py) that runs from
     `go()` until `stop()`, so a test's workload lasts exactly as long as the test needs it."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = (workdir / "engine.log").open("w")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, str(CLOSED_LOOP_SCRIPT), "--model-dir", str(model_dir), "--result",
-        str(workdir / "result.json"), "--report", str(workdir / "agent_report.json"), "--ready-file",
-        str(workdir / "ready"), "--go-file", str(workdir / "go"), "--stop-file", str(workdir / "stop"), "--address",
-        address, "--engine-id", engine_id, "--max-requests", "1000000", *args, stdout=log, stderr=log,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", **(env or {})},
-    )
-    return EngineRun(process=process, workdir=workdir)
+    return await _spawn(CLOSED_LOOP_SCRIPT, model_dir, workdir, "--stop-file", str(workdir / "stop"), "--address",
+                        address, "--engine-id", engine_id, "--max-requests", "1000000", *args, env=env)
 
 
 def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute: Callable[[], dict]) -> dict:

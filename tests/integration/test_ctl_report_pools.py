@@ -104,12 +104,16 @@ def _fits(views: dict[str, dict]) -> dict[str, set]:
     return dict(fits)
 
 
+async def _views(stub) -> dict[str, dict]:
+    """Each engine's explain view, by engine id."""
+    return {engine_id: explain(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id)))
+            for engine_id in ENGINES}
+
+
 async def _fits_once_shared(stub) -> dict[str, set]:
     """The pools' fits once each pool's engines stand on one (within 10 s)."""
     for _ in range(100):
-        views = {engine_id: explain(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id)))
-                 for engine_id in ENGINES}
-        fits = _fits(views)
+        fits = _fits(await _views(stub))
         if all(len(fit) == 1 for fit in fits.values()):
             return fits
         await asyncio.sleep(0.1)
@@ -148,8 +152,7 @@ async def _fleet_report(redis_url: str, out: Path) -> dict[str, dict]:
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             _, err = await asyncio.wait_for(process.communicate(), 120)
             assert process.returncode == 0, err.decode()
-            views = {engine_id: explain(await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=engine_id)))
-                     for engine_id in ENGINES}
+            views = await _views(stub)
             if _fits(views) == before:
                 break
         for agent in agents.values():
