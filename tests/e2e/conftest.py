@@ -6,7 +6,6 @@ import asyncio
 import fcntl
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from testbench.tiny_model import write_tiny_model
+from tests.e2e.engine_forkserver import ForkedProcess, start_script
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine_workload.py")
 CLOSED_LOOP_SCRIPT = Path(__file__).with_name("chaos_workload.py")
@@ -28,7 +28,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class EngineRun:
     """A running engine process; `ready` and `go` files synchronise it with the test."""
 
-    process: asyncio.subprocess.Process
+    process: ForkedProcess
     workdir: Path
 
     @property
@@ -70,16 +70,16 @@ class EngineRun:
 
 async def _spawn(script: Path, model_dir: Path, workdir: Path, *args: str,
                  env: dict[str, str] | None = None) -> EngineRun:
-    """`script` (an engine workload) in a process of its own, writing its result, report and log under workdir and
-    signalling through its ready and go files."""
+    """`script` (an engine workload) in a process of its own, forked from the engines' fork server
+    (`engine_forkserver`), writing its result, report and log under workdir and signalling through its ready and
+    go files."""
     workdir.mkdir(parents=True, exist_ok=True)
-    log = (workdir / "engine.log").open("w")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), "--model-dir", str(model_dir), "--result", str(workdir / "result.json"),
-        "--report", str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"),
-        "--go-file", str(workdir / "go"), *args, stdout=log, stderr=log,
+    process = start_script(
+        script, ["--model-dir", str(model_dir), "--result", str(workdir / "result.json"), "--report",
+                 str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"), "--go-file",
+                 str(workdir / "go"), *args],
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", **(env or {})},
-    )
+        log_path=workdir / "engine.log")
     return EngineRun(process=process, workdir=workdir)
 
 

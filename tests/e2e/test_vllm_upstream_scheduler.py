@@ -22,7 +22,14 @@ pytest.importorskip("vllm", reason="the vllm extra is part of the project's set-
 
 import vllm
 
-from tests.e2e.vllm_upstream import extract_tests, failure_sites, fetch_sdist, run_upstream, write_offline_hf_cache
+from tests.e2e.vllm_upstream import (
+    UpstreamRun,
+    extract_tests,
+    failure_sites,
+    fetch_sdist,
+    run_upstream,
+    write_offline_hf_cache,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -38,18 +45,20 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_vllm_scheduler_tests_pass_with_the_agent_off_on_and_steering(upstream: Path, unreachable_port: int) -> None:
-    stock, stock_counts = run_upstream(upstream, "stock", agent=False, env={})
+    agent_env = {"CP_CONTROLLER_ADDRESS": f"127.0.0.1:{unreachable_port}", "CP_ENGINE_ID": "upstream-tests",
+                 "CP_POOL_MODEL": "tiny", "CP_POOL_ACCELERATOR": "cpu"}
+    runs = run_upstream(upstream, [
+        UpstreamRun("stock", agent=False), UpstreamRun("agent_off", agent=True),
+        UpstreamRun("agent_on", agent=True, env=agent_env),
+        UpstreamRun("agent_steering", agent=True, env={**agent_env, "CP_UPSTREAM_DECISION": "mb_own_limits"}),
+        UpstreamRun("agent_eb", agent=True, env={**agent_env, "CP_UPSTREAM_DECISION": "eb"})])
+    stock, stock_counts = runs["stock"]
     passed = {name for name, outcome in stock.items() if outcome == "passed"}
     assert len(passed) >= MIN_STOCK_PASSED, f"only {len(passed)} of {len(stock)} pass on stock vLLM"
     assert stock_counts.get("attached", 0) == 0
 
-    off, off_counts = run_upstream(upstream, "agent_off", agent=True, env={})
-    agent_env = {"CP_CONTROLLER_ADDRESS": f"127.0.0.1:{unreachable_port}", "CP_ENGINE_ID": "upstream-tests",
-                 "CP_POOL_MODEL": "tiny", "CP_POOL_ACCELERATOR": "cpu"}
-    on, on_counts = run_upstream(upstream, "agent_on", agent=True, env=agent_env)
-    steered, steered_counts = run_upstream(upstream, "agent_steering", agent=True,
-                                           env={**agent_env, "CP_UPSTREAM_DECISION": "mb_own_limits"})
-
+    (off, off_counts), (on, on_counts), (steered, steered_counts) = (
+        runs["agent_off"], runs["agent_on"], runs["agent_steering"])
     for label, outcomes in (("agent off", off), ("agent on", on), ("decision in force", steered)):
         assert set(outcomes) == set(stock), f"{label}: another set of tests ran"
         regressions = sorted(name for name in passed if outcomes[name] != "passed")
@@ -60,7 +69,7 @@ def test_vllm_scheduler_tests_pass_with_the_agent_off_on_and_steering(upstream: 
     assert steered_counts.get("decisions_applied", 0) == steered_counts.get("attached", 0) >= len(passed) // 2
     assert steered_counts.get("hook_failures", 0) == 0, steered_counts
 
-    _, eb_counts = run_upstream(upstream, "agent_eb", agent=True, env={**agent_env, "CP_UPSTREAM_DECISION": "eb"})
+    _, eb_counts = runs["agent_eb"]
     assert eb_counts.get("decisions_applied", 0) >= len(passed) // 2, eb_counts
     assert eb_counts.get("hook_failures", 0) == 0, eb_counts
     inside = {name: site for name, site in failure_sites(upstream, "agent_eb").items()

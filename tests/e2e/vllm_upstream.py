@@ -5,7 +5,8 @@ Nothing of vLLM's test code lives in this repository: `fetch_sdist` downloads `v
 unpacks the scheduler test modules and the helpers they import, and `write_offline_hf_cache` gives them the
 text models' configs they read (facebook/opt-125m's and opt-350m's, written from `transformers.OPTConfig`:
 the scheduler reads a config, never weights or a tokenizer). `run_upstream` runs them under the plugin
-`vllm_upstream_plugin`, which swaps in the agent's scheduler classes when asked.
+`vllm_upstream_plugin`, which swaps in the agent's scheduler classes when asked, once per configuration, from
+one process that imports vLLM once (`vllm_upstream_runner`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import tarfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.e2e.vllm_release import CACHE_DIR, fetch_release_file
@@ -77,33 +79,52 @@ def write_offline_hf_cache(hf_home: Path) -> None:
         config.save_pretrained(repo / "snapshots" / _FAKE_REVISION)
 
 
-def run_upstream(root: Path, label: str, *, agent: bool, env: dict[str, str],
-                 timeout_s: float = 1200) -> tuple[dict[str, str], dict[str, int]]:
-    """Run the extracted tests under root; returns ({test id: passed|failed|skipped}, the plugin's summary).
+@dataclass(frozen=True)
+class UpstreamRun:
+    """One configuration of the tests: `agent` swaps in the agent's scheduler classes (`vllm_upstream_plugin`);
+    `env` holds its extra variables (CP_*)."""
 
-    agent: swap in the agent's scheduler classes (`vllm_upstream_plugin`); env: extra variables (CP_*).
+    label: str
+    agent: bool
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def run_upstream(root: Path, runs: list[UpstreamRun], *, timeout_s: float = 1200
+                 ) -> dict[str, tuple[dict[str, str], dict[str, int]]]:
+    """Run the extracted tests under root once per run, one after another, each in a process forked from one that
+    has imported vLLM (`vllm_upstream_runner`); returns {label: ({test id: passed|failed|skipped}, the plugin's
+    summary)}. A run still going after timeout_s is stopped and raises, with the end of its output.
     """
-    junit, summary = root / f"{label}.xml", root / f"{label}.summary.json"
     plugin_dir = Path(__file__).parent
     repo = plugin_dir.parents[1]
+    spec, result = root / "runs.json", root / "runs.result.json"
+    spec.write_text(json.dumps({"result": str(result), "runs": [
+        {"label": run.label, "log": str(root / f"{run.label}.log"), "timeout_s": timeout_s,
+         "env": {**run.env, "CP_UPSTREAM_SCHEDULER": "agent" if run.agent else "stock",
+                 "CP_UPSTREAM_SUMMARY": str(root / f"{run.label}.summary.json")},
+         "args": ["-v", "-p", "no:cacheprovider", "-p", "vllm_upstream_plugin", "--confcutdir",
+                  str(root / "tests" / "v1"), f"--junitxml={root / f'{run.label}.xml'}", "-o", "junit_family=xunit1",
+                  "-o", f"faulthandler_timeout={STUCK_TEST_S}", f"--timeout={FAILED_TEST_S}",
+                  "--timeout-method=signal", *TEST_FILES]}  # -v: a stopped run's log names the test it was in
+        for run in runs]}))
     run_env = {k: v for k, v in os.environ.items() if not k.startswith("CP_")}
-    run_env.update(env, HF_HOME=str(root / "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   PYTHONPATH=os.pathsep.join([str(root), str(plugin_dir), str(repo)]),
-                   CP_UPSTREAM_SCHEDULER="agent" if agent else "stock", CP_UPSTREAM_SUMMARY=str(summary))
-    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "vllm_upstream_plugin",
-               "--confcutdir", str(root / "tests" / "v1"), f"--junitxml={junit}", "-o", "junit_family=xunit1",
-               "-o", f"faulthandler_timeout={STUCK_TEST_S}", f"--timeout={FAILED_TEST_S}",
-               "--timeout-method=signal", *TEST_FILES]
-    try:  # -v: the last test named in the output is the one that was running when a run is stopped
-        completed = subprocess.run(command, cwd=root, env=run_env, capture_output=True, text=True,
-                                   timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"{label}: still running after {timeout_s:.0f} s:\n{_tail(exc.stdout)}\n"
-                           f"{_tail(exc.stderr, 12000)}") from None
-    if not junit.exists():
-        raise RuntimeError(f"{label}: pytest wrote no report (exit {completed.returncode}):\n"
-                           f"{_tail(completed.stdout)}\n{_tail(completed.stderr)}")
-    return _outcomes(junit), json.loads(summary.read_text())
+    run_env.update(HF_HOME=str(root / "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   PYTHONPATH=os.pathsep.join([str(root), str(plugin_dir), str(repo)]))
+    runner = subprocess.run([sys.executable, str(plugin_dir / "vllm_upstream_runner.py"), str(spec)], cwd=root,
+                            env=run_env, capture_output=True, text=True, timeout=timeout_s * len(runs) + 120)
+    if not result.exists():
+        raise RuntimeError(f"the runner failed (exit {runner.returncode}):\n{_tail(runner.stdout)}\n"
+                           f"{_tail(runner.stderr)}")
+    statuses, outcomes = json.loads(result.read_text()), {}
+    for run in runs:
+        status, log, junit = statuses[run.label], root / f"{run.label}.log", root / f"{run.label}.xml"
+        if status["timed_out"]:
+            raise RuntimeError(f"{run.label}: still running after {timeout_s:.0f} s:\n{_tail(log.read_text(), 12000)}")
+        if not junit.exists():
+            raise RuntimeError(f"{run.label}: pytest wrote no report (exit {status['exit']}):\n"
+                               f"{_tail(log.read_text())}")
+        outcomes[run.label] = (_outcomes(junit), json.loads((root / f"{run.label}.summary.json").read_text()))
+    return outcomes
 
 
 def _tail(output: str | bytes | None, num_chars: int = 3000) -> str:
