@@ -14,7 +14,6 @@ import asyncio
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from controlplane.store.embedded import start_redis_on_free_port
 from testbench.tiny_model import write_tiny_model, write_tiny_tokenizer
 from tests.e2e.compat_workload import MAIN_FEATURES, SPEC_FEATURES
 from tests.e2e.conftest import once_per_run
+from tests.e2e.engine_forkserver import ForkedProcess, start_script
 from tests.integration.controller_harness import make_config, running_controller
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
@@ -47,7 +47,7 @@ class CompatRuns:
     reports: dict[str, dict]              # engine kind → the agent's final report
 
 
-async def _wait_file(path: Path, process: asyncio.subprocess.Process, log: Path, timeout_s: float) -> None:
+async def _wait_file(path: Path, process: ForkedProcess, log: Path, timeout_s: float) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not path.exists():
         if process.returncode is not None:
@@ -58,14 +58,12 @@ async def _wait_file(path: Path, process: asyncio.subprocess.Process, log: Path,
         await asyncio.sleep(0.1)
 
 
-async def _spawn(out: Path, model: Path, spec_model: Path, tokenizer: Path, *extra: str
-                 ) -> tuple[asyncio.subprocess.Process, Path]:
+def _spawn(out: Path, model: Path, spec_model: Path, tokenizer: Path, *extra: str) -> tuple[ForkedProcess, Path]:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "workload.log"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, str(WORKLOAD), "--model-dir", str(model), "--spec-model-dir", str(spec_model),
-        "--tokenizer-dir", str(tokenizer), "--out-dir", str(out), *extra, stdout=log.open("w"),
-        stderr=asyncio.subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"})
+    process = start_script(WORKLOAD, ["--model-dir", str(model), "--spec-model-dir", str(spec_model),
+                                      "--tokenizer-dir", str(tokenizer), "--out-dir", str(out), *extra],
+                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"}, log_path=log)
     return process, log
 
 
@@ -94,9 +92,9 @@ async def _run_all(base: Path, model: Path, spec_model: Path, tokenizer: Path) -
                 grpc.aio.insecure_channel(ctl.address) as channel:
             stub = operator_pb2_grpc.OperatorServiceStub(channel)
             await stub.PinMode(PINS["eb"])
-            stock, stock_log = await _spawn(base / "stock", model, spec_model, tokenizer)
+            stock, stock_log = _spawn(base / "stock", model, spec_model, tokenizer)
             agent_out = base / "agent"
-            agent, agent_log = await _spawn(agent_out, model, spec_model, tokenizer, "--agent", ctl.address)
+            agent, agent_log = _spawn(agent_out, model, spec_model, tokenizer, "--agent", ctl.address)
             for kind, phases in PHASES.items():
                 await _wait_file(agent_out / f"ready-{kind}", agent, agent_log, 600)
                 for phase in phases:
