@@ -36,6 +36,7 @@ from controlplane.api.v1 import common_pb2, operator_pb2, operator_pb2_grpc
 from controlplane.cli import output
 from controlplane.cli.args import MAX_REQUESTS, bounded_int, finite_float, nonnegative_float, parse_pool
 from controlplane.cli.explain import explain, explain_rows
+from controlplane.cli.interrupt import INTERRUPTED_EXIT, until_interrupted
 from controlplane.cli.report import render_report
 from controlplane.cli.report_command import add_report_arguments
 from controlplane.cli.report_latency import pool_samples, recorded_latencies, sample_latencies
@@ -583,7 +584,7 @@ async def _run(args: argparse.Namespace, connection: dict[str, Any]) -> int:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     connection = resolve_connection(args, os.environ)
     try:
-        return asyncio.run(_run(args, connection))
+        return asyncio.run(until_interrupted(_run(args, connection)))
     except grpc.aio.AioRpcError as exc:
         details = " ".join((exc.details() or "").split())
         print(f"error: {exc.code().name}: {details} ({connection['address']})", file=sys.stderr)
@@ -595,4 +596,4 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"error: --strict: {exc}; nothing was changed", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED_EXIT

@@ -209,8 +209,9 @@ def test_readme_operator_commands_run_as_written(demo: dict[str, str], tmp_path:
 
 def _interruptible(argv: list[str], **kwargs) -> subprocess.Popen[str]:
     """Start argv as a terminal starts a foreground command: SIGINT at its default disposition. A child inherits an
-    ignored SIGINT, and Python then leaves it ignored; this process's may not be the default (in a pytest-xdist
-    worker two suites lost this test to a `ctl watch` that outlived its SIGINT by 20 s, while it passed alone)."""
+    ignored SIGINT, and Python then leaves it ignored; this process's may not be the default. (A `ctl watch` that
+    outlived its SIGINT by 20 s in some suites had another cause: the signal handed to one of its gRPC threads,
+    `tests/integration/test_ctl_interrupt.py`.)"""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
