@@ -68,6 +68,9 @@ def main() -> int:
     os.environ.update({"CP_CONTROLLER_ADDRESS": args.address, "CP_ENGINE_ID": args.engine_id,
                        "CP_POOL_MODEL": "tiny-qwen2", "CP_BATCH_INTERVAL_S": "0.2"})
     sys.path.insert(0, str(ROOT))
+    from tests.e2e.cpu_platform import adjust_cpu_platform
+
+    adjust_cpu_platform(single_process_executor=True)
     asyncio.run(_run(args))
     return 0
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 
 import grpc
 import pytest
 
 from controlplane.api.v1 import operator_pb2, operator_pb2_grpc
+from tests.e2e.engine_forkserver import ForkedProcess, start_script
 from tests.integration.controller_harness import make_config, running_controller
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -26,7 +26,7 @@ WORKLOAD = Path(__file__).with_name("dp_workload.py")
 RANKS = ("e2e-dp-dp0", "e2e-dp-dp1")
 
 
-async def _both_ranks_decided(stub: operator_pb2_grpc.OperatorServiceStub, process: asyncio.subprocess.Process,
+async def _both_ranks_decided(stub: operator_pb2_grpc.OperatorServiceStub, process: ForkedProcess,
                               result: Path, log: Path, timeout_s: float = 600) -> dict[str, operator_pb2.EngineInfo]:
     """The ranks' engine infos once the workload's result is written and each rank has reported its completions
     and ACKed a decision (while the engine holds, its agents still connected)."""
@@ -49,11 +49,10 @@ async def test_two_data_parallel_ranks_of_one_cpu_engine_attach_and_are_decided_
     async with running_controller(make_config(redis_url)) as ctl, grpc.aio.insecure_channel(ctl.address) as channel:
         stub = operator_pb2_grpc.OperatorServiceStub(channel)
         log = tmp_path / "engine.log"
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, str(WORKLOAD), "--model-dir", str(tiny_model), "--result", str(tmp_path / "result.json"),
-            "--hold-file", str(tmp_path / "hold"), "--address", ctl.address, "--num-requests", "32",
-            stdout=log.open("w"), stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"})
+        process = start_script(
+            WORKLOAD, ["--model-dir", str(tiny_model), "--result", str(tmp_path / "result.json"), "--hold-file",
+                       str(tmp_path / "hold"), "--address", ctl.address, "--num-requests", "32"],
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}, log_path=log)
         try:
             engines = await _both_ranks_decided(stub, process, tmp_path / "result.json", log)
             views = {rank: await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=rank)) for rank in RANKS}
