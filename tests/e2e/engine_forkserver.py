@@ -5,8 +5,8 @@ process each (the import is 10–17 s of every engine's start here).
 forked from a server process of Python's multiprocessing (`forkserver` context, one per test process) whose
 preload is `tests.e2e.engine_preload`. The script sees the arguments, environment and working directory it would
 have had as `python script args…`, its output goes to a log file, and the interpreter's exit handlers run when it
-ends. `ForkedProcess` gives the test the parts of `asyncio.subprocess.Process` the e2e tests use (`pid`,
-`returncode`, `wait()`, `kill()`).
+ends. `ForkedProcess` gives the test the parts of `asyncio.subprocess.Process` the e2e tests use (`returncode`,
+`wait()`, `kill()`).
 
 What differs from a fresh interpreter: the modules the preload imported are already imported (so import-time
 settings must be the same for every workload: the preload sets OMP_NUM_THREADS as `cpu_platform` does for the
@@ -61,10 +61,6 @@ class ForkedProcess:
 
     def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
         self._process = process
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
 
     @property
     def returncode(self) -> int | None:
