@@ -108,6 +108,8 @@ class ControllerMetrics:
         self.ready = Gauge("cp_ready", "1 when the controller reports SERVING", registry=r)
         self.watchers_dropped = Counter("cp_watch_events_dropped_total",
                                         "Decision events not delivered to a slow WatchDecisions client", registry=r)
+        self.decision_watchers = Gauge("cp_decision_watchers", "Open WatchDecisions streams on this replica",
+                                       registry=r)
         self.evictions = Counter("cp_engines_evicted_total", "Disconnected engines forgotten, by reason: ttl "
                                  "(disconnected for engine_ttl_s) or capacity (their agent identity had more than "
                                  "max_disconnected_engines disconnected)", ["reason"], registry=r)

@@ -1,7 +1,7 @@
 """The WatchDecisions clients of one replica: each a bounded queue that every pushed decision is handed to.
 
-A watcher that falls behind loses events (counted in `cp_watchers_dropped_total`), never holding up the push
-path: handing on is `put_nowait`.
+A watcher that falls behind loses events (counted in `cp_watch_events_dropped_total`), never holding up the
+push path: handing on is `put_nowait`. `cp_decision_watchers` is the number of open watches.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ class Watchers:
     def add(self) -> asyncio.Queue[Pushed]:
         queue: asyncio.Queue[Pushed] = asyncio.Queue(maxsize=_WATCH_QUEUE)
         self._queues.add(queue)
+        self._metrics.decision_watchers.set(len(self._queues))
         return queue
 
     def remove(self, queue: asyncio.Queue[Pushed]) -> None:
         self._queues.discard(queue)
+        self._metrics.decision_watchers.set(len(self._queues))
 
     def hand_on(self, event: Pushed) -> None:
         """Hand every watcher the event; one that is behind loses it (counted)."""

@@ -16,6 +16,7 @@ import grpc
 from controlplane.api.v1 import common_pb2
 from testbench.net import free_port
 from testbench.serve_process import ServeProcess
+from tests.deploy.processes import http_text, wait_for
 from tests.integration.controller_harness import AgentStream
 
 POOL = common_pb2.Pool(model="Qwen/Qwen3-8B", accelerator="NVIDIA H200")
@@ -30,15 +31,17 @@ async def _one_decision(address: str, engine_id: str) -> int:
 
 
 def test_ctl_watch_resumes_after_a_controller_restart(tmp_path: Path, redis_url: str) -> None:
-    port = free_port()
-    serve_args = ("--redis-url", redis_url)
+    port, metrics_port = free_port(), free_port()
+    serve_args = ("--redis-url", redis_url, "--metrics-port", str(metrics_port))
     controller = ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", args=serve_args, port=port)
     env = {**os.environ, "CP_ADDRESS": f"127.0.0.1:{port}"}
     watch = subprocess.Popen([sys.executable, "-m", "controlplane", "ctl", "watch", "-o", "json", "--max-events", "2",
                               "--engine-id", "engine-w"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
-        asyncio.run(asyncio.sleep(2.0))  # ctl has subscribed and printed its (empty) snapshot
+        # ctl has subscribed (its snapshot, empty, prints nothing): the controller counts its watch.
+        wait_for(lambda: True if "cp_decision_watchers 1.0" in http_text(
+            f"http://127.0.0.1:{metrics_port}/metrics") else None, timeout_s=60, what="ctl watch's subscription")
         first = asyncio.run(_one_decision(controller.address, "engine-w"))
         controller.stop()
         controller = ServeProcess.start(tmp_path / "data", log_path=tmp_path / "serve.log", args=serve_args,
