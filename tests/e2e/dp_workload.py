@@ -1,12 +1,12 @@
 """Run one vLLM engine with two data-parallel ranks (CPU build, tiny random model), the agent in each rank.
 
-Used by tests/e2e/test_data_parallel.py as a separate process (vLLM spawns an EngineCore per rank, so this
-needs its own `__main__`). The engine is vLLM's async one (`AsyncLLM`, what `vllm serve
---data-parallel-size 2` runs; the offline `LLM` refuses data parallelism), built with `data_parallel_size=2`
-and the agent's scheduler class: each rank's EngineCore process builds its own scheduler, so each rank's agent
-attaches to the controller on its own, as `<CP_ENGINE_ID>-dp<rank>`. It serves --num-requests requests
-(vLLM balances them over the ranks), writes a JSON result (every request's output length and that all were
-exact), then keeps the engine (and its agents) up until --hold-file exists (at most 120 s).
+Used by tests/e2e/test_data_parallel.py as a separate process (vLLM starts an EngineCore process per rank, so this
+needs its own `__main__`; each rank's model runs in its EngineCore, `tests/e2e/cpu_platform.py`). The engine is
+vLLM's async one (`AsyncLLM`, what `vllm serve --data-parallel-size 2` runs; the offline `LLM` refuses data
+parallelism), built with `data_parallel_size=2` and the agent's scheduler class: each rank's EngineCore process
+builds its own scheduler, so each rank's agent attaches to the controller on its own, as `<CP_ENGINE_ID>-dp<rank>`.
+It serves --num-requests requests (vLLM balances them over the ranks), writes a JSON result (every request's output
+length and that all were exact), then keeps the engine (and its agents) up until --hold-file exists (at most 120 s).
 """
 
 from __future__ import annotations
