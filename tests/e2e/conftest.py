@@ -78,7 +78,7 @@ async def _spawn(script: Path, model_dir: Path, workdir: Path, *args: str,
         script, ["--model-dir", str(model_dir), "--result", str(workdir / "result.json"), "--report",
                  str(workdir / "agent_report.json"), "--ready-file", str(workdir / "ready"), "--go-file",
                  str(workdir / "go"), *args],
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", **(env or {})},
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})},
         log_path=workdir / "engine.log")
     return EngineRun(process=process, workdir=workdir)
 

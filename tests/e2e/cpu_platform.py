@@ -23,12 +23,17 @@ from __future__ import annotations
 import os
 
 
+def single_process_threads() -> int:
+    """The OpenMP threads of the model under the single-process executor: the worker's binding, every core but one."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
 def adjust_cpu_platform(*, async_scheduling: bool = False, single_process_executor: bool = False) -> None:
     """Patch `CpuPlatform.check_and_update_config` to apply the adjustments asked for (nothing when none is)."""
     if not (async_scheduling or single_process_executor):
         return
     if single_process_executor:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 2) - 1))
+        os.environ["OMP_NUM_THREADS"] = str(single_process_threads())
     from vllm.platforms.cpu import CpuPlatform
 
     original = CpuPlatform.check_and_update_config.__func__

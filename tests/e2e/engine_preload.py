@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 import os
 
-os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 2) - 1))
+from tests.e2e.cpu_platform import single_process_threads
+
+os.environ["OMP_NUM_THREADS"] = str(single_process_threads())
 for _module in ("torch", "vllm", "vllm.entrypoints.llm", "vllm.v1.engine.core"):
     importlib.import_module(_module)

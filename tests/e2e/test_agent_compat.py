@@ -63,7 +63,7 @@ def _spawn(out: Path, model: Path, spec_model: Path, tokenizer: Path, *extra: st
     log = out / "workload.log"
     process = start_script(WORKLOAD, ["--model-dir", str(model), "--spec-model-dir", str(spec_model),
                                       "--tokenizer-dir", str(tokenizer), "--out-dir", str(out), *extra],
-                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"}, log_path=log)
+                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, log_path=log)
     return process, log
 
 

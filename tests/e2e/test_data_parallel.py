@@ -52,7 +52,7 @@ async def test_two_data_parallel_ranks_of_one_cpu_engine_attach_and_are_decided_
         process = start_script(
             WORKLOAD, ["--model-dir", str(tiny_model), "--result", str(tmp_path / "result.json"), "--hold-file",
                        str(tmp_path / "hold"), "--address", ctl.address, "--num-requests", "32"],
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}, log_path=log)
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, log_path=log)
         try:
             engines = await _both_ranks_decided(stub, process, tmp_path / "result.json", log)
             views = {rank: await stub.GetDecision(operator_pb2.GetDecisionRequest(engine_id=rank)) for rank in RANKS}
