@@ -8,14 +8,20 @@ the budgets B_max and B_cap. The prediction is a first-order estimate, not a sim
 quantiles it measures (a factor per mode, `Correction`), so what must hold is the order of the candidates and
 the order of magnitude, which `benchmarks/latency_model.py` checks against the twin.
 
-Mixed batching (MB, P-PAS budget). Every step carries each decoding request's next token and up to `room` prompt
-tokens, room = budget − decoding requests, the budget B_cap while prefills queue beside decodes (P-PAS's
-pressure) and B_max otherwise, weighted by the chance of pressure. With the step time τ = α_MB + β_MB^e(r)·tokens
-and Little's law for the tokens a step must carry on average (λ·(μ_L + μ_O)·τ), the steady step time is
-    τ_MB = α_MB / (1 − β_MB^e(r)·λ·(μ_L + μ_O)),  r = μ_O / (μ_L + μ_O),
-decoding requests n = λ·μ_O·τ_MB, prompt-room utilisation ρ = λ·μ_L·τ_MB / room. A request's TTFT is the rest of
-the step it arrives in, its prompt's chunks at `room` tokens a step, and the wait behind other prompts:
-    TTFT_q = τ·(1 + L_q / room) + ρ/(1 − ρ)·τ·(μ_L / room)·ln(1/(1 − q)),  TPOT = τ_MB.
+Mixed batching (MB, P-PAS budget). Two kinds of step: chunk steps carry `room` prompt tokens beside each
+decoding request's next token (room = budget − decoding requests n, the budget B_cap while prefills queue beside
+decodes, P-PAS's pressure, and B_max otherwise, weighted by the chance of pressure), and between prompts the engine
+runs decode-only steps. A chunk step takes τ_c = α_MB + β_MB^e(r_c)·(n + room) at its own decode ratio
+r_c = n / (n + room); a decode-only step τ_d = α_d + β_d·n (the decode line: those steps are fitted there, not in
+the mixed fit, so the mixed fit is read only where its steps are and never extrapolated to r = 1, where on long
+prompts its quadratic says nothing: read there, it called MB unstable where MB served). The prompts need
+c = λ·μ_L / room chunk steps a second, the share ρ = c·τ_c of the engine's time; the rest runs decode-only steps,
+so the engine makes S = c + (1 − ρ)/τ_d steps a second, each giving every running request a token:
+    n = λ·μ_O / S,  TPOT = 1/S  (n, room, τ_c, τ_d solved by fixed-point iteration).
+A request's TTFT is the rest of the step it arrives in, its own prompt (its chunks of `room` tokens, or one step
+when shorter: max(1, L_q/room) mixed steps carrying L_q tokens in all beside the n decodes), and the wait behind
+other prompts, an M/G/1 queue whose service is a prompt token's share of a chunk step, τ_c / room:
+    TTFT_q = 1/S + max(1, L_q/room)·τ_c(L_q / max(1, L_q/room)) + W_q(ρ).
 Exclusive batching (EB). Decode-only steps τ_d = α_d + β_d·n alternate with prefill-only steps at B_max; a refill
 starts at the next step boundary when k slots are idle (N − n ≥ k: the usual case below saturation), and loads the
 m ≈ 1 + λ·τ_d prompts that arrived meanwhile in one step. Prefills take the share f = λ·(β_p·μ_L + α_p/m) of the
@@ -24,7 +30,7 @@ engine's time, so n = λ·μ_O·τ_d / (1 − f) (solved by fixed-point iteratio
     TPOT = τ_d / (1 − f).
 When fewer than k slots are idle on average (N − n < k), a refill waits for k completions (k/λ seconds): the
 quantile q of that wait is added. A candidate is unstable (its latencies infinite) when the work it must do
-per second reaches the engine's time (1 − ρ ≤ 0, f ≥ 1) or it would need more than N running requests.
+per second reaches the engine's time (ρ ≥ 1, f ≥ 1) or it would need more than N running requests.
 
 L_q, the prompt length at quantile q, is not measured per pool: the model takes an exponential tail,
 L_q = μ_L·ln(1/(1 − q)) (capped at the prompt cap when given), one of the errors the correction absorbs.
@@ -130,29 +136,41 @@ def _unstable(mode: Mode, load: EngineLoad, utilisation: float) -> LatencyPredic
 
 def _predict_mb(costs: CostModel, load: EngineLoad, quantile: float) -> LatencyPrediction:
     rate, mu_l, mu_o = load.arrival_rate_per_s, load.mu_l_tokens, load.mu_o_tokens
-    decode_slope = max(0.0, costs.beta_mb_e(1.0))  # s per decoding request in a step of decodes
-    prompt_slope = max(0.0, costs.beta_mb_e(0.0))  # s per prompt token
-    busy = rate * (mu_o * decode_slope + mu_l * prompt_slope)
-    if busy >= 1.0:
-        return _unstable(Mode.MB, load, busy)
-    step_s = costs.alpha_mb_s / (1.0 - busy)
-    running = rate * mu_o * step_s
-    if running > load.max_running:
-        return _unstable(Mode.MB, load, running / load.max_running)
-    # P-PAS: B_cap while ≥ DEFAULT_N_TH prefills run (Poisson with the mean Little's law gives), else B_max.
-    room_cap = max(1.0, load.b_cap_tokens - running)
-    room_max = max(1.0, load.b_max_tokens - running)
-    prefills = rate * step_s * max(1.0, mu_l / room_cap)
-    pressure = 1.0 - math.exp(-prefills) * (1.0 + prefills)
-    room = pressure * room_cap + (1.0 - pressure) * room_max
-    # A prompt token's share of a step that carries a full chunk beside the decodes: the prompts' service.
-    token_s = (costs.alpha_mb_s + decode_slope * running + prompt_slope * room) / room
-    utilisation = rate * mu_l * token_s
-    if utilisation >= 1.0:
-        return _unstable(Mode.MB, load, utilisation)
-    ttft_s = step_s + prompt_quantile_tokens(load, quantile) * token_s
-    ttft_s += _wait_quantile_s(rate, token_s * token_s * PROMPT_SECOND_MOMENT * mu_l * mu_l, utilisation, quantile)
-    return LatencyPrediction(Mode.MB, load.b_cap_tokens, ttft_s, step_s, step_s, running, utilisation)
+    running, steps_per_s, chunk_s, room, chunk_share = 0.0, 0.0, costs.alpha_mb_s, 1.0, 0.0
+    for _ in range(FIXED_POINT_ITERATIONS):
+        # P-PAS: B_cap while ≥ DEFAULT_N_TH prefills run (Poisson with the mean Little's law gives), else B_max.
+        step_s = 1.0 / steps_per_s if steps_per_s > 0.0 else costs.alpha_mb_s
+        room_cap = max(1.0, load.b_cap_tokens - running)
+        room_max = max(1.0, load.b_max_tokens - running)
+        prefills = rate * step_s * max(1.0, mu_l / room_cap)
+        pressure = 1.0 - math.exp(-prefills) * (1.0 + prefills)
+        room = pressure * room_cap + (1.0 - pressure) * room_max
+        # Chunk steps carry `room` prompt tokens (waiting prompts share one; a long prompt takes several) beside the
+        # decodes, at the mixed fit read at that step's own mix; the rest of the engine's time runs decode-only
+        # steps (the decode line).
+        chunk_s = _mixed_step_s(costs, running, room)
+        chunks_per_s = rate * mu_l / room
+        chunk_share = chunks_per_s * chunk_s
+        if chunk_share >= 1.0:
+            return _unstable(Mode.MB, load, chunk_share)
+        decode_s = costs.alpha_d_s + costs.beta_d_s_per_request * running
+        steps_per_s = chunks_per_s + (1.0 - chunk_share) / decode_s
+        running = rate * mu_o / steps_per_s  # every step gives each running request a token
+        if running > load.max_running:
+            return _unstable(Mode.MB, load, running / load.max_running)
+    step_s, prompt = 1.0 / steps_per_s, prompt_quantile_tokens(load, quantile)
+    # Its own prompt: its chunks of `room` tokens, or one step when shorter; then the wait behind others' chunks.
+    chunks = max(1.0, prompt / room)
+    ttft_s = step_s + chunks * _mixed_step_s(costs, running, prompt / chunks)
+    token_s = chunk_s / room  # a prompt token's share of a chunk step: the prompts' service
+    ttft_s += _wait_quantile_s(rate, token_s * token_s * PROMPT_SECOND_MOMENT * mu_l * mu_l, chunk_share, quantile)
+    return LatencyPrediction(Mode.MB, load.b_cap_tokens, ttft_s, step_s, step_s, running, chunk_share)
+
+
+def _mixed_step_s(costs: CostModel, decodes: float, prompt_tokens: float) -> float:
+    """A mixed step's time: α_MB + β_MB^e(r)·tokens at its own decode ratio r (the slope never below 0)."""
+    tokens = decodes + prompt_tokens
+    return costs.alpha_mb_s + max(0.0, costs.beta_mb_e(decodes / tokens)) * tokens
 
 
 def _wait_quantile_s(rate: float, second_moment_s2: float, utilisation: float, quantile: float) -> float:

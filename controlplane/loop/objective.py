@@ -40,10 +40,14 @@ requests under the previous one for a whole window (meanwhile the window measure
 after which the median engine's waiting requests grew by more than FALL_BEHIND_SHARE of the window's arrivals fell
 behind the prompts' arrivals: it is undone, and the scale it returns to is the floor while the load holds. Met with
 margin, the loop first brings the scale back towards 1 (never onto the scale that last exceeded a target), then δ
-towards 0. With both levers at their bounds and the other mode not yet measured, the loop tries the other mode
-(explores) before anything else; if the running mode misses the target by EXPECTED_BEYOND and the other mode's
-prediction, corrected by the running mode's measured / predicted ratio, does too, the pool is called infeasible as
-it starts exploring, and stays so until a target is met (the exploration may find otherwise) or the load moves. A
+towards 0; it never steps back onto a δ or budget at which a target was exceeded until that is forgotten
+(FORGET_VIOLATION_S), and a retry that misses again doubles how long the next is remembered (up to
+MAX_VIOLATION_MEMORY_S), so a looser configuration that keeps failing is retried ever more rarely. With both
+levers at their bounds and the other mode not yet measured, the loop tries the other mode (explores) before
+anything else. Whenever the loop heads for a mode not yet measured (exploring it, or because its
+estimate is the lower), if the running mode misses the target by EXPECTED_BEYOND and the other mode's prediction,
+corrected by the running mode's measured / predicted ratio, does too, the pool is called infeasible as it heads
+there, and stays so until a target is met (the other mode may prove otherwise) or the load moves. A
 target still exceeded with both levers at their bounds, the other mode measured, for INFEASIBLE_AFTER evaluations
 is infeasible: these engines cannot reach it at this load by scheduling alone (the pool needs more engines), and
 the pool stays on the mode measured (or estimated) lowest with both levers at their bounds, the configuration with
@@ -76,6 +80,9 @@ FIRST_STEP_S_PER_TOKEN = 1e-6
 STEP_GROWTH = 4.0
 INFEASIBLE_AFTER = 3
 FORGET_VIOLATION_S = 600.0
+# A target exceeded again within FORGET_VIOLATION_S of forgetting the previous violation (the retry of the looser
+# δ or budget failed) doubles how long the next is remembered, up to this; a retry that holds resets it.
+MAX_VIOLATION_MEMORY_S = 8 * FORGET_VIOLATION_S
 MEASURED_TTL_S = 1800.0  # a mode's measurement is kept this long, unless the pool's load moves
 LOAD_CHANGE = 0.25  # a change of the arrival rate per engine by this fraction forgets the modes' measurements
 MAX_BUDGET_SCALE = 16.0  # B_cap moves by ×2 steps between 1/16 and 16 times the policy's own
@@ -89,8 +96,8 @@ DRAIN_S = 60.0  # after a switch of mode, and a window, the window holds the new
 # than FALL_BEHIND_MIN_WAITING): it is undone, and the budget is not lowered past it while the load holds.
 FALL_BEHIND_SHARE = 0.1
 FALL_BEHIND_MIN_WAITING = 4.0
-# With both levers at their bounds, a target the running mode misses by this factor, and the other mode's
-# corrected prediction too, is called infeasible while the other mode is explored (not after it).
+# A target the running mode misses by this factor, and the other mode's corrected prediction too, is called
+# infeasible as the loop heads for that other mode (not after measuring it).
 EXPECTED_BEYOND = 1.5
 SETTLE_S = 20.0  # a guarded rollout's measurement this long before a switch still speaks for the new mode
 _DEFAULT_DIRECTION = {"ttft": 1, "tpot": -1}  # MB starts prompts sooner, EB decodes faster
@@ -170,15 +177,17 @@ class ObjectiveTracker:
     _step_s_per_token: float = FIRST_STEP_S_PER_TOKEN
     _at_bound: int = 0
     # The latest δ at which a target was exceeded: loosening approaches it by halves and never reaches it (the
-    # margin state then holds instead of cycling across the gap); forgotten after FORGET_VIOLATION_S.
+    # margin state then holds instead of cycling across the gap); forgotten after _violation_memory_s.
     _violated_delta: float | None = None
     _violated_at_s: float = -math.inf
+    _violation_memory_s: float = FORGET_VIOLATION_S
+    _forgot_violation_at_s: float = -math.inf  # the latest forgetting, while its retry is judged
     _violated_scale: float | None = None  # likewise for the budget scale
     _budget_changed_at_s: float = -math.inf  # its latest change: it moves again once a window has passed since
     _step_waiting: float = math.nan  # the median engine's waiting requests at the latest step below 1 (nan: judged)
     _budget_floor: float = 0.0  # the lowest scale that kept up with the arrivals, after one fell behind (0: none)
-    # Set as the other mode's exploration starts with both levers at their bounds: why the model expects it to miss
-    # the target too. The pool is infeasible until a target is met or the load moves; "" when not expected.
+    # Set as the loop heads for a mode not measured yet: why the model expects it to miss the target too. The pool
+    # is infeasible until a target is met or the load moves; "" when not expected.
     _expected_infeasible: str = ""
     measured_s: dict[str, float] = field(default_factory=dict)
     measured: dict[Mode, Measured] = field(default_factory=dict)
@@ -262,8 +271,7 @@ class ObjectiveTracker:
             self._exploring = 0
         worst_name, worst = max(excess.items(), key=lambda item: item[1])
         low, high = delta_bounds(self.objective)
-        if now_s - self._violated_at_s > FORGET_VIOLATION_S:
-            self._violated_delta = self._violated_scale = None
+        self._forget_violation(now_s)
         # Below the policy's budget the window must hold requests under the latest step before the next (a budget
         # too small for the prompts' arrivals falls behind, and the TPOT it measures is the old budget's meanwhile);
         # above it steps go at once (a larger B_cap lets the waiting prompts start sooner: overshooting costs TPOT).
@@ -271,6 +279,9 @@ class ObjectiveTracker:
         if settling_s <= 0.0 and self._fell_behind(view, now_s):
             return True
         if worst > 1.0:
+            if now_s - self._forgot_violation_at_s <= FORGET_VIOLATION_S:  # the retry after forgetting failed
+                self._violation_memory_s = min(MAX_VIOLATION_MEMORY_S, 2.0 * self._violation_memory_s)
+                self._forgot_violation_at_s = -math.inf
             self._violated_delta = self.delta_s_per_token
             if settling_s <= 0.0:
                 self._violated_scale = self.budget_cap_scale
@@ -313,6 +324,9 @@ class ObjectiveTracker:
             self.state = ObjectiveState.ADJUSTING
             self.detail = (f"{self._describe(worst_name)}: adjusting δ towards "
                            f"{_MODE_OF_DIRECTION[direction].value}{self._basis(worst_name)}")
+            heading = _MODE_OF_DIRECTION[direction]
+            if view.mode is not None and heading != view.mode and heading not in self.measured:
+                self._expected_infeasible = self._expected_beyond(heading, worst_name, view.mode)
             if self._hopeless():
                 self.state = ObjectiveState.INFEASIBLE
                 self.detail = (f"{self._describe(worst_name)}: both modes measured beyond the target "
@@ -352,6 +366,15 @@ class ObjectiveTracker:
             self.measured[mode] = Measured(now_s, dict(quantiles), self._rate_per_s)
         if rolled_back:
             self._violated_delta, self._violated_at_s = self.delta_s_per_token, now_s
+
+    def _forget_violation(self, now_s: float) -> None:
+        """Forget the latest violation after _violation_memory_s; a retry that held FORGET_VIOLATION_S since
+        resets the memory."""
+        if self._violated_delta is not None and now_s - self._violated_at_s > self._violation_memory_s:
+            self._violated_delta = self._violated_scale = None
+            self._forgot_violation_at_s = now_s
+        elif self._forgot_violation_at_s > -math.inf and now_s - self._forgot_violation_at_s > FORGET_VIOLATION_S:
+            self._violation_memory_s, self._forgot_violation_at_s = FORGET_VIOLATION_S, -math.inf
 
     def _measured_since(self, mode: Mode, since_s: float) -> bool:
         measured = self.measured.get(mode)

@@ -42,18 +42,30 @@ DEFAULT_QUANTILE = 0.99  # a TTFT quantile predicted when the objective names on
 @dataclass(slots=True)
 class RecentRate:
     """Events a second, exponentially weighted over RATE_WINDOW_S (controller clock): each event adds
-    1/RATE_WINDOW_S and the sum decays by e^(−Δt/RATE_WINDOW_S), so a steady rate λ reads λ. Two floats."""
+    1/RATE_WINDOW_S and the sum decays by e^(−Δt/RATE_WINDOW_S), so a steady rate λ reads λ. A young series is
+    read without its bias: the first batch dates the series (its count is not counted: the time it covers is not
+    known) and the sum is divided by 1 − e^(−age/RATE_WINDOW_S), so λ reads λ from the second batch on, not
+    λ·(1 − e^(−age/RATE_WINDOW_S)) (which moved the pool's rate by LOAD_CHANGE in its first minutes and made the
+    objective loop forget what it had measured). Three floats."""
 
     value_per_s: float = 0.0
     at_s: float = -math.inf
+    since_s: float = math.inf  # the first batch's time (inf: none yet)
 
     def add(self, now_s: float, count: int) -> None:
-        self.value_per_s = self.rate_per_s(now_s) + max(0, count) / RATE_WINDOW_S
+        if self.since_s == math.inf:
+            self.since_s = self.at_s = now_s
+            return
+        self.value_per_s = self._decayed(now_s) + max(0, count) / RATE_WINDOW_S
         self.at_s = max(self.at_s, now_s)
 
     def rate_per_s(self, now_s: float) -> float:
-        if self.at_s == -math.inf:
+        age_s = now_s - self.since_s
+        if not age_s > 0.0:  # no batch yet, or only the first
             return 0.0
+        return self._decayed(now_s) / -math.expm1(-age_s / RATE_WINDOW_S)
+
+    def _decayed(self, now_s: float) -> float:
         return self.value_per_s * math.exp(-max(0.0, now_s - self.at_s) / RATE_WINDOW_S)
 
 

@@ -12,7 +12,9 @@ import pytest
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.loop.objective import (
     EVALUATE_EVERY_S,
+    FORGET_VIOLATION_S,
     INFEASIBLE_AFTER,
+    MAX_VIOLATION_MEMORY_S,
     MIN_REQUESTS,
     ObjectiveState,
     ObjectiveTracker,
@@ -49,6 +51,22 @@ def test_a_ttft_target_only_mb_meets_is_met_within_a_few_evaluations_and_holds()
     assert crossings <= 3  # loosening bisects towards the δ that missed: at most one excursion back across
     assert all(sides[20:]) and len(set(deltas[20:])) == 1  # then settled on the side that meets it
     assert tracker.state == ObjectiveState.MEETING
+
+
+def test_a_retry_of_the_looser_side_that_fails_again_is_made_rarer_each_time() -> None:
+    """The violation that kept δ on MB's side is forgotten after FORGET_VIOLATION_S, so loosening retries EB's side;
+    each retry that misses again doubles the memory (up to MAX_VIOLATION_MEMORY_S): excursions to the side that
+    misses come after 10, 20, 40, 80, 80 minutes, not every 10."""
+    tracker = ObjectiveTracker(operator_pb2.LatencyObjective(ttft_quantile=0.99, ttft_target_s=1.5))
+    deltas = _run(tracker, np.random.default_rng(0), 3000)
+    sides = [d > GAP_S_PER_TOKEN for d in deltas]
+    left_s = [i * EVALUATE_EVERY_S for i in range(1, len(sides)) if sides[i - 1] and not sides[i]]
+    retries_s = [t for previous, t in itertools.pairwise(left_s) if t - previous > 120.0]  # each retry's first
+    intervals_s = [b - a for a, b in itertools.pairwise([left_s[0], *retries_s])]
+    assert len(intervals_s) >= 4
+    for i, interval_s in enumerate(intervals_s):
+        assert interval_s >= min(2.0 ** i * FORGET_VIOLATION_S, MAX_VIOLATION_MEMORY_S)
+    assert intervals_s[-1] >= MAX_VIOLATION_MEMORY_S and sides[-1]
 
 
 def test_a_loose_target_lets_delta_go_back_to_the_throughput_choice() -> None:

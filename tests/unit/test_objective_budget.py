@@ -197,13 +197,18 @@ def test_a_tpot_objective_on_long_prompts_is_met_through_mbs_b_max() -> None:
     decodes), EB's 71 ms. The loop finds MB, then halves the budget pair once: B_max 4,096 / B_cap 1,024 meets it.
     B_cap alone needs ×1/4 (B_cap 512), and TTFT p99 grows from 2.0 to 3.4 s for it (measured)."""
     result = twin_pool.run(get_profile("h200-qwen3-8b"), "longbench", twin_pool.Config("tpot", tpot_target_s=0.045),
-                           rate_per_s=4.0, engines=2, minutes=15, seed=1, warmup_s=60.0, guard=True)
+                           rate_per_s=4.0, engines=2, minutes=30, seed=1, warmup_s=60.0, guard=True)
     tracker = result.fleet.objective_of(twin_pool.POOL_KEY)
     decision = result.fleet.engine("e0").loop.current
     assert tracker.state == ObjectiveState.MEETING and tracker.measured_s["tpot"] <= 0.045
     assert decision.mode == common_pb2.MODE_MB and Flag.BUDGET_MAX_FROM_OBJECTIVE.value in decision.flags
     assert (decision.budget.b_max_tokens, decision.budget.b_cap_tokens) == (4096, 1024)
-    assert [scale for *_, scale in result.trace[-4:]] == [0.5] * 4  # settled, no cycling
+    # Met from minute 3: the model sees MB stable on these prompts (its mixed steps read at their own decode ratio),
+    # so the loop stays on MB and halves the budget instead of trying EB first.
+    assert next(minute for minute, state, *_ in result.trace if state == "MEETING") <= 3
+    # Settled: the one retry of the policy's budget 10 minutes after its violation (at minute 12) missed again,
+    # so the violation is remembered twice as long (no second retry by minute 30).
+    assert [scale for *_, scale in result.trace[13:]] == [0.5] * len(result.trace[13:])
 
 
 def test_a_budget_step_that_falls_behind_the_arrivals_is_undone_and_not_taken_again() -> None:

@@ -26,22 +26,30 @@ def _run(target_s: float, seed: int = 0):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_target_between_eb_and_mb_is_met_through_a_promoted_canary_and_held(seed: int) -> None:
     result = _run(0.165, seed)
-    assert all(p99 <= 0.165 for p99 in result.window_p99_s[2:]), result.window_p99_s  # from minute 5 on
+    # From minute 5 on every window meets the target, or is within 2% of what EB pinned (the lowest) gives on the
+    # same arrivals: in seed 0's minute 7 EB pinned itself reads 0.167 s.
+    eb = run(get_profile("h200-qwen3-8b"), "sharegpt", Config("EB", pin="eb"), rate_per_s=RATE_PER_S, engines=2,
+             minutes=MINUTES, seed=seed, warmup_s=180.0, guard=True)
+    lowest = [max(0.165, 1.02 * p99) for p99 in eb.window_p99_s]
+    assert all(p99 <= bound for p99, bound in list(zip(result.window_p99_s, lowest, strict=True))[2:]), (
+        result.window_p99_s, eb.window_p99_s)
     events = [what for _, what in result.rollouts]
     assert "promoted mb→eb" in events and events.count("started mb→eb") == 1
     assert len(events) <= 4  # at most one more canary (back to MB), rolled back
     states = [state for _, state, _, _ in result.trace]
     assert states[-2:] == ["MEETING"] * 2
+    # Settled after minute 3: δ stays on EB's side and moves, if at all, only deeper into it (a window of EB's at the
+    # target nudges it; nothing lower exists), never back.
     deltas = [delta for _, _, delta, _ in result.trace[3:]]
-    assert len(set(deltas)) == 1  # settled: δ no longer moves after minute 3
+    assert all(d < 0.0 for d in deltas) and deltas == sorted(deltas, reverse=True)
 
 
 def test_a_target_nothing_reaches_is_infeasible_on_eb() -> None:
-    # Called as EB's exploration starts (MB misses it by ×2.8 and the model, corrected by MB's measured /
-    # predicted ratio, puts EB there too), within the first two minutes; then on what both modes measured.
+    # Called as the loop heads for EB (MB misses it by ×2 and the model, corrected by MB's measured / predicted
+    # ratio, puts EB there too), within the first minute; then on what both modes measured.
     result = _run(0.066)
-    assert result.infeasible_at_s is not None and result.infeasible_at_s <= 2 * 60.0
-    assert "trying eb" in result.infeasible_detail and "eb expected at" in result.infeasible_detail
+    assert result.infeasible_at_s is not None and result.infeasible_at_s <= 60.0
+    assert "towards eb" in result.infeasible_detail and "eb expected at" in result.infeasible_detail
     assert all(state == "INFEASIBLE" for _, state, _, _ in result.trace[1:])  # no flapping once called
     detail = result.fleet.objective_of(POOL_KEY).detail
     assert "cannot reach it" in detail and "eb measured" in detail and "mb measured" in detail
