@@ -23,9 +23,10 @@ from collections.abc import Container, Iterable, Mapping
 from controlplane.api.v1 import operator_pb2
 from controlplane.core.types import PolicyConfig
 from controlplane.loop.ingest import Latencies
-from controlplane.loop.objective import ObjectiveTracker, PoolView
+from controlplane.loop.objective import ObjectiveTracker
 from controlplane.loop.objective_view import (
     DEFAULT_QUANTILE,
+    PoolView,
     crossings,
     predictions,
     rollout_measured,

@@ -40,8 +40,8 @@ from controlplane.loop.estimate import PoolEstimate, moved_on_shift
 from controlplane.loop.ingest import EngineHello, ValidatedBatch
 from controlplane.loop.judging import CONFIRM_BLOCKS, MIN_POOL_ENGINES, HeldBatch, Reference, Released, judge_block
 from controlplane.loop.latest_blocks import LatestBlocks
-from controlplane.loop.objective import ObjectiveTracker, PoolView, sync_tracker
-from controlplane.loop.objective_view import pool_view
+from controlplane.loop.objective import ObjectiveTracker, sync_tracker
+from controlplane.loop.objective_view import PoolView, pool_view
 from controlplane.loop.outcomes import LatencySet, OutcomeSummary
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.pool_stats import PoolStatistics

@@ -71,6 +71,7 @@ from controlplane.api.v1 import operator_pb2
 from controlplane.core.latency_model import LatencyPrediction
 from controlplane.core.types import OTHER_MODE, DeltaSource, Mode, ModePin, OperatorIntent
 from controlplane.loop.objective_records import delta_bounds, objective_for
+from controlplane.loop.objective_view import PoolView
 from controlplane.loop.outcomes import LatencySet, objective_targets
 
 MIN_REQUESTS = 200  # latencies in the window before a quantile is trusted
@@ -113,39 +114,6 @@ class Measured(NamedTuple):
 
 
 _NOTHING = Measured(-math.inf, {})
-
-
-@dataclass(frozen=True, slots=True)
-class PoolView:
-    """What the loop sees of its pool besides the latencies.
-
-    mode: the mode every engine of the pool runs (None: they differ, or it is not known); mode_since_s: since
-    when (controller clock); window_s: the latency window's length (the window holds the mode's requests alone
-    DRAIN_S after a window has passed since it began).
-    rollout_active: a guarded rollout measures a change of the pool now (the loop holds: its verdict, on the
-    objective too, is the measurement); rollout_measured: what its groups measured so far, per mode (both beyond
-    the target by HYSTERESIS: infeasible already). predictions: the model's latencies per mode at the pool's load
-    (`core.latency_model`; empty: no model); rate_per_s: that load's arrivals per engine (a change by LOAD_CHANGE
-    forgets what was measured at the old one). crossing_s_per_token: per mode, the δ beyond which the crossover
-    rule of every engine of the pool picks it past its hysteresis band (the largest LHS − RHS + band for MB, the
-    smallest LHS − RHS − band for EB), so a step towards a mode crosses the whole pool at once instead of leaving
-    engines on both sides of their gaps. waiting_per_engine: how a budget step below the policy's is judged to fall
-    behind the prompts' arrivals.
-    """
-
-    mode: Mode | None = None
-    mode_since_s: float = math.inf
-    window_s: float = 60.0
-    rollout_active: bool = False
-    predictions: Mapping[Mode, LatencyPrediction] = field(default_factory=dict)
-    rate_per_s: float = 0.0  # arrivals per engine per second (0: not known)
-    rollout_measured: Mapping[Mode, Mapping[str, float]] = field(default_factory=dict)
-    crossing_s_per_token: Mapping[Mode, float] = field(default_factory=dict)
-    waiting_per_engine: float = math.nan  # the median engine's waiting requests, as last reported (nan: unknown)
-
-    def crossing(self, direction: int) -> float | None:
-        """The δ past which every engine's rule leaves its hysteresis band for direction's mode (None: unknown)."""
-        return self.crossing_s_per_token.get(_MODE_OF_DIRECTION[direction])
 
 
 class ObjectiveState(enum.IntEnum):
@@ -223,9 +191,9 @@ class ObjectiveTracker:
         changed = self._evaluate(now_s, latencies, view)
         if self.state in (ObjectiveState.MEETING, ObjectiveState.NO_LATENCY_DATA):
             self._expected_infeasible = ""
-        elif self._expected_infeasible and self.state == ObjectiveState.ADJUSTING:
+        elif self.state == ObjectiveState.ADJUSTING and (self._expected_infeasible or self._hopeless()):
             self.state = ObjectiveState.INFEASIBLE  # until a target is met, or the load moves
-            self.detail += f"; {self._expected_infeasible}"
+            self.detail += f"; {self._expected_infeasible or f'both modes measured beyond it ({self._basis_all()})'}"
         return changed
 
     def _evaluate(self, now_s: float, latencies: LatencySet | None, view: PoolView | None) -> bool:

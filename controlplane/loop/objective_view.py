@@ -1,5 +1,5 @@
-"""What a pool's objective loop sees of the pool besides its latencies (`loop.objective.PoolView`): the mode its
-engines run and since when, its arrival rate, and the model's latencies per mode at that load.
+"""What a pool's objective loop sees of the pool besides its latencies (`PoolView`, which `loop.objective` reads):
+the mode its engines run and since when, its arrival rate, and the model's latencies per mode at that load.
 
 The mode is the one every connected engine of the pool here was last decided to run (None while they differ,
 e.g. during a guarded rollout), since the latest of their changes to it: never, when each still runs the mode it
@@ -21,14 +21,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from controlplane.api.v1 import common_pb2, operator_pb2
 from controlplane.core.latency_model import EngineLoad, LatencyPrediction, load_problem, predict
 from controlplane.core.types import Mode, PolicyConfig
 from controlplane.loop.estimate import PoolEstimate
-from controlplane.loop.objective import PoolView
 from controlplane.protocol import MODE_FROM_PROTO
 
 if TYPE_CHECKING:
@@ -37,6 +36,39 @@ if TYPE_CHECKING:
 
 RATE_WINDOW_S = 60.0
 DEFAULT_QUANTILE = 0.99  # a TTFT quantile predicted when the objective names only TPOT
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """What the loop sees of its pool besides the latencies.
+
+    mode: the mode every engine of the pool runs (None: they differ, or it is not known); mode_since_s: since
+    when (controller clock); window_s: the latency window's length (the window holds the mode's requests alone
+    `loop.objective`'s DRAIN_S after a window has passed since it began).
+    rollout_active: a guarded rollout measures a change of the pool now (the loop holds: its verdict, on the
+    objective too, is the measurement); rollout_measured: what its groups measured so far, per mode (both beyond
+    the target by HYSTERESIS: infeasible already). predictions: the model's latencies per mode at the pool's load
+    (`core.latency_model`; empty: no model); rate_per_s: that load's arrivals per engine (a change by LOAD_CHANGE
+    forgets what was measured at the old one). crossing_s_per_token: per mode, the δ beyond which the crossover
+    rule of every engine of the pool picks it past its hysteresis band (the largest LHS − RHS + band for MB, the
+    smallest LHS − RHS − band for EB), so a step towards a mode crosses the whole pool at once instead of leaving
+    engines on both sides of their gaps. waiting_per_engine: how a budget step below the policy's is judged to fall
+    behind the prompts' arrivals.
+    """
+
+    mode: Mode | None = None
+    mode_since_s: float = math.inf
+    window_s: float = 60.0
+    rollout_active: bool = False
+    predictions: Mapping[Mode, LatencyPrediction] = field(default_factory=dict)
+    rate_per_s: float = 0.0  # arrivals per engine per second (0: not known)
+    rollout_measured: Mapping[Mode, Mapping[str, float]] = field(default_factory=dict)
+    crossing_s_per_token: Mapping[Mode, float] = field(default_factory=dict)
+    waiting_per_engine: float = math.nan  # the median engine's waiting requests, as last reported (nan: unknown)
+
+    def crossing(self, direction: int) -> float | None:
+        """The δ past which every engine's rule leaves its hysteresis band for direction's mode (None: unknown)."""
+        return self.crossing_s_per_token.get(Mode.MB if direction > 0 else Mode.EB)
 
 
 @dataclass(slots=True)

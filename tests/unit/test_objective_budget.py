@@ -30,8 +30,8 @@ from controlplane.loop.objective import (
     MAX_BUDGET_SCALE,
     ObjectiveState,
     ObjectiveTracker,
-    PoolView,
 )
+from controlplane.loop.objective_view import PoolView
 from controlplane.loop.outcomes import LatencySet
 from controlplane.loop.overrides import resolve_intent
 from controlplane.loop.rollout import held_intent
@@ -194,7 +194,7 @@ def test_a_tpot_scale_lowers_mbs_b_max_with_b_cap(scale: float, mode: Mode, low:
 def test_a_tpot_objective_on_long_prompts_is_met_through_mbs_b_max() -> None:
     """H200, LongBench-like prompts (mean 5,000 tokens) at 4/s per engine, a TPOT p99 target of 45 ms: MB's TPOT
     p99 is 57 ms at the policy's budgets (a step mixing one long prompt's chunk of B_max tokens with the running
-    decodes), EB's 71 ms. The loop finds MB, then halves the budget pair once: B_max 4,096 / B_cap 1,024 meets it.
+    decodes), EB's 71 ms. The loop stays on MB and halves the budget pair once: B_max 4,096 / B_cap 1,024 meets it.
     B_cap alone needs ×1/4 (B_cap 512), and TTFT p99 grows from 2.0 to 3.4 s for it (measured)."""
     result = twin_pool.run(get_profile("h200-qwen3-8b"), "longbench", twin_pool.Config("tpot", tpot_target_s=0.045),
                            rate_per_s=4.0, engines=2, minutes=30, seed=1, warmup_s=60.0, guard=True)

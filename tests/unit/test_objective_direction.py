@@ -1,4 +1,4 @@
-"""Which way the objective loop moves δ when it sees its pool (`loop.objective.PoolView`): the model's predicted
+"""Which way the objective loop moves δ when it sees its pool (`loop.objective_view.PoolView`): the model's predicted
 latencies per mode choose the first direction, measurements per mode correct it, a bound that misses makes it try
 the other mode before calling the target infeasible, an infeasible pool is held on the mode measured lowest, and
 the loop holds while a guarded rollout measures the pool or while its latency window still holds the mode before."""
@@ -20,9 +20,8 @@ from controlplane.loop.objective import (
     MAX_BUDGET_SCALE,
     ObjectiveState,
     ObjectiveTracker,
-    PoolView,
 )
-from controlplane.loop.objective_view import unanimous_mode
+from controlplane.loop.objective_view import PoolView, unanimous_mode
 from controlplane.loop.outcomes import LatencySet
 
 GAP_S_PER_TOKEN = 2e-5  # the pool runs MB while δ > −GAP_S_PER_TOKEN: MB is its throughput choice at δ = 0
@@ -212,3 +211,20 @@ def test_the_pools_mode_dates_from_its_engines_latest_change_to_it() -> None:
     assert unanimous_mode([(mb, -math.inf), (eb, 30.0)]) == (None, math.inf)
     assert unanimous_mode([(mb, -math.inf), (None, -math.inf)]) == (None, math.inf)
     assert unanimous_mode([]) == (None, math.inf)
+
+
+def test_both_modes_measured_beyond_the_target_stays_infeasible_while_the_budget_lever_is_tried() -> None:
+    """Once both modes were measured beyond the target by more than the hysteresis, the pool is infeasible; the
+    budget steps that follow (δ at its bound) leave it so instead of flapping to adjusting and back."""
+    latencies = LatencySet.from_values(np.full(1000, 0.3), np.zeros(0), np.zeros(0))
+    tracker = ObjectiveTracker(_objective(0.1))
+    tracker.learn(Mode.EB, {"ttft": 0.4}, 0.0)
+    view = PoolView(mode=Mode.MB, mode_since_s=-math.inf, crossing_s_per_token={Mode.MB: -1e-5, Mode.EB: -3e-5})
+    states, scales = [], []
+    for i in range(20):
+        tracker.evaluate(i * EVALUATE_EVERY_S, latencies, view=view)
+        states.append(tracker.state)
+        scales.append(tracker.budget_cap_scale)
+    assert scales[-1] == MAX_BUDGET_SCALE  # the lever was tried to its bound
+    assert states == [ObjectiveState.INFEASIBLE] * len(states)
+    assert "cannot reach it" in tracker.detail
