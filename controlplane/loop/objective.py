@@ -8,7 +8,10 @@ model predicts gives the most output tokens per second. The rule's decision is b
 it crosses the pool's LHS − RHS gap.
 
 Each evaluation (at most every EVALUATE_EVERY_S) reads the quantiles over the pool's outcome window:
-- a target exceeded: δ moves one step towards the mode expected to lower that latency;
+- a target exceeded beyond the window's sampling error (even the quantile MISS_CONFIDENCE_Z binomial standard
+  errors down the ranks is above it: with 3,000 requests a p99 must clear the target at p98.7, with 200 at p97.8):
+  δ moves one step towards the mode expected to lower that latency; exceeded within that error, it holds
+  (adjusting, nothing moved: one noisy window does not start the levers);
 - every target met with a HYSTERESIS margin: δ moves one step back towards 0 (throughput), never past it, and
   not at all while the other mode was measured missing a target (it would only cross back into it);
 - otherwise (met, inside the margin): δ holds.
@@ -21,8 +24,9 @@ noise); otherwise (no estimates, or neither finite) towards the usual one: MB fo
 when prompts are short beside many decodes), EB for TPOT (its decode steps carry no prefill).
 Steps start at FIRST_STEP_S_PER_TOKEN and grow ×STEP_GROWTH while they go the same way; when the pool's
 crossings are known (`PoolView.crossing`: the δ past which every engine's rule leaves its hysteresis band for a
-mode) a step goes at least just past it, so the whole pool changes mode at once. TTFT and TPOT exceeded at once
-pull opposite ways: δ moves for the one exceeded by more.
+mode) a step goes at least just past it, so the whole pool changes mode at once; when the pool runs that mode
+already and δ is past its crossing, deeper changes no engine's mode: δ goes to its bound at once, and the budget
+lever is next. TTFT and TPOT exceeded at once pull opposite ways: δ moves for the one exceeded by more.
 
 After the pool changes mode its window holds the old mode's requests for a while: the window is by completion,
 and a request that finishes under the new mode may have had its first token under the old one, so for a window
@@ -77,6 +81,7 @@ from controlplane.loop.outcomes import LatencySet, objective_targets
 MIN_REQUESTS = 200  # latencies in the window before a quantile is trusted
 HYSTERESIS = 0.1  # loosen only while every quantile is at most (1 − HYSTERESIS) · its target
 EVALUATE_EVERY_S = 5.0
+MISS_CONFIDENCE_Z = 1.645  # a target counts as missed when even the quantile this many standard errors down misses
 FIRST_STEP_S_PER_TOKEN = 1e-6
 STEP_GROWTH = 4.0
 INFEASIBLE_AFTER = 3
@@ -246,6 +251,10 @@ class ObjectiveTracker:
         settling_s = view.window_s - (now_s - self._budget_changed_at_s) if self.budget_cap_scale < 1.0 else 0.0
         if settling_s <= 0.0 and self._fell_behind(view, now_s):
             return True
+        if worst > 1.0 and not self._confident_miss(latencies):
+            self.state = ObjectiveState.ADJUSTING
+            self.detail = f"{self._describe(worst_name)}: held (within the window's sampling error of the target)"
+            return False
         if worst > 1.0:
             if now_s - self._forgot_violation_at_s <= FORGET_VIOLATION_S:  # the retry after forgetting failed
                 self._violation_memory_s = min(MAX_VIOLATION_MEMORY_S, 2.0 * self._violation_memory_s)
@@ -300,7 +309,7 @@ class ObjectiveTracker:
                 self.detail = (f"{self._describe(worst_name)}: both modes measured beyond the target "
                                f"({self._basis_all()}): these engines cannot reach it at this load; δ towards "
                                f"{_MODE_OF_DIRECTION[direction].value}, the lower")
-            return self._step(direction, low, high, crossing=view.crossing(direction))
+            return self._step(direction, low, high, crossing=view.crossing(direction), in_force=view.mode == heading)
         self._at_bound = 0
         if worst <= 1.0 - HYSTERESIS and self.budget_cap_scale != 1.0:
             self.state = ObjectiveState.MEETING
@@ -457,6 +466,18 @@ class ObjectiveTracker:
                 excess[name] = measured / target
         return excess
 
+    def _confident_miss(self, latencies: LatencySet | None) -> bool:
+        """Whether some target is exceeded beyond the window's sampling error: the quantile at the rank
+        MISS_CONFIDENCE_Z binomial standard errors below the target's is above the target."""
+        for name, quantile, target in objective_targets(self.objective):
+            sketch = getattr(latencies, name) if latencies is not None else None
+            if sketch is None or sketch.count < MIN_REQUESTS:
+                continue
+            lower = quantile - MISS_CONFIDENCE_Z * math.sqrt(quantile * (1.0 - quantile) / sketch.count)
+            if sketch.quantile(max(0.0, lower)) > target:
+                return True
+        return False
+
     def _describe(self, name: str) -> str:
         quantile = getattr(self.objective, f"{name}_quantile")
         return (f"{name.upper()} p{_percent(quantile)} {self.measured_s[name]:.3g} s against "
@@ -525,10 +546,11 @@ class ObjectiveTracker:
         return True
 
     def _step(self, direction: int, low: float, high: float, *, toward_zero: bool = False,
-              crossing: float | None = None) -> bool:
+              crossing: float | None = None, in_force: bool = False) -> bool:
         """One step of δ in `direction` (growing ×STEP_GROWTH while the direction holds), at least to just past
-        `crossing` (the δ that moves every engine of the pool to direction's mode) when it is ahead; within the
-        bounds, and not past 0 when toward_zero."""
+        `crossing` (the δ that moves every engine of the pool to direction's mode) when it is ahead, and to the
+        bound when the pool runs that mode already (in_force) and δ is past `crossing`; within the bounds, and not
+        past 0 when toward_zero."""
         if direction == self._direction:
             self._step_s_per_token *= STEP_GROWTH
         else:
@@ -538,6 +560,8 @@ class ObjectiveTracker:
         if crossing is not None and math.isfinite(crossing) and (crossing - self.delta_s_per_token) * direction >= 0:
             past = crossing + direction * max(CROSSING_SLACK * abs(crossing), FIRST_STEP_S_PER_TOKEN)
             moved = max(moved, past) if direction > 0 else min(moved, past)
+        elif in_force and crossing is not None and math.isfinite(crossing):
+            moved = high if direction > 0 else low
         if toward_zero and (moved > 0) != (self.delta_s_per_token > 0):
             moved = 0.0
         moved = min(high, max(low, moved))

@@ -228,3 +228,44 @@ def test_both_modes_measured_beyond_the_target_stays_infeasible_while_the_budget
     assert scales[-1] == MAX_BUDGET_SCALE  # the lever was tried to its bound
     assert states == [ObjectiveState.INFEASIBLE] * len(states)
     assert "cannot reach it" in tracker.detail
+
+
+def test_a_miss_within_the_windows_sampling_error_holds_and_a_clear_one_moves() -> None:
+    """3,000 latencies whose p99 is 1% above the target: the quantile 1.645 standard errors down the ranks (p98.7)
+    is under it, so the loop holds (adjusting, nothing moved); 10% above, it moves. 200 latencies need more."""
+    rng = np.random.default_rng(5)
+    values = rng.lognormal(0.0, 0.3, 3000)
+    p99 = float(np.quantile(values, 0.99))
+    for scale, moves in ((1.01, False), (1.10, True)):
+        latencies = LatencySet.from_values(values, np.zeros(0), np.zeros(0))
+        tracker = ObjectiveTracker(_objective(p99 / scale))
+        tracker.evaluate(0.0, latencies, view=PoolView(mode=Mode.MB, mode_since_s=-math.inf))
+        assert tracker.state == ObjectiveState.ADJUSTING
+        assert (tracker.delta_s_per_token != 0.0) == moves, tracker.detail
+        assert ("sampling error" in tracker.detail) != moves
+    few = LatencySet.from_values(values[:200], np.zeros(0), np.zeros(0))
+    tracker = ObjectiveTracker(_objective(float(np.quantile(values[:200], 0.99)) / 1.05))
+    tracker.evaluate(0.0, few, view=PoolView(mode=Mode.MB, mode_since_s=-math.inf))
+    assert tracker.delta_s_per_token == 0.0 and "sampling error" in tracker.detail
+
+
+def test_delta_goes_to_its_bound_at_once_when_the_pool_runs_that_mode_past_its_crossing() -> None:
+    """The pool runs MB, every engine past its gap (MB's crossing −1e−5 s/token, δ 0), and MB misses the TTFT
+    target with MB predicted lower: a deeper δ changes no engine's mode, so δ goes to its bound at once and the
+    budget lever acts next. Without the crossings, or with the pool on the other mode, δ steps."""
+    latencies = LatencySet.from_values(np.full(1000, 0.3), np.zeros(0), np.zeros(0))
+    predictions = {Mode.MB: _prediction(Mode.MB, 0.1), Mode.EB: _prediction(Mode.EB, 0.3)}
+    crossings = {Mode.MB: -1e-5, Mode.EB: -3e-5}
+    tracker = ObjectiveTracker(_objective(0.16))
+    view = PoolView(mode=Mode.MB, mode_since_s=-math.inf, predictions=predictions, crossing_s_per_token=crossings)
+    tracker.evaluate(0.0, latencies, view=view)
+    assert tracker.delta_s_per_token == BOUND_S_PER_TOKEN and tracker.budget_cap_scale == 1.0
+    tracker.evaluate(EVALUATE_EVERY_S, latencies, view=view)
+    assert tracker.budget_cap_scale == 2.0
+    unknown = ObjectiveTracker(_objective(0.16))
+    unknown.evaluate(0.0, latencies, view=PoolView(mode=Mode.MB, mode_since_s=-math.inf, predictions=predictions))
+    assert 0.0 < unknown.delta_s_per_token < BOUND_S_PER_TOKEN
+    on_eb = ObjectiveTracker(_objective(0.16))
+    on_eb.evaluate(0.0, latencies, view=PoolView(mode=Mode.EB, mode_since_s=-math.inf, predictions=predictions,
+                                                 crossing_s_per_token={Mode.MB: 5e-5, Mode.EB: 2e-5}))
+    assert 5e-5 < on_eb.delta_s_per_token < BOUND_S_PER_TOKEN  # just past MB's crossing, not to the bound
