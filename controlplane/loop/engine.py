@@ -98,6 +98,8 @@ class EngineLoop:
     # mode it was first decided with (its finished requests all ran it, but those of its first moments, before any
     # decision, which ran vLLM's own scheduling).
     mode_since_s: float = float("-inf")
+    mode_before: int = 0  # the mode (proto) in force before that change (0: none yet), and since when it was
+    mode_before_since_s: float = float("inf")
     n_obs: float = 0.0
     n_obs_at_s: float = 0.0
     n_offered: float = 0.0  # EMA of offered_occupancy, same time constant as N_obs
@@ -217,7 +219,7 @@ class EngineLoop:
         self.current = self._message(decision, version=version, now_s=now_s, trigger=trigger_traceparent,
                                      estimate=estimate)
         if current is not None and current.mode != self.current.mode:
-            self.mode_since_s = now_s
+            self.mode_before, self.mode_before_since_s, self.mode_since_s = current.mode, self.mode_since_s, now_s
         self._current_instruction = _instruction(decision)
         self._latest_message = self.current
         self.latest_at_s = now_s

@@ -31,8 +31,10 @@ lever is next. TTFT and TPOT exceeded at once pull opposite ways: δ moves for t
 After the pool changes mode its window holds the old mode's requests for a while: the window is by completion,
 and a request that finishes under the new mode may have had its first token under the old one, so for a window
 plus DRAIN_S the loop holds, its state read from what the pool's guarded rollout measured of the new mode, when
-one did. While a guarded rollout of the pool runs it holds too: the rollout judges the change on this objective
-first (`loop.rollout`), and its verdict is the measurement.
+one did. Within an evaluation of the switch, a window the old mode had to itself (run a window and a drain before
+it) is the old mode's measurement (a pool's first fitted decision may move it off its cold-start mode). While a
+guarded rollout of the pool runs it holds too: the rollout judges the change on this objective first
+(`loop.rollout`), and its verdict is the measurement.
 
 With δ at the bound on the chosen side, the loop's second lever is P-PAS's budget under pressure, B_cap (the step
 budget while prefills queue beside decodes): a TTFT target exceeded doubles it (more prompt tokens per step:
@@ -238,8 +240,13 @@ class ObjectiveTracker:
                 f"fewer than {MIN_REQUESTS} requests with latency stamps in the window")
             return False
         self._seen_mode = view.mode if view.mode is not None else self._seen_mode
-        if clean:
-            self.measured[view.mode] = Measured(now_s, dict(self.measured_s), view.rate_per_s)
+        # Within an evaluation of a switch from a mode run alone for a window and a drain, the window is that mode's.
+        alone_s = view.mode_since_s - view.mode_before_since_s
+        fresh = not clean and now_s - view.mode_since_s <= EVALUATE_EVERY_S and alone_s >= view.window_s + DRAIN_S
+        just_left = view.mode_before if fresh else None
+        running = just_left if just_left is not None else view.mode
+        if clean or just_left is not None:
+            self.measured[running] = Measured(now_s, dict(self.measured_s), view.rate_per_s)
         if self._exploring and _MODE_OF_DIRECTION[self._exploring] in self.measured:
             self._exploring = 0
         worst_name, worst = max(excess.items(), key=lambda item: item[1])
@@ -302,8 +309,8 @@ class ObjectiveTracker:
             self.detail = (f"{self._describe(worst_name)}: adjusting δ towards "
                            f"{_MODE_OF_DIRECTION[direction].value}{self._basis(worst_name)}")
             heading = _MODE_OF_DIRECTION[direction]
-            if view.mode is not None and heading != view.mode and heading not in self.measured:
-                self._expected_infeasible = self._expected_beyond(heading, worst_name, view.mode)
+            if running is not None and heading != running and heading not in self.measured:
+                self._expected_infeasible = self._expected_beyond(heading, worst_name, running)
             if self._hopeless():
                 self.state = ObjectiveState.INFEASIBLE
                 self.detail = (f"{self._describe(worst_name)}: both modes measured beyond the target "

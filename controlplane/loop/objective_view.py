@@ -58,6 +58,8 @@ class PoolView:
 
     mode: Mode | None = None
     mode_since_s: float = math.inf
+    mode_before: Mode | None = None  # the mode every engine ran before that change (None: not one), and since when
+    mode_before_since_s: float = math.inf
     window_s: float = 60.0
     rollout_active: bool = False
     predictions: Mapping[Mode, LatencyPrediction] = field(default_factory=dict)
@@ -163,11 +165,14 @@ def pool_view(pool: PoolRecord, held: list[EngineRecord], objective: operator_pb
     """The objective loop's view of `pool`, whose connected engines here are `held`, decided under `policy`."""
     decisions = [record.loop.current for record in held]
     mode, since_s = unanimous_mode((record.loop.current, record.loop.mode_since_s) for record in held)
+    before, before_s = unanimous_mode((common_pb2.Decision(mode=record.loop.mode_before) if record.loop.mode_before
+                                       else None, record.loop.mode_before_since_s) for record in held)
     rate_s = typical_rate_per_s([record.finished.rate_per_s(now_s) for record in held])
     decision = next((d for d in decisions if d is not None), None)
     active = pool.rollouts.active
     waiting = float(statistics.median(record.loop.num_waiting for record in held)) if held else math.nan
-    return PoolView(mode=mode, mode_since_s=since_s, window_s=pool.stats.outcomes.window_s,
+    return PoolView(mode=mode, mode_since_s=since_s, mode_before=before, mode_before_since_s=before_s,
+                    window_s=pool.stats.outcomes.window_s,
                     rollout_active=active is not None, rate_per_s=rate_s, rollout_measured=rollout_measured(active),
                     waiting_per_engine=waiting,
                     crossing_s_per_token=crossings(decisions, policy),

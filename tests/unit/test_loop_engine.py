@@ -189,9 +189,13 @@ def test_the_mode_in_force_dates_from_its_latest_change_and_the_first_mode_from_
     assert loop.mode_since_s == -math.inf
     loop.decide(None, intent=replace(pinned[Mode.MB], delta_s_per_token=1e-4), now_s=2.0)
     assert loop.mode_since_s == -math.inf
+    assert (loop.mode_before, loop.mode_before_since_s) == (0, math.inf)
     loop.decide(None, intent=pinned[Mode.EB], now_s=3.0)
     assert loop.mode_since_s == 3.0 and loop.current.mode == common_pb2.MODE_EB
+    assert (loop.mode_before, loop.mode_before_since_s) == (common_pb2.MODE_MB, -math.inf)
     loop.decide(None, intent=pinned[Mode.EB], now_s=4.0, force_push=True)
     assert loop.mode_since_s == 3.0
     loop.decide(None, intent=pinned[Mode.MB], now_s=5.0)
     assert loop.mode_since_s == 5.0
+    # And the mode before the latest change, with since when it had run (the window up to a switch is its).
+    assert (loop.mode_before, loop.mode_before_since_s) == (common_pb2.MODE_EB, 3.0)

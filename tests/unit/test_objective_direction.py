@@ -269,3 +269,21 @@ def test_delta_goes_to_its_bound_at_once_when_the_pool_runs_that_mode_past_its_c
     on_eb.evaluate(0.0, latencies, view=PoolView(mode=Mode.EB, mode_since_s=-math.inf, predictions=predictions,
                                                  crossing_s_per_token={Mode.MB: 5e-5, Mode.EB: 2e-5}))
     assert 5e-5 < on_eb.delta_s_per_token < BOUND_S_PER_TOKEN  # just past MB's crossing, not to the bound
+
+
+def test_at_a_switch_from_a_mode_run_alone_the_window_is_that_modes_and_the_early_call_can_fire() -> None:
+    """The pool ran MB from its start and its first fitted decisions moved it to EB just now: the window (all MB's
+    requests) is measured as MB's, so the loop heading for EB, predicted beyond the target too once corrected by MB's
+    measured / predicted ratio, calls the target infeasible at once instead of after a window and a drain."""
+    latencies = LatencySet.from_values(np.full(1000, 0.23), np.zeros(0), np.zeros(0))
+    predictions = {Mode.MB: _prediction(Mode.MB, 0.211), Mode.EB: _prediction(Mode.EB, 0.181)}
+    tracker = ObjectiveTracker(_objective(0.112))
+    tracker.evaluate(22.0, latencies, view=PoolView(mode=Mode.EB, mode_since_s=22.0, mode_before=Mode.MB,
+                                                    mode_before_since_s=-math.inf, predictions=predictions))
+    assert tracker.measured[Mode.MB].quantiles["ttft"] == pytest.approx(0.23, rel=0.01)
+    assert Mode.EB not in tracker.measured
+    assert tracker.state == ObjectiveState.INFEASIBLE and "eb expected at" in tracker.detail
+    later = ObjectiveTracker(_objective(0.112))  # a switch older than an evaluation: the window is mixed, nothing
+    later.evaluate(40.0, latencies, view=PoolView(mode=Mode.EB, mode_since_s=22.0, mode_before=Mode.MB,
+                                                  mode_before_since_s=-math.inf, predictions=predictions))
+    assert not later.measured
