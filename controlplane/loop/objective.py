@@ -32,7 +32,8 @@ After the pool changes mode its window holds the old mode's requests for a while
 and a request that finishes under the new mode may have had its first token under the old one, so for a window
 plus DRAIN_S the loop holds, its state read from what the pool's guarded rollout measured of the new mode, when
 one did. Within an evaluation of the switch, a window the old mode had to itself (run a window and a drain before
-it) is the old mode's measurement (a pool's first fitted decision may move it off its cold-start mode). While a
+it) is the old mode's measurement when it has none (a pool's first fitted decision may move it off its cold-start
+mode; a promoted rollout's groups measured it already, without the canaries' requests a window holds). While a
 guarded rollout of the pool runs it holds too: the rollout judges the change on this objective first
 (`loop.rollout`), and its verdict is the measurement.
 
@@ -240,10 +241,10 @@ class ObjectiveTracker:
                 f"fewer than {MIN_REQUESTS} requests with latency stamps in the window")
             return False
         self._seen_mode = view.mode if view.mode is not None else self._seen_mode
-        # Within an evaluation of a switch from a mode run alone for a window and a drain, the window is that mode's.
+        # Within an evaluation of a switch from a mode run alone, the window is that mode's (when not measured).
         alone_s = view.mode_since_s - view.mode_before_since_s
         fresh = not clean and now_s - view.mode_since_s <= EVALUATE_EVERY_S and alone_s >= view.window_s + DRAIN_S
-        just_left = view.mode_before if fresh else None
+        just_left = view.mode_before if fresh and view.mode_before not in self.measured else None
         running = just_left if just_left is not None else view.mode
         if clean or just_left is not None:
             self.measured[running] = Measured(now_s, dict(self.measured_s), view.rate_per_s)

@@ -287,3 +287,8 @@ def test_at_a_switch_from_a_mode_run_alone_the_window_is_that_modes_and_the_earl
     later.evaluate(40.0, latencies, view=PoolView(mode=Mode.EB, mode_since_s=22.0, mode_before=Mode.MB,
                                                   mode_before_since_s=-math.inf, predictions=predictions))
     assert not later.measured
+    promoted = ObjectiveTracker(_objective(0.112))  # a rollout's control group measured MB: its figure stays
+    promoted.learn(Mode.MB, {"ttft": 0.25}, 20.0)
+    promoted.evaluate(22.0, latencies, view=PoolView(mode=Mode.EB, mode_since_s=22.0, mode_before=Mode.MB,
+                                                     mode_before_since_s=-math.inf, predictions=predictions))
+    assert promoted.measured[Mode.MB].quantiles["ttft"] == 0.25
