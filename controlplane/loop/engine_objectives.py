@@ -103,7 +103,7 @@ class EngineObjectives:
     def _view(self, engine_id: str, tracker: ObjectiveTracker, record: EngineRecord, pools: Mapping[str, PoolRecord],
               policy: PolicyConfig | None, now_s: float) -> PoolView:
         decision = record.loop.current
-        mode, since_s = unanimous_mode([(decision, record.loop.mode_since_s)])
+        mode, since_s = unanimous_mode([(decision.mode if decision is not None else None, record.loop.mode_since_s)])
         pool = pools.get(record.loop.hello.pool_key)
         rate_s = record.finished.rate_per_s(now_s)
         active = pool.rollouts.active if pool is not None else None

@@ -166,6 +166,7 @@ class ObjectiveTracker:
     # is infeasible until a target is met or the load moves; "" when not expected.
     _expected_infeasible: str = ""
     measured_s: dict[str, float] = field(default_factory=dict)
+    _missed_clearly: bool = False  # set by _excess
     measured: dict[Mode, Measured] = field(default_factory=dict)
     predicted: dict[Mode, LatencyPrediction] = field(default_factory=dict)
     _exploring: int = 0  # a direction tried because the other one's bound missed and its mode was not measured
@@ -259,7 +260,7 @@ class ObjectiveTracker:
         settling_s = view.window_s - (now_s - self._budget_changed_at_s) if self.budget_cap_scale < 1.0 else 0.0
         if settling_s <= 0.0 and self._fell_behind(view, now_s):
             return True
-        if worst > 1.0 and not self._confident_miss(latencies):
+        if worst > 1.0 and not self._missed_clearly:
             self.state = ObjectiveState.ADJUSTING
             self.detail = f"{self._describe(worst_name)}: held (within the window's sampling error of the target)"
             return False
@@ -461,9 +462,11 @@ class ObjectiveTracker:
         return f" ({', '.join(parts)})" if parts else ""
 
     def _excess(self, latencies: LatencySet | None) -> dict[str, float]:
-        """measured quantile / target per objective with enough data."""
+        """measured quantile / target per objective with enough data; sets measured_s, and _missed_clearly: some
+        target exceeded beyond the window's sampling error (the quantile at the rank MISS_CONFIDENCE_Z binomial
+        standard errors below the target's is above the target)."""
         excess: dict[str, float] = {}
-        self.measured_s = {}
+        self.measured_s, self._missed_clearly = {}, False
         if latencies is None:
             return excess
         for name, quantile, target in objective_targets(self.objective):
@@ -472,19 +475,9 @@ class ObjectiveTracker:
                 measured = sketch.quantile(quantile)
                 self.measured_s[name] = measured
                 excess[name] = measured / target
+                lower = quantile - MISS_CONFIDENCE_Z * math.sqrt(quantile * (1.0 - quantile) / sketch.count)
+                self._missed_clearly |= measured > target and sketch.quantile(max(0.0, lower)) > target
         return excess
-
-    def _confident_miss(self, latencies: LatencySet | None) -> bool:
-        """Whether some target is exceeded beyond the window's sampling error: the quantile at the rank
-        MISS_CONFIDENCE_Z binomial standard errors below the target's is above the target."""
-        for name, quantile, target in objective_targets(self.objective):
-            sketch = getattr(latencies, name) if latencies is not None else None
-            if sketch is None or sketch.count < MIN_REQUESTS:
-                continue
-            lower = quantile - MISS_CONFIDENCE_Z * math.sqrt(quantile * (1.0 - quantile) / sketch.count)
-            if sketch.quantile(max(0.0, lower)) > target:
-                return True
-        return False
 
     def _describe(self, name: str) -> str:
         quantile = getattr(self.objective, f"{name}_quantile")

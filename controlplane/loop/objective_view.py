@@ -108,14 +108,14 @@ def typical_rate_per_s(rates: list[float]) -> float:
     return sorted(rates)[(len(rates) - 1) // 2] if rates else 0.0
 
 
-def unanimous_mode(engines: Iterable[tuple[common_pb2.Decision | None, float]]) -> tuple[Mode | None, float]:
-    """The mode every engine's decision in force names, of (decision, since when its mode has been in force:
-    `EngineLoop.mode_since_s`) pairs, and since when they all have run it (the latest of their changes to it; −inf
-    when each runs the mode it was first decided with); (None, inf) when they differ, one is undecided or there are
-    none."""
+def unanimous_mode(engines: Iterable[tuple[int | None, float]]) -> tuple[Mode | None, float]:
+    """The mode every engine names, of (its wire mode, None or MODE_UNSPECIFIED when undecided; since when it has
+    been in force: `EngineLoop.mode_since_s`) pairs, and since when they all have run it (the latest of their
+    changes to it; −inf when each runs the mode it was first decided with); (None, inf) when they differ, one is
+    undecided or there are none."""
     modes, since_s = set(), -math.inf
-    for decision, mode_since_s in engines:
-        modes.add(MODE_FROM_PROTO.get(decision.mode) if decision is not None else None)
+    for wire_mode, mode_since_s in engines:
+        modes.add(MODE_FROM_PROTO.get(wire_mode))
         since_s = max(since_s, mode_since_s)
     mode = modes.pop() if len(modes) == 1 else None
     return (mode, since_s) if mode in (Mode.MB, Mode.EB) else (None, math.inf)
@@ -164,9 +164,9 @@ def pool_view(pool: PoolRecord, held: list[EngineRecord], objective: operator_pb
               policy: PolicyConfig) -> PoolView:
     """The objective loop's view of `pool`, whose connected engines here are `held`, decided under `policy`."""
     decisions = [record.loop.current for record in held]
-    mode, since_s = unanimous_mode((record.loop.current, record.loop.mode_since_s) for record in held)
-    before, before_s = unanimous_mode((common_pb2.Decision(mode=record.loop.mode_before) if record.loop.mode_before
-                                       else None, record.loop.mode_before_since_s) for record in held)
+    mode, since_s = unanimous_mode((decision.mode if decision is not None else None, record.loop.mode_since_s)
+                                   for decision, record in zip(decisions, held, strict=True))
+    before, before_s = unanimous_mode((record.loop.mode_before, record.loop.mode_before_since_s) for record in held)
     rate_s = typical_rate_per_s([record.finished.rate_per_s(now_s) for record in held])
     decision = next((d for d in decisions if d is not None), None)
     active = pool.rollouts.active

@@ -205,7 +205,7 @@ def test_a_pool_on_the_mode_it_started_with_is_measured_at_once() -> None:
 
 
 def test_the_pools_mode_dates_from_its_engines_latest_change_to_it() -> None:
-    mb, eb = common_pb2.Decision(mode=common_pb2.MODE_MB), common_pb2.Decision(mode=common_pb2.MODE_EB)
+    mb, eb = common_pb2.MODE_MB, common_pb2.MODE_EB
     assert unanimous_mode([(mb, -math.inf), (mb, -math.inf)]) == (Mode.MB, -math.inf)
     assert unanimous_mode([(mb, -math.inf), (mb, 30.0)]) == (Mode.MB, 30.0)
     assert unanimous_mode([(mb, -math.inf), (eb, 30.0)]) == (None, math.inf)
